@@ -1,0 +1,6 @@
+//! Thin HTTP handlers: the proxied API, the model list, and the admin endpoints.
+
+pub mod admin;
+pub mod models;
+pub mod proxy;
+pub mod request;

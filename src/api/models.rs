@@ -1,0 +1,43 @@
+//! `GET /v1/models`: the union of the models healthy replicas serve, in
+//! OpenAI's list shape, plus the configured aliases that point at one of them.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use serde::Serialize;
+
+use crate::app::AppState;
+
+#[derive(Serialize)]
+pub struct ModelList {
+    object: &'static str,
+    data: Vec<ModelCard>,
+}
+
+#[derive(Serialize)]
+struct ModelCard {
+    id: String,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+}
+
+pub async fn list(State(state): State<Arc<AppState>>) -> Json<ModelList> {
+    let created = state.started_unix;
+    let data = state
+        .pool
+        .served_models()
+        .into_iter()
+        .map(|id| ModelCard {
+            id,
+            object: "model",
+            created,
+            owned_by: "sluice",
+        })
+        .collect();
+    Json(ModelList {
+        object: "list",
+        data,
+    })
+}

@@ -1,0 +1,349 @@
+//! The request path: read, route, forward, stream back, record.
+//!
+//! One function serves chat, completions, embeddings and the pass-through
+//! routes, so there is one hot path to keep fast. Retries happen only here,
+//! before any byte reached the client, and only on another replica.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Request, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+
+use super::request::{self, Inbound};
+use crate::app::AppState;
+use crate::error::{GatewayError, TimeoutPhase, normalise_upstream_error};
+use crate::routing::{RouteCtx, RouteReason};
+use crate::stream::body::{Mode, TimedBody};
+use crate::stream::event::chunk_info;
+use crate::telemetry::metrics::StatusLabel;
+use crate::telemetry::record::{Completion, Endpoint, RequestRecord};
+use crate::upstream::client::{X_REQUEST_ID, downstream_headers, request_id, upstream_headers};
+use crate::upstream::pool::{InFlight, Replica};
+
+/// Largest error body read from a replica before giving up on it.
+const MAX_ERROR_BODY: usize = 1 << 20;
+
+pub async fn handle(state: Arc<AppState>, endpoint: Endpoint, req: Request<Body>) -> Response {
+    let arrival = Instant::now();
+    let (parts, body) = req.into_parts();
+    let rid = request_id(&parts.headers);
+    let mut resp = match proxy(&state, endpoint, arrival, &parts, body, &rid).await {
+        Ok(r) => r,
+        Err(Failure { recorded, error }) => {
+            if !recorded {
+                // Failed before the model was known: no model label to give.
+                let key = (Arc::from(""), StatusLabel(error.status().as_u16()), error.kind());
+                state.metrics.requests.get(&key).inc();
+            }
+            error.into_response()
+        }
+    };
+    resp.headers_mut().insert(X_REQUEST_ID.clone(), rid);
+    resp
+}
+
+/// A failed request; `recorded` when a [`Completion`] already counted it.
+struct Failure {
+    recorded: bool,
+    error: GatewayError,
+}
+
+fn unrecorded(error: GatewayError) -> Failure {
+    Failure {
+        recorded: false,
+        error,
+    }
+}
+
+fn recorded(error: GatewayError) -> Failure {
+    Failure {
+        recorded: true,
+        error,
+    }
+}
+
+async fn proxy(
+    state: &AppState,
+    endpoint: Endpoint,
+    arrival: Instant,
+    parts: &Parts,
+    body: Body,
+    rid: &HeaderValue,
+) -> Result<Response, Failure> {
+    let limit = state.config.server.max_body_bytes.as_usize();
+    let bytes = request::read_body(&parts.headers, body, limit)
+        .await
+        .map_err(unrecorded)?;
+    let inbound = request::inspect(endpoint, bytes).map_err(unrecorded)?;
+    let (model, candidates) = match state.pool.resolve(&inbound.model) {
+        Ok(ok) => ok,
+        Err(e @ GatewayError::NoHealthyBackend(_)) => {
+            let record = RequestRecord::new(endpoint, served_name(state, &inbound), inbound.stream, arrival);
+            let mut c = Completion::new(record, state.metrics.clone(), state.config.telemetry.stall_threshold);
+            c.fail(e.status().as_u16(), e.kind());
+            return Err(recorded(e));
+        }
+        Err(e) => return Err(unrecorded(e)),
+    };
+    let record = RequestRecord::new(endpoint, model.clone(), inbound.stream, arrival);
+    let completion = Completion::new(
+        record,
+        state.metrics.clone(),
+        state.config.telemetry.stall_threshold,
+    );
+    forward(state, endpoint, parts, &inbound, candidates, completion, rid)
+        .await
+        .map_err(recorded)
+}
+
+/// The served name of a known model (for labels), never the client's string.
+fn served_name(state: &AppState, inbound: &Inbound) -> Arc<str> {
+    state
+        .pool
+        .aliases
+        .get(&inbound.model)
+        .cloned()
+        .unwrap_or_else(|| Arc::from(inbound.model.as_str()))
+}
+
+async fn forward(
+    state: &AppState,
+    endpoint: Endpoint,
+    parts: &Parts,
+    inbound: &Inbound,
+    mut candidates: Vec<Arc<Replica>>,
+    mut completion: Completion,
+    rid: &HeaderValue,
+) -> Result<Response, GatewayError> {
+    let cfg = &state.config.upstream;
+    let deadline = completion.record.arrival + cfg.timeouts.total;
+    let headers = upstream_headers(&parts.headers, rid);
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let ctx = RouteCtx {
+        model: &completion.record.model.clone(),
+    };
+    let max_attempts = 1 + cfg.max_retries;
+    let mut attempt = 0;
+    loop {
+        let Some(decision) = state.policy.pick(&ctx, &candidates) else {
+            // Only reachable after retries exhausted the candidates.
+            let e = GatewayError::NoHealthyBackend(completion.record.model.to_string());
+            completion.fail(e.status().as_u16(), e.kind());
+            return Err(e);
+        };
+        let replica = candidates.swap_remove(decision.index);
+        let _reason = if attempt == 0 {
+            decision.reason
+        } else {
+            RouteReason::Retry
+        };
+        attempt += 1;
+        completion.record.attempts = attempt;
+        completion.record.backend = Some(replica.name.clone());
+        let in_flight = InFlight::new(replica.clone());
+
+        let mut req = Request::builder()
+            .method(parts.method.clone())
+            .uri(format!("{}{}", replica.base, path))
+            .body(Full::new(inbound.body.clone()))
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        *req.headers_mut() = headers.clone();
+        if let Some(key) = &replica.api_key {
+            req.headers_mut().insert(header::AUTHORIZATION, key.clone());
+        }
+
+        let sent = Instant::now();
+        completion.record.upstream_sent = Some(sent);
+        // Streams must show a first event within `first_token`; a non-streamed
+        // answer only comes when generation is over, so only `total` bounds it.
+        let headers_by = if inbound.stream {
+            (sent + cfg.timeouts.first_token).min(deadline)
+        } else {
+            deadline
+        };
+        let result = match send(state, req, headers_by, inbound.stream).await {
+            Ok(resp) => {
+                return respond(state, endpoint, inbound, resp, completion, in_flight, rid, headers_by, deadline)
+                    .await;
+            }
+            Err(e) => e,
+        };
+        completion.upstream_error(result.kind());
+        let can_retry = result.retryable() && attempt < max_attempts && !candidates.is_empty();
+        if !can_retry {
+            completion.fail(result.status().as_u16(), result.kind());
+            return Err(result);
+        }
+        tracing::debug!(backend = %replica.name, error = %result, "retrying on another replica");
+        state
+            .metrics
+            .retries
+            .get(&(completion.record.model.clone(), result.kind()))
+            .inc();
+    }
+}
+
+/// Send one attempt and wait for response headers; non-2xx answers become errors
+/// carrying the replica's (normalised) body.
+async fn send(
+    state: &AppState,
+    req: Request<Full<Bytes>>,
+    headers_by: Instant,
+    stream: bool,
+) -> Result<http::Response<Incoming>, GatewayError> {
+    let phase = if stream {
+        TimeoutPhase::FirstToken
+    } else {
+        TimeoutPhase::Total
+    };
+    let resp = match tokio::time::timeout_at(headers_by.into(), state.client.request(req)).await {
+        Err(_) => return Err(GatewayError::UpstreamTimeout { phase }),
+        Ok(Err(e)) if e.is_connect() => {
+            return Err(GatewayError::UpstreamConnect(error_chain(&e)));
+        }
+        Ok(Err(e)) => return Err(GatewayError::UpstreamProtocol(error_chain(&e))),
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let body = tokio::time::timeout_at(
+        headers_by.into(),
+        Limited::new(resp.into_body(), MAX_ERROR_BODY).collect(),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .map(|c| c.to_bytes())
+    .unwrap_or_default();
+    Err(GatewayError::Upstream {
+        status,
+        body: normalise_upstream_error(status, &body),
+    })
+}
+
+#[expect(clippy::too_many_arguments, reason = "one call site; a struct would only rename them")]
+async fn respond(
+    state: &AppState,
+    endpoint: Endpoint,
+    inbound: &Inbound,
+    resp: http::Response<Incoming>,
+    mut completion: Completion,
+    in_flight: InFlight,
+    rid: &HeaderValue,
+    first_by: Instant,
+    deadline: Instant,
+) -> Result<Response, GatewayError> {
+    let (parts, body) = resp.into_parts();
+    let headers = downstream_headers(&parts.headers, rid);
+    let is_sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    completion.record.status = parts.status.as_u16();
+
+    if is_sse || endpoint == Endpoint::Passthrough {
+        let mode = if is_sse && endpoint != Endpoint::Passthrough {
+            Mode::OpenAi {
+                strip_usage: !inbound.client_wants_usage,
+            }
+        } else {
+            Mode::Raw
+        };
+        let idle = state.config.upstream.timeouts.idle;
+        let mut timed = TimedBody::new(body, completion, in_flight, mode, idle, deadline);
+        if is_sse {
+            match tokio::time::timeout_at(first_by.into(), timed.first_chunk()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(fail_before_first_byte(&mut timed, e)),
+                Err(_) => {
+                    let e = GatewayError::UpstreamTimeout {
+                        phase: TimeoutPhase::FirstToken,
+                    };
+                    return Err(fail_before_first_byte(&mut timed, e));
+                }
+            }
+        }
+        let mut out = Response::new(Body::new(timed));
+        *out.status_mut() = parts.status;
+        *out.headers_mut() = headers;
+        if is_sse {
+            // Tell any buffering proxy in front of us (nginx) to pass events through.
+            out.headers_mut()
+                .insert("x-accel-buffering", HeaderValue::from_static("no"));
+        }
+        return Ok(out);
+    }
+
+    // Non-streamed JSON: read it whole (bounded), take usage and finish reason.
+    let limit = state.config.upstream.max_response_bytes.as_usize();
+    let collected = tokio::time::timeout_at(deadline.into(), Limited::new(body, limit).collect()).await;
+    drop(in_flight);
+    let bytes = match collected {
+        Err(_) => {
+            let e = GatewayError::UpstreamTimeout {
+                phase: TimeoutPhase::Total,
+            };
+            completion.upstream_error(e.kind());
+            completion.fail(e.status().as_u16(), e.kind());
+            return Err(e);
+        }
+        Ok(Err(err)) => {
+            let e = GatewayError::UpstreamProtocol(format!("reading the response: {err}"));
+            completion.upstream_error(e.kind());
+            completion.fail(e.status().as_u16(), e.kind());
+            return Err(e);
+        }
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    if let Some(info) = chunk_info(&bytes) {
+        completion.record.usage = info.usage;
+        completion.record.finish_reason = info.finish_reason;
+    }
+    completion.record.end = Some(Instant::now());
+    drop(completion);
+    let mut out = (parts.status, bytes).into_response();
+    *out.headers_mut() = headers;
+    Ok(out)
+}
+
+fn fail_before_first_byte(timed: &mut TimedBody, e: GatewayError) -> GatewayError {
+    let c = timed.completion_mut();
+    c.upstream_error(e.kind());
+    c.fail(e.status().as_u16(), e.kind());
+    e
+}
+
+/// The cause chain of a client error, for messages ("connection refused" is
+/// three levels down in hyper's errors).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// 404 for anything that is not an API route.
+pub async fn not_found(req: Request<Body>) -> Response {
+    GatewayError::UnknownRoute {
+        method: req.method().to_string(),
+        path: req.uri().path().to_string(),
+    }
+    .into_response()
+}

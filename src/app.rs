@@ -1,0 +1,104 @@
+//! The gateway as a function: `build_app(state) -> Router`, no socket, so tests
+//! can drive it in-process and the server binds it to listeners.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::api::{admin, models, proxy};
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::routing::{self, RoutingPolicy};
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::record::Endpoint;
+use crate::upstream::client::{HttpClient, build_client};
+use crate::upstream::pool::Pool;
+
+/// Everything a request needs, shared by all handlers.
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub pool: Arc<Pool>,
+    pub client: HttpClient,
+    pub policy: Arc<dyn RoutingPolicy>,
+    pub metrics: Arc<Metrics>,
+    /// For the `created` field of `/v1/models`.
+    pub started_unix: u64,
+}
+
+impl AppState {
+    pub fn new(config: Config) -> Arc<Self> {
+        let metrics = Arc::new(Metrics::new(&config.telemetry.buckets));
+        let pool = Arc::new(Pool::new(&config, &metrics));
+        let client = build_client(&config.upstream);
+        let policy = routing::build(config.routing.policy);
+        let started_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Arc::new(Self {
+            config: Arc::new(config),
+            pool,
+            client,
+            policy,
+            metrics,
+            started_unix,
+        })
+    }
+}
+
+async fn chat(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    proxy::handle(s, Endpoint::Chat, req).await
+}
+
+async fn completions(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    proxy::handle(s, Endpoint::Completions, req).await
+}
+
+async fn embeddings(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    proxy::handle(s, Endpoint::Embeddings, req).await
+}
+
+async fn passthrough(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    proxy::handle(s, Endpoint::Passthrough, req).await
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let e = GatewayError::InvalidRequest(format!(
+        "method {} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ));
+    let mut r = e.into_response();
+    *r.status_mut() = http::StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+/// The public API. No middleware stack yet: each handler does its own body
+/// limit (to answer 413 in the OpenAI shape) and no layer may buffer or time
+/// out a stream as a whole.
+pub fn build_app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models::list))
+        .route("/v1/{*rest}", post(passthrough))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(proxy::not_found)
+        .with_state(state)
+}
+
+/// The admin listener: metrics, probes and introspection.
+pub fn build_admin(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(admin::metrics))
+        .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::readyz))
+        .route("/admin/backends", get(admin::backends))
+        .route("/admin/config", get(admin::config))
+        .fallback(|req: Request| async move { proxy::not_found(req).await.into_response() })
+        .with_state(state)
+}

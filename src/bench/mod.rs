@@ -1,0 +1,365 @@
+//! `sluice bench`: client-side measurement of any OpenAI-compatible endpoint.
+//!
+//! Closed loop: `concurrency` workers each send one streamed chat request after
+//! another until `requests` are done or `duration` has passed. Per request it
+//! measures TTFT (send to the first event carrying output), every gap between
+//! output events, and E2E, with the same SSE reader the gateway uses.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+
+use crate::stream::event::{Event, classify};
+use crate::stream::sse::SseSplitter;
+
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Base URL, e.g. `http://127.0.0.1:8080` (`/v1/...` is appended).
+    pub url: String,
+    /// Model to request; `None` asks `/v1/models` and takes the first.
+    pub model: Option<String>,
+    pub concurrency: usize,
+    pub requests: Option<u64>,
+    pub duration: Option<Duration>,
+    pub max_tokens: u32,
+    /// Characters of prompt per request.
+    pub prompt_chars: usize,
+    pub api_key: Option<String>,
+    pub json: Option<PathBuf>,
+    /// Print progress to stderr every second.
+    pub progress: bool,
+}
+
+/// One request as the client saw it.
+#[derive(Debug, Clone, Default)]
+struct Sample {
+    error: Option<String>,
+    ttft: Option<Duration>,
+    e2e: Duration,
+    gaps: Vec<Duration>,
+    completion_tokens: u64,
+    prompt_tokens: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub count: usize,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of durations, in seconds.
+    pub fn of(mut v: Vec<f64>) -> Self {
+        if v.is_empty() {
+            return Self::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Self {
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            max: v[v.len() - 1],
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            count: v.len(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub url: String,
+    pub model: String,
+    pub concurrency: usize,
+    pub requests: u64,
+    pub ok: u64,
+    pub errors: std::collections::BTreeMap<String, u64>,
+    pub duration_seconds: f64,
+    pub requests_per_second: f64,
+    pub output_tokens: u64,
+    pub prompt_tokens: u64,
+    pub output_tokens_per_second: f64,
+    pub ttft_seconds: Percentiles,
+    pub inter_token_seconds: Percentiles,
+    pub e2e_seconds: Percentiles,
+}
+
+type BenchClient = Client<HttpConnector, Full<Bytes>>;
+
+pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
+    anyhow::ensure!(cfg.concurrency > 0, "--concurrency must be at least 1");
+    anyhow::ensure!(
+        cfg.requests.is_some() || cfg.duration.is_some(),
+        "give --requests or --duration"
+    );
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    let client: BenchClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(cfg.concurrency)
+        .build(conn);
+    let base = cfg.url.trim_end_matches('/').to_string();
+    let model = match &cfg.model {
+        Some(m) => m.clone(),
+        None => first_model(&client, &base, cfg.api_key.as_deref()).await?,
+    };
+    let started = Instant::now();
+    let until = cfg.duration.map(|d| started + d);
+    let issued = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let progress = cfg.progress.then(|| {
+        let (done, failed, total) = (done.clone(), failed.clone(), cfg.requests);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let d = done.load(Relaxed);
+                let secs = started.elapsed().as_secs_f64();
+                let of = total.map(|t| format!("/{t}")).unwrap_or_default();
+                eprintln!(
+                    "  {d}{of} requests, {:.1} req/s, {} errors, {secs:.0}s",
+                    d as f64 / secs,
+                    failed.load(Relaxed)
+                );
+            }
+        })
+    });
+    let prompt: Arc<str> = Arc::from(prompt_text(cfg.prompt_chars));
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..cfg.concurrency {
+        let (client, base, model, prompt) = (client.clone(), base.clone(), model.clone(), prompt.clone());
+        let (issued, done, failed) = (issued.clone(), done.clone(), failed.clone());
+        let (limit, key, max_tokens) = (cfg.requests, cfg.api_key.clone(), cfg.max_tokens);
+        workers.spawn(async move {
+            let mut samples = Vec::new();
+            loop {
+                let n = issued.fetch_add(1, Relaxed);
+                if limit.is_some_and(|l| n >= l) || until.is_some_and(|u| Instant::now() >= u) {
+                    break;
+                }
+                // A per-request suffix keeps prompts distinct without changing their size much.
+                let body = serde_json::json!({
+                    "model": model,
+                    "messages": [{"role": "user", "content": format!("{prompt} #{w}-{n}")}],
+                    "max_tokens": max_tokens,
+                    "stream": true,
+                    "stream_options": {"include_usage": true},
+                });
+                let s = one(&client, &base, key.as_deref(), body.to_string(), until).await;
+                if s.error.is_some() {
+                    failed.fetch_add(1, Relaxed);
+                }
+                done.fetch_add(1, Relaxed);
+                samples.push(s);
+            }
+            samples
+        });
+    }
+    let mut samples = Vec::new();
+    while let Some(r) = workers.join_next().await {
+        samples.extend(r.unwrap_or_default());
+    }
+    if let Some(p) = progress {
+        p.abort();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let report = summarise(&cfg, &model, samples, elapsed);
+    if let Some(path) = &cfg.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        if path.as_os_str() == "-" {
+            println!("{text}");
+        } else {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    Ok(report)
+}
+
+fn prompt_text(chars: usize) -> String {
+    let base = "Explain how a gateway measures time to first token. ";
+    base.chars().cycle().take(chars.max(1)).collect()
+}
+
+async fn first_model(client: &BenchClient, base: &str, key: Option<&str>) -> anyhow::Result<String> {
+    let mut req = Request::get(format!("{base}/v1/models")).body(Full::new(Bytes::new()))?;
+    if let Some(k) = key {
+        req.headers_mut()
+            .insert(header::AUTHORIZATION, format!("Bearer {k}").parse()?);
+    }
+    let resp = client.request(req).await.context("GET /v1/models")?;
+    let body = resp.into_body().collect().await?.to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).context("/v1/models is not JSON")?;
+    v.pointer("/data/0/id")
+        .and_then(|m| m.as_str())
+        .map(str::to_string)
+        .context("/v1/models lists no model; pass --model")
+}
+
+async fn one(
+    client: &BenchClient,
+    base: &str,
+    key: Option<&str>,
+    body: String,
+    until: Option<Instant>,
+) -> Sample {
+    let start = Instant::now();
+    let mut s = Sample::default();
+    let result = async {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{base}/v1/chat/completions"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        if let Some(k) = key
+            && let Ok(v) = format!("Bearer {k}").parse()
+        {
+            req.headers_mut().insert(header::AUTHORIZATION, v);
+        }
+        let resp = client.request(req).await.map_err(|_| "connect".to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("http_{}", resp.status().as_u16()));
+        }
+        let mut body = resp.into_body();
+        let mut splitter = SseSplitter::new(4 << 20);
+        let mut last: Option<Instant> = None;
+        let mut done = false;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| "stream_broken".to_string())?;
+            let now = Instant::now();
+            let Ok(data) = frame.into_data() else { continue };
+            splitter.push(data);
+            while let Some(ev) = splitter.next_event().map_err(|_| "event_too_large".to_string())? {
+                match classify(&ev) {
+                    Event::Done => done = true,
+                    Event::Chunk(c) if c.is_error => return Err("error_event".to_string()),
+                    Event::Chunk(c) => {
+                        if c.has_output {
+                            match last {
+                                None => s.ttft = Some(now - start),
+                                Some(prev) => s.gaps.push(now - prev),
+                            }
+                            last = Some(now);
+                        }
+                        if let Some(u) = c.usage {
+                            s.completion_tokens = u64::from(u.completion_tokens);
+                            s.prompt_tokens = u64::from(u.prompt_tokens);
+                        }
+                    }
+                    Event::Other => {}
+                    Event::Malformed(_) => return Err("malformed_event".to_string()),
+                }
+            }
+            if until.is_some_and(|u| now > u + Duration::from_secs(60)) {
+                return Err("overran".to_string());
+            }
+        }
+        if !done {
+            return Err("no_done".to_string());
+        }
+        Ok(())
+    }
+    .await;
+    s.e2e = start.elapsed();
+    s.error = result.err();
+    s
+}
+
+fn summarise(cfg: &BenchConfig, model: &str, samples: Vec<Sample>, elapsed: f64) -> Report {
+    let mut errors = std::collections::BTreeMap::new();
+    let (mut ttft, mut gaps, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut out_tokens, mut in_tokens, mut ok) = (0, 0, 0);
+    for s in &samples {
+        if let Some(e) = &s.error {
+            *errors.entry(e.clone()).or_insert(0) += 1;
+            continue;
+        }
+        ok += 1;
+        ttft.extend(s.ttft.map(|d| d.as_secs_f64()));
+        gaps.extend(s.gaps.iter().map(Duration::as_secs_f64));
+        e2e.push(s.e2e.as_secs_f64());
+        out_tokens += s.completion_tokens;
+        in_tokens += s.prompt_tokens;
+    }
+    Report {
+        url: cfg.url.clone(),
+        model: model.to_string(),
+        concurrency: cfg.concurrency,
+        requests: samples.len() as u64,
+        ok,
+        errors,
+        duration_seconds: elapsed,
+        requests_per_second: samples.len() as f64 / elapsed,
+        output_tokens: out_tokens,
+        prompt_tokens: in_tokens,
+        output_tokens_per_second: out_tokens as f64 / elapsed,
+        ttft_seconds: Percentiles::of(ttft),
+        inter_token_seconds: Percentiles::of(gaps),
+        e2e_seconds: Percentiles::of(e2e),
+    }
+}
+
+impl Report {
+    /// The human summary printed at the end.
+    pub fn table(&self) -> String {
+        let ms = |p: &Percentiles| {
+            format!(
+                "p50 {:>9.3}  p90 {:>9.3}  p99 {:>9.3}  max {:>9.3}  (ms, n={})",
+                p.p50 * 1e3,
+                p.p90 * 1e3,
+                p.p99 * 1e3,
+                p.max * 1e3,
+                p.count
+            )
+        };
+        let errors = if self.errors.is_empty() {
+            "none".to_string()
+        } else {
+            self.errors
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "{} requests ({} ok) in {:.1}s: {:.1} req/s, {:.0} output tokens/s\n\
+             TTFT  {}\nITL   {}\nE2E   {}\nerrors: {}",
+            self.requests,
+            self.ok,
+            self.duration_seconds,
+            self.requests_per_second,
+            self.output_tokens_per_second,
+            ms(&self.ttft_seconds),
+            ms(&self.inter_token_seconds),
+            ms(&self.e2e_seconds),
+            errors
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let p = Percentiles::of((1..=100).map(f64::from).collect());
+        assert_eq!((p.p50, p.p90, p.p99, p.max), (50.0, 90.0, 99.0, 100.0));
+        assert_eq!(Percentiles::of(vec![]).count, 0);
+    }
+}

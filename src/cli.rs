@@ -1,0 +1,149 @@
+//! The command line: one binary, one subcommand per job.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use url::Url;
+
+use crate::config::PolicyKind;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "An OpenAI-compatible gateway for self-hosted LLM fleets",
+    long_about = "Sluice sits in front of vLLM (and SGLang, llama.cpp, TGI) replicas: it streams \
+                  every token through without buffering, times it, routes each request, and \
+                  exports Prometheus metrics.",
+    after_help = "Start with `sluice demo`: simulated replicas, the gateway and a workload, no GPU needed."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    #[command(after_help = "Examples:\n  \
+        sluice serve --config config/sluice.yaml\n  \
+        sluice serve --backend http://vllm-0:8000 --backend http://vllm-1:8000\n  \
+        sluice serve --config sluice.yaml --listen 127.0.0.1:8080 --admin-listen 127.0.0.1:9090")]
+    Serve(ServeArgs),
+    /// Check a config file; errors name the key and the line.
+    #[command(after_help = "Example:\n  sluice check-config config/sluice.yaml")]
+    CheckConfig {
+        /// The YAML config file.
+        file: PathBuf,
+    },
+    /// Run one simulated vLLM-compatible replica (no GPU).
+    #[command(after_help = "Examples:\n  \
+        sluice sim --listen 127.0.0.1:8001\n  \
+        sluice sim --listen 127.0.0.1:8001 --token-delay 5ms --output-tokens 256\n  \
+        sluice sim --listen 127.0.0.1:8001 --fault stall=10:30s --fault-rate 0.1\n\
+        Per request, send the header `x-sim-fault: SPEC` (same syntax as --fault).")]
+    Sim(SimArgs),
+    /// Load-test any OpenAI-compatible endpoint and report TTFT/ITL/E2E percentiles.
+    #[command(after_help = "Examples:\n  \
+        sluice bench --url http://127.0.0.1:8080 --concurrency 32 --requests 1000\n  \
+        sluice bench --url http://127.0.0.1:8080 --duration 30s --json report.json")]
+    Bench(BenchArgs),
+    /// Simulated replicas, the gateway in front of them and a workload, with a live summary.
+    #[command(after_help = "Examples:\n  sluice demo\n  sluice demo --duration 20s")]
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// YAML config file (see config/sluice.yaml).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// A replica's base URL; repeatable. Replaces the config's `backends`.
+    #[arg(long = "backend", value_name = "URL")]
+    pub backends: Vec<Url>,
+    /// API listener address (overrides `server.listen`).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Admin listener address (overrides `server.admin_listen`).
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+    /// Routing policy (overrides `routing.policy`).
+    #[arg(long, value_enum)]
+    pub policy: Option<PolicyKind>,
+}
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    #[arg(long, default_value = "127.0.0.1:8000", value_name = "ADDR")]
+    pub listen: SocketAddr,
+    /// The model name served (and listed in /v1/models).
+    #[arg(long, default_value = "sim-model")]
+    pub model: String,
+    /// Time to the first token.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub prefill_delay: Duration,
+    /// Time between tokens.
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+    pub token_delay: Duration,
+    /// Tokens generated per request (fewer if the request's max_tokens is lower).
+    #[arg(long, default_value_t = 64)]
+    pub output_tokens: u32,
+    /// Faults for this replica, e.g. `stall=10:30s` or `error=503` (see --help of the header).
+    #[arg(long, value_name = "SPEC")]
+    pub fault: Option<String>,
+    /// Share of requests the --fault applies to.
+    #[arg(long, default_value_t = 1.0)]
+    pub fault_rate: f64,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Base URL of the endpoint, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub url: String,
+    /// Model to request (default: the first in /v1/models).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Requests in flight at once.
+    #[arg(long, short = 'c', default_value_t = 8)]
+    pub concurrency: usize,
+    /// Stop after this many requests.
+    #[arg(long, short = 'n')]
+    pub requests: Option<u64>,
+    /// Stop after this long (e.g. 30s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// max_tokens of each request.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: u32,
+    /// Prompt length in characters.
+    #[arg(long, default_value_t = 200)]
+    pub prompt_chars: usize,
+    /// Sent as `Authorization: Bearer KEY`.
+    #[arg(long, env = "SLUICE_BENCH_API_KEY")]
+    pub api_key: Option<String>,
+    /// Write the report as JSON to this file (`-` for stdout).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress lines.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// End on its own after this long, with a summary (default: until Ctrl-C).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Gateway API address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Gateway admin address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub admin_listen: SocketAddr,
+    /// Requests in flight in the demo workload.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+}

@@ -1,0 +1,334 @@
+//! The typed configuration tree: what an operator writes in `sluice.yaml`.
+//!
+//! Decoding is strict (`deny_unknown_fields`), durations are humantime strings
+//! (`30s`, `2m`), sizes accept units (`16MiB`). Decode errors carry the field path
+//! and the line; [`validate`] checks the cross-field rules after decoding.
+
+mod load;
+mod types;
+
+pub use load::{ConfigError, load_file, parse_str};
+pub use types::{ByteSize, Secret};
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+/// The whole configuration. Every section has defaults, so an empty file is a
+/// valid (if backend-less) config.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    /// The replicas. With none, `sluice serve` needs `--backend URL`.
+    pub backends: Vec<BackendConfig>,
+    pub models: ModelsConfig,
+    pub routing: RoutingConfig,
+    pub telemetry: TelemetryConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// The OpenAI-compatible API listener (the chart's public Service points here).
+    pub listen: SocketAddr,
+    /// Metrics, health and admin endpoints. Keep it off the public network.
+    pub admin_listen: SocketAddr,
+    /// Largest accepted request body; larger ones get 413 before any upstream work.
+    pub max_body_bytes: ByteSize,
+    /// On SIGTERM, how long open streams may keep running before they are cut.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            max_body_bytes: ByteSize(16 * 1024 * 1024),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    pub timeouts: Timeouts,
+    /// Extra attempts on another replica, only before the first byte reached the
+    /// client, and only for failures that cannot have done work (connect refused,
+    /// 503, 429, no response headers in time).
+    pub max_retries: u32,
+    /// Idle keep-alive connections are closed after this long.
+    #[serde(with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
+    /// Idle keep-alive connections kept per replica.
+    pub pool_max_idle_per_host: usize,
+    /// Largest non-streamed response body read from a replica (embeddings can be large).
+    pub max_response_bytes: ByteSize,
+    pub health_check: HealthCheckConfig,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            timeouts: Timeouts::default(),
+            max_retries: 2,
+            pool_idle_timeout: Duration::from_secs(90),
+            pool_max_idle_per_host: 1024,
+            max_response_bytes: ByteSize(256 * 1024 * 1024),
+            health_check: HealthCheckConfig::default(),
+        }
+    }
+}
+
+/// No whole-request timeout applies to a healthy stream by default beyond `total`:
+/// a long generation is fine as long as tokens keep coming (`idle`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// TCP connect to a replica. Short: a replica that does not accept is down.
+    #[serde(with = "humantime_serde")]
+    pub connect: Duration,
+    /// From sending the request to the first SSE event (streams) or the response
+    /// headers (non-streamed). Covers queueing and prefill on the replica, so it
+    /// must exceed the worst prefill you accept.
+    #[serde(with = "humantime_serde")]
+    pub first_token: Duration,
+    /// Longest silence allowed between two chunks once a stream has started.
+    #[serde(with = "humantime_serde")]
+    pub idle: Duration,
+    /// Hard cap on a whole request, first byte to last.
+    #[serde(with = "humantime_serde")]
+    pub total: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(3),
+            first_token: Duration::from_secs(120),
+            idle: Duration::from_secs(60),
+            total: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthCheckConfig {
+    /// How often each replica's `/v1/models` is fetched (health and model list).
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Base URL of the replica's OpenAI server, e.g. `http://vllm-0:8000`.
+    pub url: Url,
+    /// Label used in metrics and `/admin/backends`; defaults to `host:port`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Sent upstream as `Authorization: Bearer ...` (vLLM `--api-key`). The client's
+    /// own `Authorization` is never forwarded.
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// Models this replica serves. Empty: discovered from its `/v1/models`.
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+impl BackendConfig {
+    pub fn from_url(url: Url) -> Self {
+        Self {
+            url,
+            name: None,
+            api_key: None,
+            models: Vec::new(),
+        }
+    }
+
+    /// The label of this replica in metrics and admin output.
+    pub fn label(&self) -> String {
+        if let Some(name) = &self.name {
+            return name.clone();
+        }
+        match (self.url.host_str(), self.url.port_or_known_default()) {
+            (Some(host), Some(port)) => format!("{host}:{port}"),
+            _ => self.url.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelsConfig {
+    /// Client-facing name -> served model name, e.g. `gpt-4o: llama-3.1-8b`.
+    /// The request is forwarded with its body untouched; the replica must accept
+    /// the alias too, or the alias must equal a served name.
+    pub aliases: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Each replica in turn.
+    RoundRobin,
+    /// Fewest requests in flight from this gateway.
+    #[default]
+    LeastLoaded,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    pub policy: PolicyKind,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// A gap between two tokens longer than this counts as a stall.
+    #[serde(with = "humantime_serde")]
+    pub stall_threshold: Duration,
+    pub buckets: Buckets,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            stall_threshold: Duration::from_secs(2),
+            buckets: Buckets::default(),
+        }
+    }
+}
+
+/// Histogram bucket upper bounds, in seconds. Defaults are in
+/// `telemetry::metrics` with the reasoning behind each.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Buckets {
+    pub ttft: Vec<f64>,
+    pub inter_token: Vec<f64>,
+    pub tpot: Vec<f64>,
+    pub e2e: Vec<f64>,
+    pub queue: Vec<f64>,
+}
+
+impl Default for Buckets {
+    fn default() -> Self {
+        use crate::telemetry::metrics::buckets;
+        Self {
+            ttft: buckets::TTFT.to_vec(),
+            inter_token: buckets::INTER_TOKEN.to_vec(),
+            tpot: buckets::INTER_TOKEN.to_vec(),
+            e2e: buckets::E2E.to_vec(),
+            queue: buckets::QUEUE.to_vec(),
+        }
+    }
+}
+
+/// A cross-field rule broken after decoding; `path` names the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub path: String,
+    pub message: String,
+}
+
+/// Cross-field checks that serde cannot express.
+pub fn validate(config: &Config) -> Vec<Invalid> {
+    let mut out = Vec::new();
+    let mut bad = |path: String, message: String| out.push(Invalid { path, message });
+    let mut seen = std::collections::HashMap::new();
+    for (i, b) in config.backends.iter().enumerate() {
+        if !matches!(b.url.scheme(), "http") {
+            bad(
+                format!("backends[{i}].url"),
+                format!("scheme `{}` is not supported; use http://", b.url.scheme()),
+            );
+        }
+        if b.url.host_str().is_none() {
+            bad(format!("backends[{i}].url"), "URL has no host".into());
+        }
+        if let Some(prev) = seen.insert(b.label(), i) {
+            bad(
+                format!("backends[{i}]"),
+                format!("same name as backends[{prev}] (`{}`); set `name`", b.label()),
+            );
+        }
+    }
+    for (alias, target) in &config.models.aliases {
+        if alias == target {
+            bad(
+                format!("models.aliases.{alias}"),
+                "alias points to itself".into(),
+            );
+        }
+        if config.models.aliases.contains_key(target) {
+            bad(
+                format!("models.aliases.{alias}"),
+                format!("target `{target}` is itself an alias; point at a served model"),
+            );
+        }
+    }
+    let t = &config.upstream.timeouts;
+    for (name, d) in [
+        ("connect", t.connect),
+        ("first_token", t.first_token),
+        ("idle", t.idle),
+        ("total", t.total),
+    ] {
+        if d.is_zero() {
+            bad(
+                format!("upstream.timeouts.{name}"),
+                "must be greater than zero".into(),
+            );
+        }
+    }
+    if t.first_token > t.total {
+        bad(
+            "upstream.timeouts.first_token".into(),
+            "must not exceed upstream.timeouts.total".into(),
+        );
+    }
+    if config.server.max_body_bytes.0 == 0 {
+        bad(
+            "server.max_body_bytes".into(),
+            "must be greater than zero".into(),
+        );
+    }
+    let b = &config.telemetry.buckets;
+    for (name, v) in [
+        ("ttft", &b.ttft),
+        ("inter_token", &b.inter_token),
+        ("tpot", &b.tpot),
+        ("e2e", &b.e2e),
+        ("queue", &b.queue),
+    ] {
+        let increasing = v.windows(2).all(|w| w[0] < w[1]);
+        if v.is_empty() || !increasing || v.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+            bad(
+                format!("telemetry.buckets.{name}"),
+                "must be a non-empty list of positive, strictly increasing numbers".into(),
+            );
+        }
+    }
+    out
+}

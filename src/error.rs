@@ -1,0 +1,368 @@
+//! The boundary error: every failure a client can see, its status, its metric
+//! label, and its OpenAI-shaped JSON body, rendered in one place.
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+
+/// Who caused a failure: decides the error `type` and whether a retry can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorSource {
+    Client,
+    Upstream,
+    Internal,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GatewayError {
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("you must provide a model parameter")]
+    MissingModel,
+    #[error("The model `{0}` does not exist or is not served here.")]
+    ModelNotFound(String),
+    #[error("request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("Invalid URL ({method} {path})")]
+    UnknownRoute { method: String, path: String },
+    #[error("no healthy replica serves model `{0}`")]
+    NoHealthyBackend(String),
+    #[error("could not connect to a replica: {0}")]
+    UpstreamConnect(String),
+    #[error("the replica did not answer within {phase} timeout")]
+    UpstreamTimeout { phase: TimeoutPhase },
+    #[error("the replica broke the response: {0}")]
+    UpstreamProtocol(String),
+    /// A non-2xx answer from a replica, passed through with its status; the body
+    /// was normalised to the OpenAI shape by [`normalise_upstream_error`].
+    #[error("replica answered {status}")]
+    Upstream { status: StatusCode, body: Bytes },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Which timeout fired; also the `kind` label of timeout errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutPhase {
+    Connect,
+    FirstToken,
+    Idle,
+    Total,
+}
+
+impl TimeoutPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimeoutPhase::Connect => "connect",
+            TimeoutPhase::FirstToken => "first_token",
+            TimeoutPhase::Idle => "idle",
+            TimeoutPhase::Total => "total",
+        }
+    }
+}
+
+impl std::fmt::Display for TimeoutPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl GatewayError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::InvalidRequest(_) | GatewayError::MissingModel => StatusCode::BAD_REQUEST,
+            GatewayError::ModelNotFound(_) | GatewayError::UnknownRoute { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::NoHealthyBackend(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::UpstreamConnect(_) | GatewayError::UpstreamProtocol(_) => {
+                StatusCode::BAD_GATEWAY
+            }
+            GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::Upstream { status, .. } => *status,
+            GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A closed-set label for metrics (`error_kind`) and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GatewayError::InvalidRequest(_) => "invalid_request",
+            GatewayError::MissingModel => "missing_model",
+            GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::PayloadTooLarge { .. } => "payload_too_large",
+            GatewayError::UnknownRoute { .. } => "unknown_route",
+            GatewayError::NoHealthyBackend(_) => "no_healthy_backend",
+            GatewayError::UpstreamConnect(_) => "upstream_connect",
+            GatewayError::UpstreamTimeout { phase } => match phase {
+                TimeoutPhase::Connect => "timeout_connect",
+                TimeoutPhase::FirstToken => "timeout_first_token",
+                TimeoutPhase::Idle => "timeout_idle",
+                TimeoutPhase::Total => "timeout_total",
+            },
+            GatewayError::UpstreamProtocol(_) => "upstream_protocol",
+            GatewayError::Upstream { .. } => "upstream_status",
+            GatewayError::Internal(_) => "internal",
+        }
+    }
+
+    pub fn source(&self) -> ErrorSource {
+        match self {
+            GatewayError::InvalidRequest(_)
+            | GatewayError::MissingModel
+            | GatewayError::ModelNotFound(_)
+            | GatewayError::PayloadTooLarge { .. }
+            | GatewayError::UnknownRoute { .. } => ErrorSource::Client,
+            GatewayError::NoHealthyBackend(_)
+            | GatewayError::UpstreamConnect(_)
+            | GatewayError::UpstreamTimeout { .. }
+            | GatewayError::UpstreamProtocol(_)
+            | GatewayError::Upstream { .. } => ErrorSource::Upstream,
+            GatewayError::Internal(_) => ErrorSource::Internal,
+        }
+    }
+
+    /// Whether another replica may succeed where this attempt failed, with no
+    /// risk of running the generation twice: the request never reached a
+    /// replica's engine (connect failure, timeout before any answer) or the
+    /// replica refused it outright (503 overloaded, 429 rate limited).
+    pub fn retryable(&self) -> bool {
+        match self {
+            GatewayError::UpstreamConnect(_) => true,
+            GatewayError::UpstreamTimeout { phase } => *phase == TimeoutPhase::Connect,
+            GatewayError::Upstream { status, .. } => {
+                *status == StatusCode::SERVICE_UNAVAILABLE
+                    || *status == StatusCode::TOO_MANY_REQUESTS
+            }
+            _ => false,
+        }
+    }
+
+    fn param(&self) -> Option<&'static str> {
+        match self {
+            GatewayError::MissingModel | GatewayError::ModelNotFound(_) => Some("model"),
+            _ => None,
+        }
+    }
+
+    fn code(&self) -> Option<&'static str> {
+        match self {
+            GatewayError::MissingModel => Some("missing_required_parameter"),
+            GatewayError::ModelNotFound(_) => Some("model_not_found"),
+            GatewayError::PayloadTooLarge { .. } => Some("request_too_large"),
+            GatewayError::UnknownRoute { .. } => Some("unknown_url"),
+            GatewayError::InvalidRequest(_) => Some("invalid_request"),
+            GatewayError::Upstream { .. } => None,
+            _ => Some(self.kind()),
+        }
+    }
+
+    fn error_type(&self) -> &'static str {
+        match self.source() {
+            ErrorSource::Client => "invalid_request_error",
+            ErrorSource::Upstream | ErrorSource::Internal => "server_error",
+        }
+    }
+
+    /// The OpenAI error body: `{"error":{"message","type","param","code"}}`.
+    pub fn body(&self) -> Bytes {
+        if let GatewayError::Upstream { body, .. } = self {
+            return body.clone();
+        }
+        error_body(
+            &self.to_string(),
+            self.error_type(),
+            self.param(),
+            self.code(),
+        )
+    }
+
+    /// The same error as one SSE event, for failures after a stream has started.
+    pub fn sse_event(&self) -> Bytes {
+        let body = self.body();
+        let mut out = Vec::with_capacity(body.len() + 24);
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(&body);
+        out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+        Bytes::from(out)
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorEnvelope<'a> {
+    error: ErrorObject<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorObject<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: Option<&str>) -> Bytes {
+    let env = ErrorEnvelope {
+        error: ErrorObject {
+            message,
+            kind,
+            param,
+            code,
+        },
+    };
+    Bytes::from(serde_json::to_vec(&env).unwrap_or_else(|_| b"{\"error\":{}}".to_vec()))
+}
+
+/// Turn a replica's error body into the OpenAI shape, keeping what it said.
+///
+/// Accepts `{"error":{...}}` (OpenAI, newer vLLM), `{"object":"error","message":..}`
+/// (older vLLM), `{"error":"text"}` (TGI) and plain text.
+pub fn normalise_upstream_error(status: StatusCode, body: &[u8]) -> Bytes {
+    #[derive(serde::Deserialize)]
+    struct Flat {
+        message: Option<String>,
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        param: Option<String>,
+        code: Option<serde_json::Value>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum ErrField {
+        Obj(Flat),
+        Text(String),
+    }
+    #[derive(serde::Deserialize)]
+    struct Wrapped {
+        error: ErrField,
+    }
+    let default_type = if status.is_server_error() {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    };
+    let code_str = |c: Option<serde_json::Value>| match c {
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    };
+    if let Ok(w) = serde_json::from_slice::<Wrapped>(body) {
+        match w.error {
+            ErrField::Obj(f) if f.message.is_some() => {
+                return error_body(
+                    f.message.as_deref().unwrap_or_default(),
+                    f.kind.as_deref().unwrap_or(default_type),
+                    f.param.as_deref(),
+                    code_str(f.code).as_deref(),
+                );
+            }
+            ErrField::Text(t) => return error_body(&t, default_type, None, None),
+            ErrField::Obj(_) => {}
+        }
+    }
+    if let Ok(f) = serde_json::from_slice::<Flat>(body)
+        && let Some(message) = f.message.as_deref()
+    {
+        return error_body(
+            message,
+            f.kind.as_deref().unwrap_or(default_type),
+            f.param.as_deref(),
+            code_str(f.code).as_deref(),
+        );
+    }
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    let message = if text.is_empty() {
+        format!(
+            "replica answered {} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        )
+    } else {
+        text.chars().take(512).collect()
+    };
+    error_body(&message, default_type, None, None)
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status(), self.body()).into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(b: &Bytes) -> serde_json::Value {
+        serde_json::from_slice(b).unwrap_or_default()
+    }
+
+    #[test]
+    fn bodies_are_openai_shaped() {
+        let e = GatewayError::ModelNotFound("gpt-9".into());
+        assert_eq!(e.status(), StatusCode::NOT_FOUND);
+        let v = json(&e.body());
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("gpt-9")
+        );
+    }
+
+    #[test]
+    fn upstream_bodies_are_normalised() {
+        let old_vllm = br#"{"object":"error","message":"too long","type":"BadRequestError","param":null,"code":400}"#;
+        let v = json(&normalise_upstream_error(StatusCode::BAD_REQUEST, old_vllm));
+        assert_eq!(v["error"]["message"], "too long");
+        assert_eq!(v["error"]["type"], "BadRequestError");
+        assert_eq!(v["error"]["code"], "400");
+
+        let tgi = br#"{"error":"Input validation error","error_type":"validation"}"#;
+        let v = json(&normalise_upstream_error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            tgi,
+        ));
+        assert_eq!(v["error"]["message"], "Input validation error");
+
+        let v = json(&normalise_upstream_error(
+            StatusCode::BAD_GATEWAY,
+            b"<html>oops</html>",
+        ));
+        assert_eq!(v["error"]["message"], "<html>oops</html>");
+        assert_eq!(v["error"]["type"], "server_error");
+    }
+
+    #[test]
+    fn only_safe_failures_retry() {
+        assert!(GatewayError::UpstreamConnect("refused".into()).retryable());
+        let s503 = GatewayError::Upstream {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            body: Bytes::new(),
+        };
+        assert!(s503.retryable());
+        let s500 = GatewayError::Upstream {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body: Bytes::new(),
+        };
+        assert!(!s500.retryable());
+        assert!(
+            !GatewayError::UpstreamTimeout {
+                phase: TimeoutPhase::FirstToken
+            }
+            .retryable()
+        );
+    }
+}

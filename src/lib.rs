@@ -1,0 +1,122 @@
+//! Sluice: an OpenAI-compatible gateway for self-hosted LLM fleets.
+//!
+//! The library holds everything; the binary only parses the command line. Tests
+//! and benchmarks start the gateway ([`server::start`]) and the simulator
+//! ([`sim::start`]) in-process on loopback sockets.
+
+pub mod api;
+pub mod app;
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod routing;
+pub mod server;
+pub mod sim;
+pub mod stream;
+pub mod telemetry;
+pub mod tokens;
+pub mod upstream;
+pub mod demo;
+
+use anyhow::Context as _;
+
+/// Run one command of the CLI to completion.
+pub async fn run(command: cli::Command) -> anyhow::Result<()> {
+    use cli::Command;
+    match command {
+        Command::Serve(args) => {
+            let mut config = match &args.config {
+                Some(path) => config::load_file(path)?,
+                None => config::Config::default(),
+            };
+            if !args.backends.is_empty() {
+                config.backends = args
+                    .backends
+                    .into_iter()
+                    .map(config::BackendConfig::from_url)
+                    .collect();
+            }
+            if let Some(a) = args.listen {
+                config.server.listen = a;
+            }
+            if let Some(a) = args.admin_listen {
+                config.server.admin_listen = a;
+            }
+            if let Some(p) = args.policy {
+                config.routing.policy = p;
+            }
+            anyhow::ensure!(
+                !config.backends.is_empty(),
+                "no backends: give --backend URL or list `backends` in --config FILE"
+            );
+            let problems = config::validate(&config);
+            if let Some(p) = problems.first() {
+                anyhow::bail!("`{}`: {}", p.path, p.message);
+            }
+            let drain = config.server.drain_timeout;
+            let gw = server::start(config).await?;
+            tracing::info!(api = %gw.api_addr, admin = %gw.admin_addr, "sluice is serving");
+            server::shutdown_signal().await;
+            tracing::info!("shutting down: draining open requests");
+            gw.shutdown(drain).await;
+            Ok(())
+        }
+        Command::CheckConfig { file } => {
+            let c = config::load_file(&file)?;
+            println!(
+                "{}: OK ({} backends, policy {:?})",
+                file.display(),
+                c.backends.len(),
+                c.routing.policy
+            );
+            Ok(())
+        }
+        Command::Sim(args) => {
+            let faults = match &args.fault {
+                Some(spec) => sim::faults::Faults::parse(spec).map_err(anyhow::Error::msg)?,
+                None => sim::faults::Faults::default(),
+            };
+            let listener = tokio::net::TcpListener::bind(args.listen)
+                .await
+                .with_context(|| format!("cannot listen on {}", args.listen))?;
+            let handle = sim::start(
+                listener,
+                sim::SimConfig {
+                    model: args.model,
+                    prefill_delay: args.prefill_delay,
+                    token_delay: args.token_delay,
+                    output_tokens: args.output_tokens,
+                    faults,
+                    fault_rate: args.fault_rate,
+                    ..sim::SimConfig::default()
+                },
+            )
+            .await?;
+            tracing::info!(addr = %handle.addr, "simulated replica is serving");
+            server::shutdown_signal().await;
+            handle.stop();
+            Ok(())
+        }
+        Command::Bench(args) => {
+            let report = bench::run(bench::BenchConfig {
+                url: args.url,
+                model: args.model,
+                concurrency: args.concurrency,
+                requests: args.requests,
+                duration: args.duration,
+                max_tokens: args.max_tokens,
+                prompt_chars: args.prompt_chars,
+                api_key: args.api_key,
+                json: args.json.clone(),
+                progress: !args.quiet,
+            })
+            .await?;
+            if args.json.as_deref() != Some(std::path::Path::new("-")) {
+                println!("{}", report.table());
+            }
+            Ok(())
+        }
+        Command::Demo(args) => demo::run(args).await,
+    }
+}

@@ -1,0 +1,25 @@
+//! The `sluice` binary: parse the command line and run the chosen command.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sluice::cli::Cli;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    sluice::telemetry::init_logging();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(sluice::run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The timed response body: the replica's stream, forwarded event by event to
+//! the client while the gateway's clock runs.
+//!
+//! Each upstream chunk is split into whole SSE events (zero-copy slices), each
+//! event is classified (output? usage? finish? error?) and forwarded untouched,
+//! except the usage-only chunk the gateway itself asked for. Timeouts are checked
+//! lazily: one timer, re-armed only when it fires, so a busy stream pays no
+//! timer work per token. Whatever ends the stream (the end, a failure, a
+//! timeout, the client going away) ends in `Drop`, which records the request.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::Sleep;
+
+use super::event::{Event, classify};
+use super::sse::SseSplitter;
+use crate::error::{GatewayError, TimeoutPhase};
+use crate::telemetry::record::Completion;
+use crate::upstream::pool::InFlight;
+
+/// Largest single SSE event accepted from a replica.
+pub const MAX_EVENT_BYTES: usize = 4 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// An OpenAI chat/completions stream: events parsed for timing and usage.
+    OpenAi {
+        /// Drop the usage-only chunk: the gateway asked for it, the client did not.
+        strip_usage: bool,
+    },
+    /// Any other response: bytes forwarded as they come, only the end is timed.
+    Raw,
+}
+
+pub struct TimedBody {
+    /// `None` once the stream is over; dropping it mid-body closes the upstream
+    /// connection, which cancels the request on the replica.
+    upstream: Option<Incoming>,
+    splitter: SseSplitter,
+    /// The first chunk, read before the response headers were sent.
+    primed: Option<Bytes>,
+    completion: Completion,
+    _in_flight: InFlight,
+    mode: Mode,
+    idle: Duration,
+    deadline: Instant,
+    /// When the latest upstream chunk arrived (the timestamp of its events).
+    frame_time: Instant,
+    timer: Pin<Box<Sleep>>,
+    done_seen: bool,
+    state: State,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Streaming,
+    /// The error event was sent; end the body on the next poll.
+    Closing,
+    Finished,
+}
+
+impl TimedBody {
+    pub fn new(
+        upstream: Incoming,
+        completion: Completion,
+        in_flight: InFlight,
+        mode: Mode,
+        idle: Duration,
+        deadline: Instant,
+    ) -> Self {
+        let now = Instant::now();
+        let first_alarm = deadline.min(now + idle);
+        Self {
+            upstream: Some(upstream),
+            splitter: SseSplitter::new(MAX_EVENT_BYTES),
+            primed: None,
+            completion,
+            _in_flight: in_flight,
+            mode,
+            idle,
+            deadline,
+            frame_time: now,
+            timer: Box::pin(tokio::time::sleep_until(first_alarm.into())),
+            done_seen: false,
+            state: State::Streaming,
+        }
+    }
+
+    /// Wait for the replica's first chunk, before any byte goes to the client:
+    /// until then a failure is still an HTTP error (and retryable by policy).
+    pub async fn first_chunk(&mut self) -> Result<(), GatewayError> {
+        std::future::poll_fn(|cx| self.poll_first_chunk(cx)).await
+    }
+
+    fn poll_first_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        loop {
+            let Some(up) = self.upstream.as_mut() else {
+                return Poll::Ready(Err(GatewayError::UpstreamProtocol(
+                    "stream already closed".into(),
+                )));
+            };
+            match ready!(Pin::new(up).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        self.frame_time = Instant::now();
+                        self.primed = Some(data);
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Some(Err(e)) => {
+                    self.upstream = None;
+                    return Poll::Ready(Err(GatewayError::UpstreamProtocol(format!(
+                        "connection lost before the first event: {e}"
+                    ))));
+                }
+                None => {
+                    self.upstream = None;
+                    return Poll::Ready(Err(GatewayError::UpstreamProtocol(
+                        "the replica closed the stream without sending anything".into(),
+                    )));
+                }
+            }
+        }
+    }
+
+    pub fn completion_mut(&mut self) -> &mut Completion {
+        &mut self.completion
+    }
+
+    /// End the stream with an OpenAI error event; cancels the upstream request.
+    fn fail(&mut self, err: GatewayError) -> Bytes {
+        self.upstream = None;
+        self.state = State::Closing;
+        self.completion.upstream_error(err.kind());
+        let status = self.completion.record.status;
+        self.completion.fail(status, err.kind());
+        tracing::debug!(error = %err, "stream failed after the first byte");
+        err.sse_event()
+    }
+
+    /// Decide what to do with one whole event: forward it (`Some`) or drop it.
+    fn on_event(&mut self, ev: Bytes) -> Result<Option<Bytes>, GatewayError> {
+        let strip_usage = matches!(self.mode, Mode::OpenAi { strip_usage: true });
+        match classify(&ev) {
+            Event::Done => {
+                self.done_seen = true;
+                self.completion.record.end = Some(self.frame_time);
+                Ok(Some(ev))
+            }
+            Event::Chunk(c) => {
+                if c.has_output {
+                    self.completion.on_output(self.frame_time);
+                }
+                if let Some(f) = c.finish_reason {
+                    self.completion.record.finish_reason = Some(f);
+                }
+                if let Some(u) = c.usage {
+                    self.completion.record.usage = Some(u);
+                }
+                if c.is_error {
+                    // The engine reported a failure in-band; the client gets it as is.
+                    let status = self.completion.record.status;
+                    self.completion.fail(status, "upstream_stream_error");
+                    self.completion.upstream_error("upstream_stream_error");
+                }
+                if strip_usage && c.is_usage_only() {
+                    return Ok(None);
+                }
+                Ok(Some(ev))
+            }
+            Event::Other => Ok(Some(ev)),
+            Event::Malformed(why) => Err(GatewayError::UpstreamProtocol(why.into())),
+        }
+    }
+
+    /// Upstream ended cleanly; an OpenAI stream must have finished properly.
+    fn on_upstream_end(&mut self) -> Option<Bytes> {
+        self.upstream = None;
+        if let Mode::Raw = self.mode {
+            self.completion.record.end.get_or_insert(self.frame_time);
+            self.state = State::Finished;
+            return None;
+        }
+        if self.splitter.pending_len() > 0 && !self.done_seen {
+            return Some(self.fail(GatewayError::UpstreamProtocol(
+                "the replica closed the stream in the middle of an event".into(),
+            )));
+        }
+        if !self.done_seen && self.completion.record.finish_reason.is_none() {
+            return Some(self.fail(GatewayError::UpstreamProtocol(
+                "the replica closed the stream before it finished".into(),
+            )));
+        }
+        self.completion.record.end.get_or_insert(self.frame_time);
+        self.state = State::Finished;
+        None
+    }
+
+    /// Called when upstream is pending: fire a timeout if one is due.
+    fn poll_timers(&mut self, cx: &mut Context<'_>) -> Option<GatewayError> {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            if now >= self.deadline {
+                return Some(GatewayError::UpstreamTimeout {
+                    phase: TimeoutPhase::Total,
+                });
+            }
+            let idle_at = self.frame_time + self.idle;
+            if now >= idle_at {
+                return Some(GatewayError::UpstreamTimeout {
+                    phase: TimeoutPhase::Idle,
+                });
+            }
+            // Not due yet (chunks kept coming): re-arm for the real deadline.
+            self.timer
+                .as_mut()
+                .reset(idle_at.min(self.deadline).into());
+        }
+        None
+    }
+}
+
+impl Body for TimedBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(first) = this.primed.take() {
+            match this.mode {
+                Mode::Raw => return Poll::Ready(Some(Ok(Frame::data(first)))),
+                Mode::OpenAi { .. } => this.splitter.push(first),
+            }
+        }
+        loop {
+            match this.state {
+                State::Streaming => {}
+                State::Closing => {
+                    this.state = State::Finished;
+                    return Poll::Ready(None);
+                }
+                State::Finished => return Poll::Ready(None),
+            }
+            if let Mode::OpenAi { .. } = this.mode {
+                match this.splitter.next_event() {
+                    Ok(Some(ev)) => match this.on_event(ev) {
+                        Ok(Some(out)) => return Poll::Ready(Some(Ok(Frame::data(out)))),
+                        Ok(None) => continue,
+                        Err(e) => return Poll::Ready(Some(Ok(Frame::data(this.fail(e))))),
+                    },
+                    Ok(None) => {}
+                    Err(_) => {
+                        let e = GatewayError::UpstreamProtocol(format!(
+                            "an SSE event exceeded {MAX_EVENT_BYTES} bytes"
+                        ));
+                        return Poll::Ready(Some(Ok(Frame::data(this.fail(e)))));
+                    }
+                }
+            }
+            let Some(up) = this.upstream.as_mut() else {
+                this.state = State::Finished;
+                return Poll::Ready(None);
+            };
+            match Pin::new(up).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        this.frame_time = Instant::now();
+                        if let Mode::Raw = this.mode {
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
+                        this.splitter.push(data);
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    let e = GatewayError::UpstreamProtocol(format!("connection lost mid-stream: {e}"));
+                    return Poll::Ready(Some(Ok(Frame::data(this.fail(e)))));
+                }
+                Poll::Ready(None) => {
+                    if let Some(err_event) = this.on_upstream_end() {
+                        return Poll::Ready(Some(Ok(Frame::data(err_event))));
+                    }
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {
+                    if let Some(e) = this.poll_timers(cx) {
+                        return Poll::Ready(Some(Ok(Frame::data(this.fail(e)))));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.state == State::Finished
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+impl Drop for TimedBody {
+    fn drop(&mut self) {
+        if self.state == State::Streaming {
+            // Dropped mid-stream: hyper gave up on the client connection.
+            self.completion.record.disconnected = true;
+        }
+        // Fields drop next: `upstream` closes the replica connection (cancel),
+        // `completion` records the request, `_in_flight` releases the replica.
+    }
+}

@@ -1,0 +1,312 @@
+//! What one SSE event of an OpenAI-style stream carries, read without allocating.
+//!
+//! Only the fields the gateway needs are decoded: whether any choice carries
+//! generated output (the token clock), the finish reason, the usage block and an
+//! error object. Everything else is skipped by serde without being built. The
+//! event bytes themselves are never rewritten.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Why a generation stopped, from the closed set engines report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+    FunctionCall,
+    Abort,
+    #[serde(other)]
+    Other,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
+            FinishReason::FunctionCall => "function_call",
+            FinishReason::Abort => "abort",
+            FinishReason::Other => "other",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u32,
+    #[serde(default)]
+    pub completion_tokens: u32,
+}
+
+/// The gateway's view of one `data:` JSON payload.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkInfo {
+    /// Some choice carries generated text, reasoning or a tool call.
+    pub has_output: bool,
+    pub n_choices: u32,
+    pub finish_reason: Option<FinishReason>,
+    pub usage: Option<Usage>,
+    /// The payload is an error object (the engine failed mid-stream).
+    pub is_error: bool,
+}
+
+impl ChunkInfo {
+    /// The trailing chunk of `stream_options.include_usage`: usage, no choices.
+    pub fn is_usage_only(&self) -> bool {
+        self.n_choices == 0 && self.usage.is_some() && !self.is_error
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// `data: [DONE]`
+    Done,
+    Chunk(ChunkInfo),
+    /// Comments, keep-alives, events without data: forwarded, not counted.
+    Other,
+    /// A `data:` payload that is not JSON; the reason is for the error event.
+    Malformed(&'static str),
+}
+
+/// Classify one complete SSE event (as cut by the splitter).
+pub fn classify(event: &[u8]) -> Event {
+    let mut data: Option<&[u8]> = None;
+    let mut multi = false;
+    for line in event.split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(rest) = line.strip_prefix(b"data:") {
+            let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+            if data.is_some() {
+                multi = true;
+            }
+            data = Some(rest);
+        }
+    }
+    let Some(payload) = data else {
+        return Event::Other;
+    };
+    if multi {
+        // Multi-line data is joined with '\n' (SSE spec); rare, so allocate here.
+        let joined: Vec<u8> = event
+            .split(|b| *b == b'\n')
+            .filter_map(|l| l.strip_suffix(b"\r").unwrap_or(l).strip_prefix(b"data:"))
+            .map(|r| r.strip_prefix(b" ").unwrap_or(r))
+            .collect::<Vec<_>>()
+            .join(&b'\n');
+        return classify_payload(&joined);
+    }
+    classify_payload(payload)
+}
+
+fn classify_payload(payload: &[u8]) -> Event {
+    let trimmed = payload.trim_ascii();
+    if trimmed == b"[DONE]" {
+        return Event::Done;
+    }
+    match chunk_info(trimmed) {
+        Some(c) => Event::Chunk(c),
+        None => Event::Malformed("the replica sent an SSE event that is not valid JSON"),
+    }
+}
+
+/// Read a chunk, or a whole non-streamed response (same fields), as [`ChunkInfo`].
+pub fn chunk_info(json: &[u8]) -> Option<ChunkInfo> {
+    let c = serde_json::from_slice::<ChunkLite<'_>>(json).ok()?;
+    Some(ChunkInfo {
+        has_output: c.choices.has_output,
+        n_choices: c.choices.n,
+        finish_reason: c.choices.finish_reason,
+        usage: c.usage,
+        is_error: c.error.is_some_and(|e| e.get() != "null"),
+    })
+}
+
+#[derive(Deserialize)]
+struct ChunkLite<'a> {
+    #[serde(default)]
+    choices: Choices,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default, borrow)]
+    error: Option<&'a RawValue>,
+}
+
+/// The choices array folded into a summary while it is read (no Vec).
+#[derive(Default)]
+struct Choices {
+    n: u32,
+    has_output: bool,
+    finish_reason: Option<FinishReason>,
+}
+
+impl<'de> Deserialize<'de> for Choices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Choices;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of choices")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Choices, E> {
+                Ok(Choices::default())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+                let mut out = Choices::default();
+                while let Some(c) = seq.next_element::<ChoiceLite<'de>>()? {
+                    out.n += 1;
+                    out.has_output |= c.has_output();
+                    if c.finish_reason.is_some() {
+                        out.finish_reason = c.finish_reason;
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct ChoiceLite<'a> {
+    #[serde(default)]
+    delta: Option<Delta>,
+    /// `/v1/completions` chunks carry `text` instead of `delta`.
+    #[serde(default, borrow)]
+    text: Option<&'a RawValue>,
+    #[serde(default)]
+    finish_reason: Option<FinishReason>,
+}
+
+impl ChoiceLite<'_> {
+    fn has_output(&self) -> bool {
+        self.delta.as_ref().is_some_and(|d| d.has_output) || non_empty(self.text)
+    }
+}
+
+/// Whether a delta carries output: content, reasoning (vLLM `reasoning_content`
+/// / `reasoning`) or tool calls. The role-only first delta carries none.
+struct Delta {
+    has_output: bool,
+}
+
+/// The delta keys that matter; any other key is skipped without allocating.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum DeltaKey {
+    Content,
+    ReasoningContent,
+    Reasoning,
+    ToolCalls,
+    FunctionCall,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Delta {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Delta;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a delta object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Delta, A::Error> {
+                let mut has_output = false;
+                while let Some(key) = map.next_key::<DeltaKey>()? {
+                    if let DeltaKey::Other = key {
+                        map.next_value::<IgnoredAny>()?;
+                    } else {
+                        let v: &'de RawValue = map.next_value()?;
+                        has_output |= non_empty(Some(v));
+                    }
+                }
+                Ok(Delta { has_output })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+fn non_empty(v: Option<&RawValue>) -> bool {
+    v.is_some_and(|v| !matches!(v.get(), "null" | "\"\"" | "[]"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(ev: &str) -> ChunkInfo {
+        match classify(ev.as_bytes()) {
+            Event::Chunk(c) => c,
+            other => panic!("not a chunk: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn role_only_delta_is_not_output() {
+        let c = chunk(
+            r#"data: {"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}
+
+"#,
+        );
+        assert!(!c.has_output);
+        assert_eq!(c.n_choices, 1);
+    }
+
+    #[test]
+    fn content_reasoning_tools_and_text_are_output() {
+        for body in [
+            r#"{"choices":[{"delta":{"content":"Hi"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#,
+            r#"{"choices":[{"text":"Hi","index":0}]}"#,
+            r#"{"choices":[{"delta":{"content":"\"q\""}}]}"#,
+        ] {
+            assert!(chunk(&format!("data: {body}\n\n")).has_output, "{body}");
+        }
+    }
+
+    #[test]
+    fn usage_only_chunk_and_finish_reason() {
+        let c = chunk(
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12}}\n\n",
+        );
+        assert!(c.is_usage_only());
+        assert_eq!(
+            c.usage,
+            Some(Usage {
+                prompt_tokens: 5,
+                completion_tokens: 7
+            })
+        );
+        let c = chunk(
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}],\"usage\":null}\n\n",
+        );
+        assert_eq!(c.finish_reason, Some(FinishReason::Length));
+        assert!(!c.is_usage_only());
+    }
+
+    #[test]
+    fn done_error_other_and_malformed() {
+        assert_eq!(classify(b"data: [DONE]\n\n"), Event::Done);
+        assert_eq!(classify(b": keep-alive\n\n"), Event::Other);
+        assert!(matches!(classify(b"data: {oops\n\n"), Event::Malformed(_)));
+        let c = chunk("data: {\"error\":{\"message\":\"boom\",\"code\":500}}\n\n");
+        assert!(c.is_error);
+    }
+
+    #[test]
+    fn multi_line_data_is_joined() {
+        let c = chunk("data: {\"choices\":\ndata: [{\"delta\":{\"content\":\"a\"}}]}\n\n");
+        assert!(c.has_output);
+    }
+}

@@ -1,0 +1,286 @@
+//! Every metric Sluice exports, declared once. Names follow vLLM's where the idea
+//! is the same (`vllm:time_to_first_token_seconds` -> `sluice_time_to_first_token_seconds`).
+//! Labels come from closed sets only: configured or discovered model names,
+//! replica names, status codes, and `&'static str` kinds. Never a user, key,
+//! prompt or request id.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::registry::{Counter, Encoder, Family, Gauge, Histogram, Kind};
+use crate::config::Buckets;
+
+/// Default bucket bounds (seconds unless noted), overridable in `telemetry.buckets`.
+pub mod buckets {
+    /// Time to first token. Interactive SLAs sit between 200 ms and 2 s, so the
+    /// bounds are dense there; the tail reaches 80 s for long prompts and queueing.
+    pub const TTFT: &[f64] = &[
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+        7.5, 10.0, 20.0, 40.0, 80.0,
+    ];
+    /// Inter-token gap and TPOT. Healthy decode is 5-60 ms per token, so the
+    /// bounds are fine below 100 ms; 1-10 s catches stalls and preemption.
+    pub const INTER_TOKEN: &[f64] = &[
+        0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075,
+        0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    /// End-to-end latency: seconds to minutes (long generations), dense around
+    /// the usual 5-30 s chat SLAs.
+    pub const E2E: &[f64] = &[
+        0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+        180.0, 300.0, 600.0, 1200.0,
+    ];
+    /// Time spent in the gateway before the upstream send: sub-millisecond when
+    /// healthy, so the bounds start at 100 us.
+    pub const QUEUE: &[f64] = &[
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+        2.5, 5.0,
+    ];
+    /// Tokens per request (counts, not seconds): powers of two up to 128k context.
+    pub const TOKENS: &[f64] = &[
+        1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+        16384.0, 32768.0, 65536.0, 131072.0,
+    ];
+}
+
+/// All series of one model, resolved once per request and then used lock-free.
+pub struct ModelSeries {
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    pub tpot: Histogram,
+    pub e2e: Histogram,
+    pub queue: Histogram,
+    pub max_gap: Histogram,
+    pub prompt_tokens: Counter,
+    pub generation_tokens: Counter,
+    pub prompt_tokens_per_request: Histogram,
+    pub generation_tokens_per_request: Histogram,
+    pub stalls: Counter,
+    pub in_flight: Gauge,
+    pub client_disconnects: Counter,
+}
+
+pub struct BackendSeries {
+    pub healthy: Gauge,
+    pub in_flight: Gauge,
+}
+
+pub struct Metrics {
+    pub models: Family<(Arc<str>,), ModelSeries>,
+    /// model, status code, error kind ("" on success).
+    pub requests: Family<(Arc<str>, StatusLabel, &'static str), Counter>,
+    pub finish_reasons: Family<(Arc<str>, &'static str), Counter>,
+    pub upstream_errors: Family<(Arc<str>, &'static str), Counter>,
+    pub retries: Family<(Arc<str>, &'static str), Counter>,
+    pub backends: Family<(Arc<str>,), BackendSeries>,
+    pub started: Instant,
+}
+
+/// A status code as a label value without formatting per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StatusLabel(pub u16);
+
+impl AsRef<str> for StatusLabel {
+    fn as_ref(&self) -> &str {
+        http::StatusCode::from_u16(self.0)
+            .ok()
+            .map(status_str)
+            .unwrap_or("other")
+    }
+}
+
+fn status_str(s: http::StatusCode) -> &'static str {
+    // The common codes by name; anything else by class, so the set stays closed.
+    match s.as_u16() {
+        200 => "200",
+        201 => "201",
+        204 => "204",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        405 => "405",
+        408 => "408",
+        409 => "409",
+        413 => "413",
+        422 => "422",
+        429 => "429",
+        499 => "499",
+        500 => "500",
+        501 => "501",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        c if c < 300 => "2xx",
+        c if c < 400 => "3xx",
+        c if c < 500 => "4xx",
+        _ => "5xx",
+    }
+}
+
+impl Metrics {
+    pub fn new(b: &Buckets) -> Self {
+        let arc = |v: &Vec<f64>| -> Arc<[f64]> { Arc::from(v.as_slice()) };
+        let (ttft, itl, tpot, e2e, queue) = (
+            arc(&b.ttft),
+            arc(&b.inter_token),
+            arc(&b.tpot),
+            arc(&b.e2e),
+            arc(&b.queue),
+        );
+        let tokens: Arc<[f64]> = Arc::from(buckets::TOKENS);
+        Self {
+            models: Family::new(&["model"], move || ModelSeries {
+                ttft: Histogram::seconds(ttft.clone()),
+                inter_token: Histogram::seconds(itl.clone()),
+                tpot: Histogram::seconds(tpot.clone()),
+                e2e: Histogram::seconds(e2e.clone()),
+                queue: Histogram::seconds(queue.clone()),
+                max_gap: Histogram::seconds(itl.clone()),
+                prompt_tokens: Counter::default(),
+                generation_tokens: Counter::default(),
+                prompt_tokens_per_request: Histogram::counts_of(tokens.clone()),
+                generation_tokens_per_request: Histogram::counts_of(tokens.clone()),
+                stalls: Counter::default(),
+                in_flight: Gauge::default(),
+                client_disconnects: Counter::default(),
+            }),
+            requests: Family::new(&["model", "status", "error_kind"], Counter::default),
+            finish_reasons: Family::new(&["model", "finish_reason"], Counter::default),
+            upstream_errors: Family::new(&["backend", "kind"], Counter::default),
+            retries: Family::new(&["model", "reason"], Counter::default),
+            backends: Family::new(&["backend"], || BackendSeries {
+                healthy: Gauge::default(),
+                in_flight: Gauge::default(),
+            }),
+            started: Instant::now(),
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut e = Encoder::new();
+        let m = &self.models;
+        e.counters(
+            "sluice_requests_total",
+            "Requests finished, by model, HTTP status and error kind (empty on success).",
+            &self.requests,
+            |c| c,
+        );
+        e.histograms(
+            "sluice_time_to_first_token_seconds",
+            "Arrival at the gateway to the first event carrying generated output.",
+            m,
+            |s| &s.ttft,
+        );
+        e.histograms(
+            "sluice_inter_token_latency_seconds",
+            "Every gap between two output events of a stream.",
+            m,
+            |s| &s.inter_token,
+        );
+        e.histograms(
+            "sluice_time_per_output_token_seconds",
+            "Per request: (last token - first token) / (completion tokens - 1).",
+            m,
+            |s| &s.tpot,
+        );
+        e.histograms(
+            "sluice_e2e_request_latency_seconds",
+            "Arrival at the gateway to the end of the response.",
+            m,
+            |s| &s.e2e,
+        );
+        e.histograms(
+            "sluice_request_queue_time_seconds",
+            "Arrival at the gateway to the request being sent to the replica that served it.",
+            m,
+            |s| &s.queue,
+        );
+        e.histograms(
+            "sluice_request_max_inter_token_gap_seconds",
+            "Per stream: its largest gap between two output events (stall detector).",
+            m,
+            |s| &s.max_gap,
+        );
+        e.counters(
+            "sluice_prompt_tokens_total",
+            "Prompt tokens, as reported by the replicas' usage.",
+            m,
+            |s| &s.prompt_tokens,
+        );
+        e.counters(
+            "sluice_generation_tokens_total",
+            "Generated tokens, as reported by the replicas' usage.",
+            m,
+            |s| &s.generation_tokens,
+        );
+        e.histograms(
+            "sluice_request_prompt_tokens",
+            "Prompt tokens per request.",
+            m,
+            |s| &s.prompt_tokens_per_request,
+        );
+        e.histograms(
+            "sluice_request_generation_tokens",
+            "Generated tokens per request.",
+            m,
+            |s| &s.generation_tokens_per_request,
+        );
+        e.counters(
+            "sluice_stream_stalls_total",
+            "Inter-token gaps longer than telemetry.stall_threshold.",
+            m,
+            |s| &s.stalls,
+        );
+        e.counters(
+            "sluice_client_disconnects_total",
+            "Requests the client abandoned before the end (the upstream request was cancelled).",
+            m,
+            |s| &s.client_disconnects,
+        );
+        e.gauges(
+            "sluice_requests_in_flight",
+            "Requests being served now.",
+            m,
+            |s| s.in_flight.get() as f64,
+        );
+        e.counters(
+            "sluice_request_finish_reasons_total",
+            "Finished generations by finish reason (a rising `length` share means truncation).",
+            &self.finish_reasons,
+            |c| c,
+        );
+        e.counters(
+            "sluice_upstream_errors_total",
+            "Failed attempts against a replica, by kind.",
+            &self.upstream_errors,
+            |c| c,
+        );
+        e.counters(
+            "sluice_upstream_retries_total",
+            "Attempts repeated on another replica before the first byte, by reason.",
+            &self.retries,
+            |c| c,
+        );
+        e.gauges(
+            "sluice_backend_healthy",
+            "1 if the replica passes health checks.",
+            &self.backends,
+            |s| s.healthy.get() as f64,
+        );
+        e.gauges(
+            "sluice_backend_in_flight",
+            "Requests this gateway has in flight on the replica.",
+            &self.backends,
+            |s| s.in_flight.get() as f64,
+        );
+        e.single(
+            "sluice_uptime_seconds",
+            "Seconds since the gateway started.",
+            Kind::Gauge,
+            self.started.elapsed().as_secs_f64(),
+        );
+        e.out
+    }
+}

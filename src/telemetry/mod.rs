@@ -1,0 +1,21 @@
+//! Metrics (registry and catalog), the per-request record, and log setup.
+
+pub mod metrics;
+pub mod record;
+pub mod registry;
+
+/// Human-readable logs on stderr; `SLUICE_LOG_FORMAT=json` for one JSON object
+/// per line. Level from `RUST_LOG` (default `info`).
+pub fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("SLUICE_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

@@ -1,0 +1,226 @@
+//! The per-request timing record, filled on the hot path and emitted once.
+//!
+//! A [`Completion`] owns the record; it is created when the request's model is
+//! known and emits metrics exactly once, in `Drop`, so that every way a request
+//! can end (finished, failed, client gone, handler cancelled) is accounted for.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::metrics::{Metrics, ModelSeries, StatusLabel};
+use crate::stream::event::{FinishReason, Usage};
+
+/// Which API a request used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+    Embeddings,
+    /// Any other `POST /v1/*` naming a model, forwarded untouched.
+    Passthrough,
+}
+
+impl Endpoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat",
+            Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Passthrough => "passthrough",
+        }
+    }
+}
+
+/// Status recorded for a request the client abandoned (nginx's convention).
+pub const CLIENT_CLOSED: u16 = 499;
+
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    pub endpoint: Endpoint,
+    pub model: Arc<str>,
+    pub stream: bool,
+    pub arrival: Instant,
+    /// When the attempt that served the request was sent upstream.
+    pub upstream_sent: Option<Instant>,
+    pub backend: Option<Arc<str>>,
+    pub attempts: u32,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+    pub output_events: u32,
+    pub max_gap: Duration,
+    pub stalls: u32,
+    pub usage: Option<Usage>,
+    pub finish_reason: Option<FinishReason>,
+    /// HTTP status the client got (for streams: the status of the headers sent).
+    pub status: u16,
+    /// Closed-set error label; `None` on success.
+    pub error_kind: Option<&'static str>,
+    pub end: Option<Instant>,
+    /// The client went away before the response ended.
+    pub disconnected: bool,
+}
+
+impl RequestRecord {
+    pub fn new(endpoint: Endpoint, model: Arc<str>, stream: bool, arrival: Instant) -> Self {
+        Self {
+            endpoint,
+            model,
+            stream,
+            arrival,
+            upstream_sent: None,
+            backend: None,
+            attempts: 0,
+            first_token: None,
+            last_token: None,
+            output_events: 0,
+            max_gap: Duration::ZERO,
+            stalls: 0,
+            usage: None,
+            finish_reason: None,
+            status: 0,
+            error_kind: None,
+            end: None,
+            disconnected: false,
+        }
+    }
+
+    pub fn ttft(&self) -> Option<Duration> {
+        self.first_token.map(|t| t - self.arrival)
+    }
+
+    pub fn e2e(&self) -> Option<Duration> {
+        self.end.map(|t| t - self.arrival)
+    }
+
+    /// (last token - first token) / (completion tokens - 1), as vLLM defines TPOT.
+    pub fn tpot(&self) -> Option<Duration> {
+        let n = self.usage.map(|u| u.completion_tokens)?;
+        let (first, last) = (self.first_token?, self.last_token?);
+        (n > 1).then(|| (last - first) / (n - 1))
+    }
+
+    pub fn succeeded(&self) -> bool {
+        self.error_kind.is_none() && !self.disconnected && (200..300).contains(&self.status)
+    }
+}
+
+/// Owns a request's record and its model's series; emits on drop.
+pub struct Completion {
+    pub record: RequestRecord,
+    series: Arc<ModelSeries>,
+    metrics: Arc<Metrics>,
+    stall_threshold: Duration,
+}
+
+impl Completion {
+    pub fn new(record: RequestRecord, metrics: Arc<Metrics>, stall_threshold: Duration) -> Self {
+        let series = metrics.models.get(&(record.model.clone(),));
+        series.in_flight.inc();
+        Self {
+            record,
+            series,
+            metrics,
+            stall_threshold,
+        }
+    }
+
+    /// An event carrying generated output arrived at `now`. Per token: a few
+    /// atomics, no allocation, no lock.
+    #[inline]
+    pub fn on_output(&mut self, now: Instant) {
+        let r = &mut self.record;
+        match r.last_token {
+            None => {
+                r.first_token = Some(now);
+                self.series.ttft.observe_duration(now - r.arrival);
+            }
+            Some(prev) => {
+                let gap = now - prev;
+                self.series.inter_token.observe_duration(gap);
+                if gap > r.max_gap {
+                    r.max_gap = gap;
+                }
+                if gap > self.stall_threshold {
+                    r.stalls += 1;
+                    self.series.stalls.inc();
+                }
+            }
+        }
+        r.last_token = Some(now);
+        r.output_events += 1;
+    }
+
+    /// Mark the request failed with a closed-set kind and status.
+    pub fn fail(&mut self, status: u16, kind: &'static str) {
+        self.record.status = status;
+        self.record.error_kind = Some(kind);
+    }
+
+    /// Count a failed attempt or broken stream against the replica.
+    pub fn upstream_error(&self, kind: &'static str) {
+        if let Some(b) = &self.record.backend {
+            self.metrics.upstream_errors.get(&(b.clone(), kind)).inc();
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    fn emit(&mut self) {
+        let r = &mut self.record;
+        let end = *r.end.get_or_insert_with(Instant::now);
+        if r.status == 0 {
+            // Dropped before any response was produced: the client left.
+            r.disconnected = true;
+        }
+        if r.disconnected {
+            r.status = CLIENT_CLOSED;
+            r.error_kind.get_or_insert("client_disconnect");
+            self.series.client_disconnects.inc();
+        }
+        let s = &self.series;
+        if let Some(sent) = r.upstream_sent {
+            s.queue.observe_duration(sent.saturating_duration_since(r.arrival));
+        }
+        if let Some(u) = r.usage {
+            s.prompt_tokens.add(u64::from(u.prompt_tokens));
+            s.generation_tokens.add(u64::from(u.completion_tokens));
+            s.prompt_tokens_per_request.observe(f64::from(u.prompt_tokens));
+            if r.endpoint != Endpoint::Embeddings {
+                s.generation_tokens_per_request
+                    .observe(f64::from(u.completion_tokens));
+            }
+        }
+        if r.succeeded() {
+            s.e2e.observe_duration(end - r.arrival);
+            if let Some(tpot) = r.tpot() {
+                s.tpot.observe_duration(tpot);
+            }
+            if r.output_events >= 2 {
+                s.max_gap.observe_duration(r.max_gap);
+            }
+        }
+        if let Some(f) = r.finish_reason {
+            self.metrics
+                .finish_reasons
+                .get(&(r.model.clone(), f.as_str()))
+                .inc();
+        }
+        self.metrics
+            .requests
+            .get(&(
+                r.model.clone(),
+                StatusLabel(r.status),
+                r.error_kind.unwrap_or(""),
+            ))
+            .inc();
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        self.series.in_flight.dec();
+        self.emit();
+    }
+}

@@ -1,0 +1,420 @@
+//! Lock-free metric primitives and the Prometheus text encoder.
+//!
+//! Why not a crate: the `prometheus` crate has no exemplars, and `prometheus-client`
+//! takes a write lock on every histogram observation. Sluice observes a histogram
+//! on every token, so its histograms are plain atomics: a bucket add, a sum add
+//! (integer-scaled, no CAS loop) and a count add. Labelled series are resolved
+//! once per request (a read lock and a hash) and then used lock-free.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    #[inline]
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Relaxed);
+    }
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    #[inline]
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Relaxed);
+    }
+    #[inline]
+    pub fn dec(&self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+    pub fn set(&self, v: i64) {
+        self.0.store(v, Relaxed);
+    }
+    pub fn get(&self) -> i64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// A gauge holding an `f64` (ratios such as KV-cache usage).
+#[derive(Debug, Default)]
+pub struct FloatGauge(AtomicU64);
+
+impl FloatGauge {
+    pub fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Relaxed);
+    }
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Relaxed))
+    }
+}
+
+/// Fixed-bucket histogram. `scale` turns observed values into the integer unit
+/// its sum is kept in (1e9 for seconds, so the sum is exact nanoseconds).
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: Arc<[f64]>,
+    /// One per bound, plus the +Inf bucket. Not cumulative; summed when rendered.
+    counts: Box<[AtomicU64]>,
+    sum_scaled: AtomicU64,
+    count: AtomicU64,
+    scale: f64,
+}
+
+impl Histogram {
+    pub fn new(bounds: Arc<[f64]>, scale: f64) -> Self {
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Self {
+            bounds,
+            counts,
+            sum_scaled: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+            scale,
+        }
+    }
+
+    pub fn seconds(bounds: Arc<[f64]>) -> Self {
+        Self::new(bounds, 1e9)
+    }
+
+    pub fn counts_of(bounds: Arc<[f64]>) -> Self {
+        Self::new(bounds, 1.0)
+    }
+
+    #[inline]
+    pub fn observe(&self, v: f64) {
+        // `le` semantics: the first bound >= v.
+        let idx = self.bounds.partition_point(|b| *b < v);
+        self.counts[idx].fetch_add(1, Relaxed);
+        let scaled = (v.max(0.0) * self.scale) as u64;
+        self.sum_scaled.fetch_add(scaled, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    #[inline]
+    pub fn observe_duration(&self, d: std::time::Duration) {
+        self.observe(d.as_secs_f64());
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+
+    pub fn sum(&self) -> f64 {
+        self.sum_scaled.load(Relaxed) as f64 / self.scale
+    }
+
+    /// Estimated quantile, interpolated within buckets as PromQL's
+    /// `histogram_quantile` does. `None` when empty.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let counts: Vec<u64> = self.counts.iter().map(|c| c.load(Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        let mut cum = 0u64;
+        for (i, c) in counts.iter().enumerate() {
+            let prev = cum;
+            cum += c;
+            if (cum as f64) >= rank && *c > 0 {
+                let lo = if i == 0 { 0.0 } else { self.bounds[i - 1] };
+                let Some(&hi) = self.bounds.get(i) else {
+                    return Some(lo);
+                };
+                return Some(lo + (hi - lo) * (rank - prev as f64) / *c as f64);
+            }
+        }
+        self.bounds.last().copied()
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cum = 0u64;
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (i, c) in self.counts.iter().enumerate() {
+            cum += c.load(Relaxed);
+            match self.bounds.get(i) {
+                Some(b) => {
+                    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b:?}\"}} {cum}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cum}");
+                }
+            }
+        }
+        let braces = |s: &str| {
+            if s.is_empty() {
+                String::new()
+            } else {
+                format!("{{{s}}}")
+            }
+        };
+        let _ = writeln!(out, "{name}_sum{} {}", braces(labels), self.sum());
+        let _ = writeln!(out, "{name}_count{} {}", braces(labels), cum);
+    }
+}
+
+/// A label key: a tuple of label values with fixed names.
+pub trait LabelKey: Hash + Eq + Clone + Send + Sync + 'static {
+    fn write_values(&self, names: &[&str], out: &mut String);
+}
+
+fn escape_into(out: &mut String, v: &str) {
+    for ch in v.chars() {
+        match ch {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn write_pairs(out: &mut String, names: &[&str], values: &[&str]) {
+    for (i, (n, v)) in names.iter().zip(values).enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(n);
+        out.push_str("=\"");
+        escape_into(out, v);
+        out.push('"');
+    }
+}
+
+impl LabelKey for () {
+    fn write_values(&self, _: &[&str], _: &mut String) {}
+}
+
+impl<A: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static> LabelKey for (A,) {
+    fn write_values(&self, names: &[&str], out: &mut String) {
+        write_pairs(out, names, &[self.0.as_ref()]);
+    }
+}
+
+impl<A, B> LabelKey for (A, B)
+where
+    A: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    B: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn write_values(&self, names: &[&str], out: &mut String) {
+        write_pairs(out, names, &[self.0.as_ref(), self.1.as_ref()]);
+    }
+}
+
+impl<A, B, C> LabelKey for (A, B, C)
+where
+    A: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    B: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    C: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn write_values(&self, names: &[&str], out: &mut String) {
+        write_pairs(
+            out,
+            names,
+            &[self.0.as_ref(), self.1.as_ref(), self.2.as_ref()],
+        );
+    }
+}
+
+/// Series of one metric (or one bundle of metrics) keyed by label values.
+/// `get` is the only locking call; callers keep the returned `Arc` for the
+/// request's lifetime.
+pub struct Family<K: LabelKey, M> {
+    names: &'static [&'static str],
+    series: RwLock<HashMap<K, Arc<M>>>,
+    make: Box<dyn Fn() -> M + Send + Sync>,
+}
+
+impl<K: LabelKey, M> Family<K, M> {
+    pub fn new(names: &'static [&'static str], make: impl Fn() -> M + Send + Sync + 'static) -> Self {
+        Self {
+            names,
+            series: RwLock::new(HashMap::new()),
+            make: Box::new(make),
+        }
+    }
+
+    pub fn get(&self, key: &K) -> Arc<M> {
+        if let Ok(map) = self.series.read()
+            && let Some(m) = map.get(key)
+        {
+            return m.clone();
+        }
+        let mut map = match self.series.write() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        map.entry(key.clone())
+            .or_insert_with(|| Arc::new((self.make)()))
+            .clone()
+    }
+
+    /// Drop series whose key no longer exists (e.g. a replica removed by DNS).
+    pub fn retain(&self, mut keep: impl FnMut(&K) -> bool) {
+        if let Ok(mut map) = self.series.write() {
+            map.retain(|k, _| keep(k));
+        }
+    }
+
+    /// Label strings and series, sorted for a stable exposition.
+    fn snapshot(&self) -> Vec<(String, Arc<M>)> {
+        let map = match self.series.read() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut v: Vec<(String, Arc<M>)> = map
+            .iter()
+            .map(|(k, m)| {
+                let mut s = String::new();
+                k.write_values(self.names, &mut s);
+                (s, m.clone())
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+/// Writes one metric family in the Prometheus text format.
+pub struct Encoder {
+    pub out: String,
+}
+
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Encoder {
+    pub fn new() -> Self {
+        Self {
+            out: String::with_capacity(16 * 1024),
+        }
+    }
+
+    fn header(&mut self, name: &str, help: &str, kind: Kind) {
+        let t = match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {t}");
+    }
+
+    /// A family whose series hold a bundle `M`; `pick` selects the metric from it.
+    pub fn counters<K: LabelKey, M>(
+        &mut self,
+        name: &str,
+        help: &str,
+        fam: &Family<K, M>,
+        pick: impl Fn(&M) -> &Counter,
+    ) {
+        self.header(name, help, Kind::Counter);
+        for (labels, m) in fam.snapshot() {
+            let _ = writeln!(self.out, "{name}{} {}", wrap(&labels), pick(&m).get());
+        }
+    }
+
+    pub fn gauges<K: LabelKey, M>(
+        &mut self,
+        name: &str,
+        help: &str,
+        fam: &Family<K, M>,
+        pick: impl Fn(&M) -> f64,
+    ) {
+        self.header(name, help, Kind::Gauge);
+        for (labels, m) in fam.snapshot() {
+            let _ = writeln!(self.out, "{name}{} {}", wrap(&labels), pick(&m));
+        }
+    }
+
+    pub fn histograms<K: LabelKey, M>(
+        &mut self,
+        name: &str,
+        help: &str,
+        fam: &Family<K, M>,
+        pick: impl Fn(&M) -> &Histogram,
+    ) {
+        self.header(name, help, Kind::Histogram);
+        for (labels, m) in fam.snapshot() {
+            pick(&m).render(&mut self.out, name, &labels);
+        }
+    }
+
+    /// One unlabelled value.
+    pub fn single(&mut self, name: &str, help: &str, kind: Kind, value: f64) {
+        self.header(name, help, kind);
+        let _ = writeln!(self.out, "{name} {value}");
+    }
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn wrap(labels: &str) -> String {
+    if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_le_inclusive() {
+        let h = Histogram::seconds(Arc::from(vec![0.1, 1.0]));
+        h.observe(0.1);
+        h.observe(0.5);
+        h.observe(5.0);
+        let mut out = String::new();
+        h.render(&mut out, "x", "m=\"a\"");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"0.1\"} 1\n"), "{out}");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"1.0\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{m=\"a\",le=\"+Inf\"} 3\n"), "{out}");
+        assert!(out.contains("x_sum{m=\"a\"} 5.6\n"), "{out}");
+        assert!(out.contains("x_count{m=\"a\"} 3\n"), "{out}");
+    }
+
+    #[test]
+    fn quantiles_interpolate_within_buckets() {
+        let h = Histogram::seconds(Arc::from(vec![0.1, 0.2, 0.4]));
+        assert_eq!(h.quantile(0.5), None);
+        for _ in 0..10 {
+            h.observe(0.15);
+        }
+        let q = h.quantile(0.5).unwrap_or_default();
+        assert!((0.1..=0.2).contains(&q), "{q}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let fam: Family<(String,), Counter> = Family::new(&["model"], Counter::default);
+        fam.get(&("a\"b\\c".to_string(),)).inc();
+        let mut e = Encoder::new();
+        e.counters("c_total", "help", &fam, |c| c);
+        assert!(e.out.contains("c_total{model=\"a\\\"b\\\\c\"} 1"), "{}", e.out);
+    }
+}

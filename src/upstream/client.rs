@@ -1,0 +1,156 @@
+//! The pooled HTTP/1.1 client to the replicas and the header rules of forwarding.
+//!
+//! hyper's client directly (not reqwest): the response body arrives as hyper's
+//! own `Incoming`, which the timed stream wraps frame by frame, and dropping it
+//! mid-body closes that connection, which is how a client disconnect becomes a
+//! cancellation on the replica (vLLM aborts a request whose connection closes).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, header};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::UpstreamConfig;
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn build_client(cfg: &UpstreamConfig) -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_connect_timeout(Some(cfg.timeouts.connect));
+    // Tokens are small writes; Nagle would hold each for an ACK.
+    conn.set_nodelay(true);
+    conn.set_keepalive(Some(Duration::from_secs(30)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(cfg.pool_idle_timeout)
+        .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
+        .build(conn)
+}
+
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Connection-level headers that must not cross a proxy (RFC 9110 7.6.1).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// Headers named in `Connection:` are hop-by-hop too.
+fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// The headers sent to a replica: the client's, minus hop-by-hop headers, its
+/// `Authorization` (a gateway key is not the replica's key), `Host`, the body
+/// framing (recomputed) and `Accept-Encoding` (streams must stay readable to
+/// the gateway), plus the request id and the replica's own key.
+pub fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
+    let listed = connection_listed(client);
+    let mut out = HeaderMap::with_capacity(client.len() + 2);
+    for (name, value) in client {
+        if is_hop_by_hop(name)
+            || listed.contains(name)
+            || name == header::AUTHORIZATION
+            || name == header::HOST
+            || name == header::CONTENT_LENGTH
+            || name == header::ACCEPT_ENCODING
+            || name == X_REQUEST_ID
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out.insert(X_REQUEST_ID.clone(), request_id.clone());
+    out.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    out
+}
+
+/// The headers returned to the client from a replica's response.
+pub fn downstream_headers(upstream: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
+    let listed = connection_listed(upstream);
+    let mut out = HeaderMap::with_capacity(upstream.len() + 1);
+    for (name, value) in upstream {
+        if is_hop_by_hop(name)
+            || listed.contains(name)
+            || name == header::CONTENT_LENGTH
+            || name == header::DATE
+            || name == header::SERVER
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out.insert(X_REQUEST_ID.clone(), request_id.clone());
+    out
+}
+
+/// The client's `x-request-id` if it is sane (visible ASCII, at most 128
+/// bytes), else a fresh random one.
+pub fn request_id(client: &HeaderMap) -> HeaderValue {
+    if let Some(v) = client.get(&X_REQUEST_ID)
+        && !v.is_empty()
+        && v.len() <= 128
+        && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+    {
+        return v.clone();
+    }
+    let id = format!("{:032x}", fastrand::u128(..));
+    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarding_strips_what_must_not_cross() {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer client"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert(header::HOST, HeaderValue::from_static("gw"));
+        h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+        h.insert("traceparent", HeaderValue::from_static("00-abc-def-01"));
+        let id = HeaderValue::from_static("rid");
+        let out = upstream_headers(&h, &id);
+        assert!(out.get(header::AUTHORIZATION).is_none());
+        assert!(out.get("x-secret").is_none());
+        assert!(out.get(header::CONNECTION).is_none());
+        assert!(out.get(header::HOST).is_none());
+        assert!(out.get(header::ACCEPT_ENCODING).is_none());
+        assert_eq!(out.get("traceparent"), h.get("traceparent"));
+        assert_eq!(out.get(&X_REQUEST_ID), Some(&id));
+    }
+
+    #[test]
+    fn request_ids_are_kept_when_sane() {
+        let mut h = HeaderMap::new();
+        h.insert(&X_REQUEST_ID, HeaderValue::from_static("abc-123"));
+        assert_eq!(request_id(&h), "abc-123");
+        h.insert(&X_REQUEST_ID, HeaderValue::from_static("has space"));
+        assert_ne!(request_id(&h), "has space");
+        assert_eq!(request_id(&HeaderMap::new()).len(), 32);
+    }
+}

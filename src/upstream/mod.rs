@@ -1,0 +1,6 @@
+//! Everything about the replicas: the pool, the client that talks to them,
+//! and the health checks that keep the pool's view current.
+
+pub mod client;
+pub mod health;
+pub mod pool;
