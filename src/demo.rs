@@ -33,9 +33,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .iter()
         .map(|s| BackendConfig::from_url(s.url().parse().unwrap_or_else(|_| unreachable_url())))
         .collect();
-    let gw = server::start(config)
-        .await
-        .context("starting the gateway (is port 8080 or 9090 taken? use --listen/--admin-listen)")?;
+    let gw = server::start(config).await.context(
+        "starting the gateway (is port 8080 or 9090 taken? use --listen/--admin-listen)",
+    )?;
     wait_ready(&gw).await?;
 
     let api = format!("http://{}", gw.api_addr);
@@ -59,7 +59,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         model: Some("demo-model".into()),
         concurrency: args.concurrency,
         requests: None,
-        duration: Some(args.duration.unwrap_or(Duration::from_secs(365 * 24 * 3600))),
+        duration: Some(
+            args.duration
+                .unwrap_or(Duration::from_secs(365 * 24 * 3600)),
+        ),
         max_tokens: 48,
         prompt_chars: 400,
         api_key: None,
@@ -104,7 +107,10 @@ fn unreachable_url() -> url::Url {
 async fn wait_ready(gw: &server::Gateway) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !gw.state.pool.any_healthy() {
-        anyhow::ensure!(Instant::now() < deadline, "no simulated replica became healthy");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no simulated replica became healthy"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
@@ -115,7 +121,8 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
     let series = m.models.get(&("demo-model".into(),));
     let secs = started.elapsed().as_secs_f64().max(0.001);
     let q = |h: &crate::telemetry::registry::Histogram, p: f64| {
-        h.quantile(p).map_or("-".to_string(), |v| format!("{:.0}ms", v * 1e3))
+        h.quantile(p)
+            .map_or("-".to_string(), |v| format!("{:.0}ms", v * 1e3))
     };
     let mut out = format!(
         "[{:>4.0}s] {} done, {:.0} tokens/s | TTFT p50 {} p99 {} | ITL p50 {} p99 {}\n",

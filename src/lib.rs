@@ -9,6 +9,7 @@ pub mod app;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod routing;
 pub mod server;
@@ -17,7 +18,6 @@ pub mod stream;
 pub mod telemetry;
 pub mod tokens;
 pub mod upstream;
-pub mod demo;
 
 use anyhow::Context as _;
 

@@ -8,7 +8,10 @@ use sluice::cli::Cli;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     sluice::telemetry::init_logging();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

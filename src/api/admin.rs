@@ -28,7 +28,10 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let body = state.metrics.render();
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         body,
     )
         .into_response()

@@ -38,7 +38,11 @@ pub async fn handle(state: Arc<AppState>, endpoint: Endpoint, req: Request<Body>
         Err(Failure { recorded, error }) => {
             if !recorded {
                 // Failed before the model was known: no model label to give.
-                let key = (Arc::from(""), StatusLabel(error.status().as_u16()), error.kind());
+                let key = (
+                    Arc::from(""),
+                    StatusLabel(error.status().as_u16()),
+                    error.kind(),
+                );
                 state.metrics.requests.get(&key).inc();
             }
             error.into_response()
@@ -80,26 +84,40 @@ async fn proxy(
     let bytes = request::read_body(&parts.headers, body, limit)
         .await
         .map_err(unrecorded)?;
-    let inbound = request::inspect(endpoint, bytes).map_err(unrecorded)?;
+    let mut inbound = request::inspect(endpoint, bytes).map_err(unrecorded)?;
     let (model, candidates) = match state.pool.resolve(&inbound.model) {
         Ok(ok) => ok,
         Err(e @ GatewayError::NoHealthyBackend(_)) => {
-            let record = RequestRecord::new(endpoint, served_name(state, &inbound), inbound.stream, arrival);
-            let mut c = Completion::new(record, state.metrics.clone(), state.config.telemetry.stall_threshold);
+            let record = RequestRecord::new(
+                endpoint,
+                served_name(state, &inbound),
+                inbound.stream,
+                arrival,
+            );
+            let mut c = Completion::new(
+                record,
+                state.metrics.clone(),
+                state.config.telemetry.stall_threshold,
+            );
             c.fail(e.status().as_u16(), e.kind());
             return Err(recorded(e));
         }
         Err(e) => return Err(unrecorded(e)),
     };
+    if *model != *inbound.model {
+        inbound.body = request::with_model(&inbound.body, &model).map_err(unrecorded)?;
+    }
     let record = RequestRecord::new(endpoint, model.clone(), inbound.stream, arrival);
     let completion = Completion::new(
         record,
         state.metrics.clone(),
         state.config.telemetry.stall_threshold,
     );
-    forward(state, endpoint, parts, &inbound, candidates, completion, rid)
-        .await
-        .map_err(recorded)
+    forward(
+        state, endpoint, parts, &inbound, candidates, completion, rid,
+    )
+    .await
+    .map_err(recorded)
 }
 
 /// The served name of a known model (for labels), never the client's string.
@@ -173,8 +191,11 @@ async fn forward(
         };
         let result = match send(state, req, headers_by, inbound.stream).await {
             Ok(resp) => {
-                return respond(state, endpoint, inbound, resp, completion, in_flight, rid, headers_by, deadline)
-                    .await;
+                return respond(
+                    state, endpoint, inbound, resp, completion, in_flight, rid, headers_by,
+                    deadline,
+                )
+                .await;
             }
             Err(e) => e,
         };
@@ -233,7 +254,10 @@ async fn send(
     })
 }
 
-#[expect(clippy::too_many_arguments, reason = "one call site; a struct would only rename them")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site; a struct would only rename them"
+)]
 async fn respond(
     state: &AppState,
     endpoint: Endpoint,
@@ -289,7 +313,8 @@ async fn respond(
 
     // Non-streamed JSON: read it whole (bounded), take usage and finish reason.
     let limit = state.config.upstream.max_response_bytes.as_usize();
-    let collected = tokio::time::timeout_at(deadline.into(), Limited::new(body, limit).collect()).await;
+    let collected =
+        tokio::time::timeout_at(deadline.into(), Limited::new(body, limit).collect()).await;
     drop(in_flight);
     let bytes = match collected {
         Err(_) => {

@@ -109,6 +109,17 @@ pub fn inspect(endpoint: Endpoint, body: Bytes) -> Result<Inbound, GatewayError>
     })
 }
 
+/// The body with its `model` replaced (an alias resolved to the served name).
+/// Re-serialised: aliases are a convenience, not the hot path.
+pub fn with_model(body: &Bytes, model: &str) -> Result<Bytes, GatewayError> {
+    let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::InvalidRequest(format!("invalid request body: {e}")))?;
+    v.insert("model".into(), serde_json::Value::String(model.to_string()));
+    serde_json::to_vec(&v)
+        .map(Bytes::from)
+        .map_err(|e| GatewayError::Internal(e.to_string()))
+}
+
 /// The body with `stream_options.include_usage = true`, so that token counts are
 /// exact. When the client sent no `stream_options`, the field is spliced in after
 /// the opening brace (the rest stays byte-identical); otherwise the object is
@@ -120,7 +131,9 @@ fn with_usage_requested(body: &Bytes, has_stream_options: bool) -> Result<Bytes,
             .iter()
             .position(|b| !b.is_ascii_whitespace())
             .filter(|&i| body[i] == b'{')
-            .ok_or_else(|| GatewayError::InvalidRequest("the request body must be a JSON object".into()))?;
+            .ok_or_else(|| {
+                GatewayError::InvalidRequest("the request body must be a JSON object".into())
+            })?;
         let mut out = Vec::with_capacity(body.len() + FIELD.len());
         out.extend_from_slice(&body[..=open]);
         out.extend_from_slice(FIELD);

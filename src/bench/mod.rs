@@ -142,7 +142,8 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     let prompt: Arc<str> = Arc::from(prompt_text(cfg.prompt_chars));
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..cfg.concurrency {
-        let (client, base, model, prompt) = (client.clone(), base.clone(), model.clone(), prompt.clone());
+        let (client, base, model, prompt) =
+            (client.clone(), base.clone(), model.clone(), prompt.clone());
         let (issued, done, failed) = (issued.clone(), done.clone(), failed.clone());
         let (limit, key, max_tokens) = (cfg.requests, cfg.api_key.clone(), cfg.max_tokens);
         workers.spawn(async move {
@@ -195,7 +196,11 @@ fn prompt_text(chars: usize) -> String {
     base.chars().cycle().take(chars.max(1)).collect()
 }
 
-async fn first_model(client: &BenchClient, base: &str, key: Option<&str>) -> anyhow::Result<String> {
+async fn first_model(
+    client: &BenchClient,
+    base: &str,
+    key: Option<&str>,
+) -> anyhow::Result<String> {
     let mut req = Request::get(format!("{base}/v1/models")).body(Full::new(Bytes::new()))?;
     if let Some(k) = key {
         req.headers_mut()
@@ -231,7 +236,10 @@ async fn one(
         {
             req.headers_mut().insert(header::AUTHORIZATION, v);
         }
-        let resp = client.request(req).await.map_err(|_| "connect".to_string())?;
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|_| "connect".to_string())?;
         if !resp.status().is_success() {
             return Err(format!("http_{}", resp.status().as_u16()));
         }
@@ -242,9 +250,14 @@ async fn one(
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|_| "stream_broken".to_string())?;
             let now = Instant::now();
-            let Ok(data) = frame.into_data() else { continue };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
             splitter.push(data);
-            while let Some(ev) = splitter.next_event().map_err(|_| "event_too_large".to_string())? {
+            while let Some(ev) = splitter
+                .next_event()
+                .map_err(|_| "event_too_large".to_string())?
+            {
                 match classify(&ev) {
                     Event::Done => done = true,
                     Event::Chunk(c) if c.is_error => return Err("error_event".to_string()),

@@ -130,7 +130,9 @@ pub fn locate(text: &str, path: &str) -> Option<u64> {
                 .filter_map(|i| {
                     let (col, rest) = key_part(lines[i]);
                     let named = rest.strip_prefix(key).is_some_and(|r| r.starts_with(':'))
-                        || rest.strip_prefix(&format!("\"{key}\"")).is_some_and(|r| r.starts_with(':'));
+                        || rest
+                            .strip_prefix(&format!("\"{key}\""))
+                            .is_some_and(|r| r.starts_with(':'));
                     named.then_some((i, col))
                 })
                 .min_by_key(|&(i, col)| (col, i))?,
@@ -155,7 +157,11 @@ pub fn locate(text: &str, path: &str) -> Option<u64> {
             .find(|&i| content(i) && indent(lines[i]) <= col)
             .unwrap_or(end);
         // A list item's first key sits on the item's own line, after `- `.
-        start = if let Seg::Index(_) = seg { hit } else { hit + 1 };
+        start = if let Seg::Index(_) = seg {
+            hit
+        } else {
+            hit + 1
+        };
         end = next;
     }
     found.map(|i| i as u64 + 1)

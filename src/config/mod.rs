@@ -181,8 +181,7 @@ impl BackendConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelsConfig {
     /// Client-facing name -> served model name, e.g. `gpt-4o: llama-3.1-8b`.
-    /// The request is forwarded with its body untouched; the replica must accept
-    /// the alias too, or the alias must equal a served name.
+    /// The request's `model` is rewritten to the served name before forwarding.
     pub aliases: BTreeMap<String, String>,
 }
 
@@ -270,7 +269,10 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
         if let Some(prev) = seen.insert(b.label(), i) {
             bad(
                 format!("backends[{i}]"),
-                format!("same name as backends[{prev}] (`{}`); set `name`", b.label()),
+                format!(
+                    "same name as backends[{prev}] (`{}`); set `name`",
+                    b.label()
+                ),
             );
         }
     }

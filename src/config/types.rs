@@ -27,7 +27,11 @@ impl ByteSize {
             "MiB" => 1 << 20,
             "GB" => 1_000_000_000,
             "GiB" => 1 << 30,
-            other => return Err(format!("unknown size unit `{other}` (use B, KiB, MiB, GiB)")),
+            other => {
+                return Err(format!(
+                    "unknown size unit `{other}` (use B, KiB, MiB, GiB)"
+                ));
+            }
         };
         num.checked_mul(mult)
             .map(ByteSize)

@@ -49,9 +49,9 @@ impl Faults {
                 }
                 "first_token" => f.first_token = Some(dur(val)?),
                 "stall" => {
-                    let (n, d) = val
-                        .split_once(':')
-                        .ok_or_else(|| "fault `stall` is N:DURATION, e.g. stall=5:30s".to_string())?;
+                    let (n, d) = val.split_once(':').ok_or_else(|| {
+                        "fault `stall` is N:DURATION, e.g. stall=5:30s".to_string()
+                    })?;
                     f.stall = Some((num(n)?, dur(d)?));
                 }
                 "drop" => f.drop_after = Some(num(val)?),
@@ -74,8 +74,9 @@ mod tests {
 
     #[test]
     fn parses_every_fault() {
-        let f = Faults::parse("error=503, first_token=2s,stall=5:30s,drop=7,malformed=3,error_event=4")
-            .unwrap_or_default();
+        let f =
+            Faults::parse("error=503, first_token=2s,stall=5:30s,drop=7,malformed=3,error_event=4")
+                .unwrap_or_default();
         assert_eq!(f.error, Some(503));
         assert_eq!(f.first_token, Some(Duration::from_secs(2)));
         assert_eq!(f.stall, Some((5, Duration::from_secs(30))));

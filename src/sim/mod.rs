@@ -257,7 +257,11 @@ async fn intake(s: &SimState, req: Request) -> Result<(Value, Faults), Response>
         .map_err(|e| vllm_error(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")))?;
     remember(s, &parts.headers, &body);
     s.metrics.received.inc();
-    let faults = match parts.headers.get(faults::HEADER).and_then(|v| v.to_str().ok()) {
+    let faults = match parts
+        .headers
+        .get(faults::HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
         Some(spec) => Faults::parse(spec).map_err(|e| vllm_error(StatusCode::BAD_REQUEST, &e))?,
         None if !s.config.faults.is_empty() && fastrand::f64() < s.config.fault_rate => {
             s.config.faults.clone()
@@ -268,7 +272,10 @@ async fn intake(s: &SimState, req: Request) -> Result<(Value, Faults), Response>
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return Err(vllm_error(status, "simulated error"));
     }
-    let model = body.get("model").and_then(Value::as_str).unwrap_or_default();
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if model != s.config.model {
         return Err(vllm_error(
             StatusCode::NOT_FOUND,
@@ -378,7 +385,9 @@ async fn non_streamed(
     let mut running = Running { s: &s, done: false };
     let end = first_at + token_delay * g.output_tokens.saturating_sub(1);
     tokio::time::sleep_until(end).await;
-    let text: String = (0..g.output_tokens).map(|i| text::word(g.seed, i)).collect();
+    let text: String = (0..g.output_tokens)
+        .map(|i| text::word(g.seed, i))
+        .collect();
     s.metrics.generation_tokens.add(u64::from(g.output_tokens));
     s.metrics.finished(g.finish_reason);
     running.done = true;

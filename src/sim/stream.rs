@@ -153,13 +153,15 @@ impl SimStream {
             return Ok(());
         }
         if f.malformed_after == Some(i) {
-            self.queue.push_back(Bytes::from_static(b"data: {\"choices\": [oops\n\n"));
+            self.queue
+                .push_back(Bytes::from_static(b"data: {\"choices\": [oops\n\n"));
         }
         if f.error_event_after == Some(i) {
             self.queue.push_back(sse(
                 r#"{"error":{"object":"error","message":"simulated engine failure","type":"InternalServerError","param":null,"code":500}}"#,
             ));
-            self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            self.queue
+                .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
             self.ended = true;
             self.sim.metrics.finished("error");
             return Ok(());
@@ -176,7 +178,8 @@ impl SimStream {
             if g.include_usage {
                 self.queue.push_back(g.usage_event());
             }
-            self.queue.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            self.queue
+                .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
             self.ended = true;
             self.sim.metrics.finished(g.finish_reason);
         }

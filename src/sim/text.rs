@@ -3,10 +3,10 @@
 use serde_json::Value;
 
 const WORDS: [&str; 32] = [
-    " the", " model", " token", " cache", " replica", " stream", " latency", " prefix",
-    " block", " queue", " batch", " decode", " prefill", " gateway", " route", " metric",
-    " fleet", " tenant", " limit", " trace", " sample", " window", " budget", " signal",
-    " river", " sluice", " gate", " flow", " water", " channel", " bank", " lock",
+    " the", " model", " token", " cache", " replica", " stream", " latency", " prefix", " block",
+    " queue", " batch", " decode", " prefill", " gateway", " route", " metric", " fleet",
+    " tenant", " limit", " trace", " sample", " window", " budget", " signal", " river", " sluice",
+    " gate", " flow", " water", " channel", " bank", " lock",
 ];
 
 /// splitmix64: a fast, well-mixed hash for picking words.

@@ -220,9 +220,7 @@ impl TimedBody {
                 });
             }
             // Not due yet (chunks kept coming): re-arm for the real deadline.
-            self.timer
-                .as_mut()
-                .reset(idle_at.min(self.deadline).into());
+            self.timer.as_mut().reset(idle_at.min(self.deadline).into());
         }
         None
     }
@@ -283,7 +281,8 @@ impl Body for TimedBody {
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    let e = GatewayError::UpstreamProtocol(format!("connection lost mid-stream: {e}"));
+                    let e =
+                        GatewayError::UpstreamProtocol(format!("connection lost mid-stream: {e}"));
                     return Poll::Ready(Some(Ok(Frame::data(this.fail(e)))));
                 }
                 Poll::Ready(None) => {

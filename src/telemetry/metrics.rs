@@ -21,8 +21,8 @@ pub mod buckets {
     /// Inter-token gap and TPOT. Healthy decode is 5-60 ms per token, so the
     /// bounds are fine below 100 ms; 1-10 s catches stalls and preemption.
     pub const INTER_TOKEN: &[f64] = &[
-        0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075,
-        0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0,
+        0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
+        0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0,
     ];
     /// End-to-end latency: seconds to minutes (long generations), dense around
     /// the usual 5-30 s chat SLAs.
@@ -33,13 +33,13 @@ pub mod buckets {
     /// Time spent in the gateway before the upstream send: sub-millisecond when
     /// healthy, so the bounds start at 100 us.
     pub const QUEUE: &[f64] = &[
-        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-        2.5, 5.0,
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        5.0,
     ];
     /// Tokens per request (counts, not seconds): powers of two up to 128k context.
     pub const TOKENS: &[f64] = &[
-        1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
-        16384.0, 32768.0, 65536.0, 131072.0,
+        1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+        32768.0, 65536.0, 131072.0,
     ];
 }
 

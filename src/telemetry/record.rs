@@ -181,12 +181,14 @@ impl Completion {
         }
         let s = &self.series;
         if let Some(sent) = r.upstream_sent {
-            s.queue.observe_duration(sent.saturating_duration_since(r.arrival));
+            s.queue
+                .observe_duration(sent.saturating_duration_since(r.arrival));
         }
         if let Some(u) = r.usage {
             s.prompt_tokens.add(u64::from(u.prompt_tokens));
             s.generation_tokens.add(u64::from(u.completion_tokens));
-            s.prompt_tokens_per_request.observe(f64::from(u.prompt_tokens));
+            s.prompt_tokens_per_request
+                .observe(f64::from(u.prompt_tokens));
             if r.endpoint != Endpoint::Embeddings {
                 s.generation_tokens_per_request
                     .observe(f64::from(u.completion_tokens));

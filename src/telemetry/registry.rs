@@ -240,7 +240,10 @@ pub struct Family<K: LabelKey, M> {
 }
 
 impl<K: LabelKey, M> Family<K, M> {
-    pub fn new(names: &'static [&'static str], make: impl Fn() -> M + Send + Sync + 'static) -> Self {
+    pub fn new(
+        names: &'static [&'static str],
+        make: impl Fn() -> M + Send + Sync + 'static,
+    ) -> Self {
         Self {
             names,
             series: RwLock::new(HashMap::new()),
@@ -415,6 +418,10 @@ mod tests {
         fam.get(&("a\"b\\c".to_string(),)).inc();
         let mut e = Encoder::new();
         e.counters("c_total", "help", &fam, |c| c);
-        assert!(e.out.contains("c_total{model=\"a\\\"b\\\\c\"} 1"), "{}", e.out);
+        assert!(
+            e.out.contains("c_total{model=\"a\\\"b\\\\c\"} 1"),
+            "{}",
+            e.out
+        );
     }
 }

@@ -127,8 +127,14 @@ mod tests {
     #[test]
     fn forwarding_strips_what_must_not_cross() {
         let mut h = HeaderMap::new();
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer client"));
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer client"),
+        );
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert(header::HOST, HeaderValue::from_static("gw"));
         h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));

@@ -37,7 +37,12 @@ pub async fn check_all(pool: &Pool, client: &HttpClient, cfg: &HealthCheckConfig
         tasks.spawn(async move {
             let result = tokio::time::timeout(timeout, fetch_models(&r, &client))
                 .await
-                .unwrap_or_else(|_| Err(format!("no answer within {}", humantime::format_duration(timeout))));
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "no answer within {}",
+                        humantime::format_duration(timeout)
+                    ))
+                });
             apply(&r, result)
         });
     }
@@ -80,8 +85,8 @@ async fn fetch_models(r: &Replica, client: &HttpClient) -> Result<Vec<Arc<str>>,
     if !status.is_success() {
         return Err(format!("/v1/models answered {status}"));
     }
-    let list: ModelList =
-        serde_json::from_slice(&body).map_err(|e| format!("/v1/models is not a model list: {e}"))?;
+    let list: ModelList = serde_json::from_slice(&body)
+        .map_err(|e| format!("/v1/models is not a model list: {e}"))?;
     Ok(list.data.into_iter().map(|m| Arc::from(m.id)).collect())
 }
 

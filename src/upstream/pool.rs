@@ -158,12 +158,19 @@ impl Pool {
     /// healthy replica are 503.
     pub fn resolve(&self, requested: &str) -> Result<(Arc<str>, Vec<Arc<Replica>>), GatewayError> {
         let index = self.index.load();
-        let target = self.aliases.get(requested).map(|a| a.as_ref()).unwrap_or(requested);
+        let target = self
+            .aliases
+            .get(requested)
+            .map(|a| a.as_ref())
+            .unwrap_or(requested);
         let Some((name, replicas)) = index.by_model.get_key_value(target) else {
             return Err(GatewayError::ModelNotFound(requested.to_string()));
         };
-        let healthy: Vec<Arc<Replica>> =
-            replicas.iter().filter(|r| r.is_healthy()).cloned().collect();
+        let healthy: Vec<Arc<Replica>> = replicas
+            .iter()
+            .filter(|r| r.is_healthy())
+            .cloned()
+            .collect();
         if healthy.is_empty() {
             return Err(GatewayError::NoHealthyBackend(name.to_string()));
         }

@@ -1,0 +1,150 @@
+//! The real binary: config checking, serving, and stopping on SIGTERM.
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+fn temp_config(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[tokio::test]
+async fn check_config_accepts_the_example_and_names_key_and_line() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/sluice.yaml");
+    let out = Command::new(BIN)
+        .args(["check-config", example])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let bad =
+        temp_config("server:\n  listen: 0.0.0.0:8080\nupstream:\n  timeouts:\n    idle: forever\n");
+    let out = Command::new(BIN)
+        .args(["check-config", bad.path().to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(":5: `upstream.timeouts.idle`"), "{err}");
+
+    let bad = temp_config("backends:\n  - url: http://a:8000\n  - url: http://a:8000\n");
+    let out = Command::new(BIN)
+        .args(["check-config", bad.path().to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(":3: `backends[1]`"), "{err}");
+}
+
+/// Spawn the binary and read the address it logs as `key=ADDR`.
+async fn spawn_and_find(args: &[&str], key: &str) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let pat = format!("{key}=");
+    let addr = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split(&pat).nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("process exited without logging {key}");
+    })
+    .await
+    .expect("no address logged");
+    // Keep draining stderr so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
+#[tokio::test]
+async fn serve_and_sim_binaries_work_end_to_end_and_stop_on_sigterm() {
+    let (mut sim, sim_addr) = spawn_and_find(
+        &[
+            "sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-delay",
+            "1ms",
+            "--output-tokens",
+            "4",
+        ],
+        "addr",
+    )
+    .await;
+    let backend = format!("http://{sim_addr}");
+    let (mut gw, api_addr) = spawn_and_find(
+        &[
+            "serve",
+            "--backend",
+            &backend,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+        "api",
+    )
+    .await;
+    let url = format!("http://{api_addr}/v1/chat/completions");
+    wait_until("gateway routes", Duration::from_secs(10), || {
+        let url = url.clone();
+        async move {
+            client()
+                .post(&url)
+                .json(&chat_body(false))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        }
+    })
+    .await;
+    let (status, _, body) = post(&url, &chat_body(true)).await;
+    assert_eq!(status, 200);
+    assert!(body.ends_with("data: [DONE]\n\n"));
+
+    for child in [&mut gw, &mut sim] {
+        let pid = child.id().unwrap().to_string();
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .unwrap();
+        assert!(ok.success());
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("did not stop on SIGTERM")
+            .unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+}
+
+#[tokio::test]
+async fn serve_without_backends_fails_with_a_clear_message() {
+    let out = Command::new(BIN).args(["serve"]).output().await.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no backends"));
+}

@@ -1,0 +1,119 @@
+//! Every failure a client can see: OpenAI-shaped body, right status.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+async fn send_raw(url: &str, body: &'static str) -> (u16, String) {
+    let resp = client()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn client_errors_are_400_404_405_413() {
+    let sim = start_sim(fast_sim()).await;
+    let mut config = config_for(&[sim.url()]);
+    config.server.max_body_bytes = sluice::config::ByteSize(4096);
+    let gw = start_gateway(config, 1).await;
+    let chat = format!("{}/v1/chat/completions", api(&gw));
+
+    let (s, b) = send_raw(&chat, "{not json").await;
+    assert_eq!(s, 400);
+    assert_eq!(error_of(&b)["type"], "invalid_request_error");
+
+    let (s, b) = send_raw(&chat, r#"{"messages":[]}"#).await;
+    assert_eq!(s, 400);
+    assert_eq!(error_of(&b)["param"], "model");
+
+    let (s, b) = send_raw(&chat, r#"{"model":"gpt-7","messages":[]}"#).await;
+    assert_eq!(s, 404);
+    let e = error_of(&b);
+    assert_eq!(e["code"], "model_not_found");
+
+    let big = serde_json::json!({"model": "sim-model", "messages": [{"role": "user", "content": "x".repeat(10_000)}]});
+    let (s, _, b) = post(&chat, &big).await;
+    assert_eq!(s, 413);
+    assert_eq!(error_of(&b)["code"], "request_too_large");
+
+    let (s, b) = get_text(&chat).await;
+    assert_eq!(s, 405);
+    error_of(&b);
+
+    let (s, b) = get_text(&format!("{}/v2/anything", api(&gw))).await;
+    assert_eq!(s, 404);
+    assert_eq!(error_of(&b)["code"], "unknown_url");
+
+    // None of these reached the replica.
+    assert_eq!(sim.state.metrics.received.get(), 0);
+    assert_eq!(
+        gateway_metric(
+            &gw,
+            "sluice_requests_total{model=\"\",status=\"404\",error_kind=\"model_not_found\"}"
+        )
+        .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn upstream_errors_pass_through_with_status_and_normalised_body() {
+    let sim = start_sim(fast_sim()).await;
+    let gw = start_gateway(config_for(&[sim.url()]), 1).await;
+    let chat = format!("{}/v1/chat/completions", api(&gw));
+    for (fault, status) in [("error=422", 422), ("error=500", 500)] {
+        let (s, _, b) = post_with(&chat, &chat_body(true), &[("x-sim-fault", fault)]).await;
+        assert_eq!(s, status, "{b}");
+        let e = error_of(&b);
+        assert_eq!(e["message"], "simulated error");
+    }
+}
+
+#[tokio::test]
+async fn no_healthy_backend_is_503_and_not_ready() {
+    // A replica nobody listens on: known model (from config), never healthy.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let mut config = config_for(&[dead]);
+    config.backends[0].models = vec!["sim-model".into()];
+    let gw = start_gateway(config, 0).await;
+    let (s, b) = get_text(&format!("{}/readyz", admin(&gw))).await;
+    assert_eq!(s, 503, "{b}");
+    let (s, _, b) = post(
+        &format!("{}/v1/chat/completions", api(&gw)),
+        &chat_body(false),
+    )
+    .await;
+    assert_eq!(s, 503);
+    assert_eq!(error_of(&b)["code"], "no_healthy_backend");
+    let (s, _) = get_text(&format!("{}/healthz", admin(&gw))).await;
+    assert_eq!(s, 200, "alive even when not ready");
+}
+
+#[tokio::test]
+async fn first_token_timeout_is_504() {
+    let sim = start_sim(fast_sim()).await;
+    let mut config = config_for(&[sim.url()]);
+    config.upstream.timeouts.first_token = Duration::from_millis(300);
+    let gw = start_gateway(config, 1).await;
+    let (s, _, b) = post_with(
+        &format!("{}/v1/chat/completions", api(&gw)),
+        &chat_body(true),
+        &[("x-sim-fault", "first_token=10s")],
+    )
+    .await;
+    assert_eq!(s, 504);
+    assert_eq!(error_of(&b)["code"], "timeout_first_token");
+    wait_until("replica aborted", Duration::from_secs(3), || {
+        let n = sim_finished(&sim, "abort");
+        async move { n == 1 }
+    })
+    .await;
+}

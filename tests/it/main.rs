@@ -1,0 +1,10 @@
+//! Integration tests: the real gateway and simulator over loopback sockets.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod cli;
+mod common;
+mod errors;
+mod forwarding;
+mod sdk;
+mod streaming;
