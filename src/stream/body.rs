@@ -8,6 +8,7 @@
 //! timer work per token. Whatever ends the stream (the end, a failure, a
 //! timeout, the client going away) ends in `Drop`, which records the request.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -45,6 +46,8 @@ pub struct TimedBody {
     splitter: SseSplitter,
     /// The first chunk, read before the response headers were sent.
     primed: Option<Bytes>,
+    /// What goes to the client next, in order (usually one slice per chunk).
+    out: VecDeque<Bytes>,
     completion: Completion,
     _in_flight: InFlight,
     mode: Mode,
@@ -60,7 +63,7 @@ pub struct TimedBody {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Streaming,
-    /// The error event was sent; end the body on the next poll.
+    /// Failed: send what is queued (ending in the error event), then end.
     Closing,
     Finished,
 }
@@ -80,6 +83,7 @@ impl TimedBody {
             upstream: Some(upstream),
             splitter: SseSplitter::new(MAX_EVENT_BYTES),
             primed: None,
+            out: VecDeque::with_capacity(4),
             completion,
             _in_flight: in_flight,
             mode,
@@ -226,6 +230,57 @@ impl TimedBody {
     }
 }
 
+impl TimedBody {
+    /// Account every complete event of an upstream chunk now and queue what
+    /// goes to the client. Events that sit side by side in the chunk leave as
+    /// one slice of it (no copy), so a replica that batches events costs one
+    /// downstream write, not one per event.
+    fn ingest(&mut self, data: Bytes) {
+        let origin = data.clone();
+        self.splitter.push(data);
+        loop {
+            let ev = match self.splitter.next_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return,
+                Err(_) => {
+                    let e = GatewayError::UpstreamProtocol(format!(
+                        "an SSE event exceeded {MAX_EVENT_BYTES} bytes"
+                    ));
+                    let ev = self.fail(e);
+                    self.out.push_back(ev);
+                    return;
+                }
+            };
+            match self.on_event(ev) {
+                Ok(Some(ev)) => self.enqueue(ev, &origin),
+                Ok(None) => {}
+                Err(e) => {
+                    let ev = self.fail(e);
+                    self.out.push_back(ev);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn enqueue(&mut self, ev: Bytes, origin: &Bytes) {
+        if let Some(last) = self.out.back_mut()
+            && let Some(start) = offset_in(origin, last)
+            && offset_in(origin, &ev) == Some(start + last.len())
+        {
+            *last = origin.slice(start..start + last.len() + ev.len());
+            return;
+        }
+        self.out.push_back(ev);
+    }
+}
+
+/// Where `part` starts inside `whole`, if it is a slice of it.
+fn offset_in(whole: &Bytes, part: &Bytes) -> Option<usize> {
+    let (w, p) = (whole.as_ptr() as usize, part.as_ptr() as usize);
+    (p >= w && p + part.len() <= w + whole.len()).then(|| p - w)
+}
+
 impl Body for TimedBody {
     type Data = Bytes;
     type Error = Infallible;
@@ -238,33 +293,16 @@ impl Body for TimedBody {
         if let Some(first) = this.primed.take() {
             match this.mode {
                 Mode::Raw => return Poll::Ready(Some(Ok(Frame::data(first)))),
-                Mode::OpenAi { .. } => this.splitter.push(first),
+                Mode::OpenAi { .. } => this.ingest(first),
             }
         }
         loop {
-            match this.state {
-                State::Streaming => {}
-                State::Closing => {
-                    this.state = State::Finished;
-                    return Poll::Ready(None);
-                }
-                State::Finished => return Poll::Ready(None),
+            if let Some(out) = this.out.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(out))));
             }
-            if let Mode::OpenAi { .. } = this.mode {
-                match this.splitter.next_event() {
-                    Ok(Some(ev)) => match this.on_event(ev) {
-                        Ok(Some(out)) => return Poll::Ready(Some(Ok(Frame::data(out)))),
-                        Ok(None) => continue,
-                        Err(e) => return Poll::Ready(Some(Ok(Frame::data(this.fail(e))))),
-                    },
-                    Ok(None) => {}
-                    Err(_) => {
-                        let e = GatewayError::UpstreamProtocol(format!(
-                            "an SSE event exceeded {MAX_EVENT_BYTES} bytes"
-                        ));
-                        return Poll::Ready(Some(Ok(Frame::data(this.fail(e)))));
-                    }
-                }
+            if this.state != State::Streaming {
+                this.state = State::Finished;
+                return Poll::Ready(None);
             }
             let Some(up) = this.upstream.as_mut() else {
                 this.state = State::Finished;
@@ -274,35 +312,36 @@ impl Body for TimedBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         this.frame_time = Instant::now();
-                        if let Mode::Raw = this.mode {
-                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        match this.mode {
+                            Mode::Raw => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                            Mode::OpenAi { .. } => this.ingest(data),
                         }
-                        this.splitter.push(data);
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
                     let e =
                         GatewayError::UpstreamProtocol(format!("connection lost mid-stream: {e}"));
-                    return Poll::Ready(Some(Ok(Frame::data(this.fail(e)))));
+                    let ev = this.fail(e);
+                    this.out.push_back(ev);
                 }
                 Poll::Ready(None) => {
-                    if let Some(err_event) = this.on_upstream_end() {
-                        return Poll::Ready(Some(Ok(Frame::data(err_event))));
+                    if let Some(ev) = this.on_upstream_end() {
+                        this.out.push_back(ev);
                     }
-                    return Poll::Ready(None);
                 }
-                Poll::Pending => {
-                    if let Some(e) = this.poll_timers(cx) {
-                        return Poll::Ready(Some(Ok(Frame::data(this.fail(e)))));
+                Poll::Pending => match this.poll_timers(cx) {
+                    Some(e) => {
+                        let ev = this.fail(e);
+                        this.out.push_back(ev);
                     }
-                    return Poll::Pending;
-                }
+                    None => return Poll::Pending,
+                },
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.state == State::Finished
+        self.state == State::Finished && self.out.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {

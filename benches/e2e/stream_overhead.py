@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Streaming overhead: direct to the simulator vs through Sluice vs through nginx.
+
+Runs, in one go, for each scenario: `sluice bench` straight at a `sluice sim`
+replica, then through the Sluice gateway, then through nginx (proxy_buffering
+off) as the pass-through floor. Reports the client-side TTFT and inter-token
+percentiles of each path, the latency each proxy adds over the direct path, and
+the CPU-seconds each proxy process used per 1,000 streamed requests (from
+/proc/PID/stat, so only the proxy's own CPU counts).
+
+    cargo build --release
+    python3 benches/e2e/stream_overhead.py            # prints a Markdown table
+    python3 benches/e2e/stream_overhead.py --json out.json
+
+Needs nginx on PATH (Debian: apt-get install nginx-light). Everything listens on
+127.0.0.1 only and every process is stopped at the end.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, "target", "release", "sluice")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+SCENARIOS = [
+    # name, concurrency, tokens, token delay, requests
+    ("1 stream x 16 tokens @ 20 ms/token (no load)", 1, 16, "20ms", 100),
+    ("128 streams x 64 tokens @ 20 ms/token", 128, 64, "20ms", 1536),
+    ("64 streams x 128 tokens @ no delay", 64, 128, "0ms", 3072),
+]
+
+NGINX_CONF = """
+worker_processes {workers};
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream sim {{
+        server 127.0.0.1:{sim_port};
+        keepalive 512;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+        except FileNotFoundError:
+            pass
+    return total / CLK_TCK
+
+
+def children(pid):
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_http(url, timeout=15):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            time.sleep(0.05)
+    raise SystemExit(f"{url} did not come up")
+
+
+def bench(url, concurrency, tokens, requests):
+    out = subprocess.run(
+        [BIN, "bench", "--url", url, "--model", "sim-model", "--concurrency", str(concurrency),
+         "--requests", str(requests), "--max-tokens", str(tokens), "--prompt-chars", "200",
+         "--json", "-", "--quiet"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return json.loads(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", help="also write the raw results here")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply request counts (e.g. 0.1 for a smoke run)")
+    args = ap.parse_args()
+    if not os.path.exists(BIN):
+        raise SystemExit("build first: cargo build --release")
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(nginx):
+        raise SystemExit("nginx not found (apt-get install nginx-light)")
+
+    procs = []
+    results = []
+    tmp = tempfile.mkdtemp(prefix="sluice-bench-")
+    try:
+        for name, conc, tokens, delay, requests in SCENARIOS:
+            requests = max(conc, 10, int(requests * args.scale))
+            sim_port, gw_port, admin_port, ngx_port = (free_port() for _ in range(4))
+            sim = subprocess.Popen(
+                [BIN, "sim", "--listen", f"127.0.0.1:{sim_port}", "--prefill-delay", "0ms",
+                 "--token-delay", delay, "--output-tokens", str(tokens)],
+                stderr=subprocess.DEVNULL)
+            procs.append(sim)
+            gw = subprocess.Popen(
+                [BIN, "serve", "--backend", f"http://127.0.0.1:{sim_port}",
+                 "--listen", f"127.0.0.1:{gw_port}", "--admin-listen", f"127.0.0.1:{admin_port}"],
+                stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+            procs.append(gw)
+            conf = os.path.join(tmp, "nginx.conf")
+            with open(conf, "w") as f:
+                f.write(NGINX_CONF.format(workers=os.cpu_count(), dir=tmp, sim_port=sim_port, port=ngx_port))
+            ngx = subprocess.Popen([nginx, "-c", conf, "-p", tmp], stderr=subprocess.DEVNULL)
+            procs.append(ngx)
+            wait_http(f"http://127.0.0.1:{sim_port}/health")
+            wait_http(f"http://127.0.0.1:{admin_port}/readyz")
+            wait_http(f"http://127.0.0.1:{ngx_port}/health")
+            time.sleep(0.5)  # let nginx fork its workers
+
+            row = {"scenario": name, "concurrency": conc, "tokens": tokens, "token_delay": delay,
+                   "requests": requests}
+            # Warm every path's connection pool once, then measure.
+            for label, url, pids in [
+                ("direct", f"http://127.0.0.1:{sim_port}", []),
+                ("sluice", f"http://127.0.0.1:{gw_port}", [gw.pid]),
+                ("nginx", f"http://127.0.0.1:{ngx_port}", [ngx.pid] + children(ngx.pid)),
+            ]:
+                bench(url, conc, tokens, conc)
+                before = cpu_seconds(pids)
+                rep = bench(url, conc, tokens, requests)
+                cpu = cpu_seconds(pids) - before
+                row[label] = {
+                    "ok": rep["ok"], "errors": rep["errors"],
+                    "ttft_p50_ms": rep["ttft_seconds"]["p50"] * 1e3,
+                    "ttft_p99_ms": rep["ttft_seconds"]["p99"] * 1e3,
+                    "itl_p50_ms": rep["inter_token_seconds"]["p50"] * 1e3,
+                    "itl_p99_ms": rep["inter_token_seconds"]["p99"] * 1e3,
+                    "e2e_p50_ms": rep["e2e_seconds"]["p50"] * 1e3,
+                    "req_per_s": rep["requests_per_second"],
+                    "cpu_s_per_1000": cpu / rep["requests"] * 1000 if pids else None,
+                }
+            results.append(row)
+            for p in (ngx, gw, sim):
+                p.send_signal(signal.SIGTERM)
+            for p in (ngx, gw, sim):
+                p.wait(timeout=15)
+            procs.clear()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "git": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip(),
+        "nginx": subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip(),
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=2)
+    print(report(meta, results))
+
+
+def machine():
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} vCPU {model}, {mem:.0f} GiB, {platform.system()} {platform.release()}"
+
+
+def report(meta, results):
+    lines = [f"Run {meta['date']} on {meta['machine']}, commit {meta['git']}, {meta['nginx']}.", ""]
+    for r in results:
+        d, s, n = r["direct"], r["sluice"], r["nginx"]
+        lines += [
+            f"**{r['scenario']}**, {r['requests']} requests per path",
+            "",
+            "| path | ok | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | req/s | proxy CPU-s / 1000 req |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for label, x in (("direct", d), ("sluice", s), ("nginx", n)):
+            cpu = "-" if x["cpu_s_per_1000"] is None else f"{x['cpu_s_per_1000']:.2f}"
+            lines.append(
+                f"| {label} | {x['ok']} | {x['ttft_p50_ms']:.2f} ms | {x['ttft_p99_ms']:.2f} ms | "
+                f"{x['itl_p50_ms']:.2f} ms | {x['itl_p99_ms']:.2f} ms | {x['req_per_s']:.1f} | {cpu} |")
+        lines += [
+            "",
+            f"Added over direct: Sluice TTFT p50 {s['ttft_p50_ms'] - d['ttft_p50_ms']:+.2f} ms, "
+            f"p99 {s['ttft_p99_ms'] - d['ttft_p99_ms']:+.2f} ms, ITL p99 {s['itl_p99_ms'] - d['itl_p99_ms']:+.2f} ms; "
+            f"nginx TTFT p50 {n['ttft_p50_ms'] - d['ttft_p50_ms']:+.2f} ms, p99 {n['ttft_p99_ms'] - d['ttft_p99_ms']:+.2f} ms, "
+            f"ITL p99 {n['itl_p99_ms'] - d['itl_p99_ms']:+.2f} ms. "
+            f"CPU ratio Sluice/nginx: {s['cpu_s_per_1000'] / n['cpu_s_per_1000']:.2f}x.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
