@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 
 use super::request::{self, Inbound};
@@ -24,6 +24,7 @@ use crate::stream::event::chunk_info;
 use crate::telemetry::metrics::StatusLabel;
 use crate::telemetry::record::{Completion, Endpoint, RequestRecord};
 use crate::upstream::client::{X_REQUEST_ID, downstream_headers, request_id, upstream_headers};
+use crate::upstream::conn::Conn;
 use crate::upstream::pool::{InFlight, Replica};
 
 /// Largest error body read from a replica before giving up on it.
@@ -172,10 +173,12 @@ async fn forward(
 
         let mut req = Request::builder()
             .method(parts.method.clone())
-            .uri(format!("{}{}", replica.base, path))
+            .uri(format!("{}{}", replica.path_prefix, path))
             .body(Full::new(inbound.body.clone()))
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         *req.headers_mut() = headers.clone();
+        req.headers_mut()
+            .insert(header::HOST, replica.conns.host.clone());
         if let Some(key) = &replica.api_key {
             req.headers_mut().insert(header::AUTHORIZATION, key.clone());
         }
@@ -189,11 +192,15 @@ async fn forward(
         } else {
             deadline
         };
-        let result = match send(state, req, headers_by, inbound.stream).await {
-            Ok(resp) => {
+        let result = match send(&replica, req, headers_by, inbound.stream).await {
+            Ok((resp, conn)) => {
+                let up = Upstream {
+                    resp,
+                    conn,
+                    in_flight,
+                };
                 return respond(
-                    state, endpoint, inbound, resp, completion, in_flight, rid, headers_by,
-                    deadline,
+                    state, endpoint, inbound, up, completion, rid, headers_by, deadline,
                 )
                 .await;
             }
@@ -214,62 +221,79 @@ async fn forward(
     }
 }
 
+/// A replica's answer: its head and body, the connection it arrives on, and
+/// the in-flight count it holds on the replica.
+struct Upstream {
+    resp: http::Response<Incoming>,
+    conn: Conn,
+    in_flight: InFlight,
+}
+
 /// Send one attempt and wait for response headers; non-2xx answers become errors
 /// carrying the replica's (normalised) body.
 async fn send(
-    state: &AppState,
+    replica: &Replica,
     req: Request<Full<Bytes>>,
     headers_by: Instant,
     stream: bool,
-) -> Result<http::Response<Incoming>, GatewayError> {
+) -> Result<(http::Response<Incoming>, Conn), GatewayError> {
     let phase = if stream {
         TimeoutPhase::FirstToken
     } else {
         TimeoutPhase::Total
     };
-    let resp = match tokio::time::timeout_at(headers_by.into(), state.client.request(req)).await {
+    let attempt = async {
+        let mut conn = replica.conns.checkout().await?;
+        let resp = conn.send(req).await.map_err(|e| {
+            if e.is_canceled() {
+                // Never written: the connection died first. Safe to retry.
+                GatewayError::UpstreamConnect(error_chain(&e))
+            } else {
+                GatewayError::UpstreamProtocol(error_chain(&e))
+            }
+        })?;
+        Ok::<_, GatewayError>((resp, conn))
+    };
+    let (resp, mut conn) = match tokio::time::timeout_at(headers_by.into(), attempt).await {
         Err(_) => return Err(GatewayError::UpstreamTimeout { phase }),
-        Ok(Err(e)) if e.is_connect() => {
-            return Err(GatewayError::UpstreamConnect(error_chain(&e)));
-        }
-        Ok(Err(e)) => return Err(GatewayError::UpstreamProtocol(error_chain(&e))),
-        Ok(Ok(r)) => r,
+        Ok(r) => r?,
     };
     let status = resp.status();
     if status.is_success() {
-        return Ok(resp);
+        return Ok((resp, conn));
     }
-    let body = tokio::time::timeout_at(
-        headers_by.into(),
-        Limited::new(resp.into_body(), MAX_ERROR_BODY).collect(),
-    )
-    .await
-    .ok()
-    .and_then(Result::ok)
-    .map(|c| c.to_bytes())
-    .unwrap_or_default();
+    let mut body = resp.into_body();
+    let read = tokio::time::timeout_at(headers_by.into(), conn.collect(&mut body, MAX_ERROR_BODY));
+    let body = match read.await {
+        Ok(Ok(b)) => {
+            replica.conns.checkin(conn);
+            b
+        }
+        _ => Bytes::new(),
+    };
     Err(GatewayError::Upstream {
         status,
         body: normalise_upstream_error(status, &body),
     })
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one call site; a struct would only rename them"
-)]
+#[expect(clippy::too_many_arguments, reason = "one call site; a struct would only rename them")]
 async fn respond(
     state: &AppState,
     endpoint: Endpoint,
     inbound: &Inbound,
-    resp: http::Response<Incoming>,
+    upstream: Upstream,
     mut completion: Completion,
-    in_flight: InFlight,
     rid: &HeaderValue,
     first_by: Instant,
     deadline: Instant,
 ) -> Result<Response, GatewayError> {
-    let (parts, body) = resp.into_parts();
+    let Upstream {
+        resp,
+        mut conn,
+        in_flight,
+    } = upstream;
+    let (parts, mut body) = resp.into_parts();
     let headers = downstream_headers(&parts.headers, rid);
     let is_sse = parts
         .headers
@@ -287,7 +311,7 @@ async fn respond(
             Mode::Raw
         };
         let idle = state.config.upstream.timeouts.idle;
-        let mut timed = TimedBody::new(body, completion, in_flight, mode, idle, deadline);
+        let mut timed = TimedBody::new(body, conn, completion, in_flight, mode, idle, deadline);
         if is_sse {
             match tokio::time::timeout_at(first_by.into(), timed.first_chunk()).await {
                 Ok(Ok(())) => {}
@@ -313,9 +337,7 @@ async fn respond(
 
     // Non-streamed JSON: read it whole (bounded), take usage and finish reason.
     let limit = state.config.upstream.max_response_bytes.as_usize();
-    let collected =
-        tokio::time::timeout_at(deadline.into(), Limited::new(body, limit).collect()).await;
-    drop(in_flight);
+    let collected = tokio::time::timeout_at(deadline.into(), conn.collect(&mut body, limit)).await;
     let bytes = match collected {
         Err(_) => {
             let e = GatewayError::UpstreamTimeout {
@@ -331,8 +353,10 @@ async fn respond(
             completion.fail(e.status().as_u16(), e.kind());
             return Err(e);
         }
-        Ok(Ok(c)) => c.to_bytes(),
+        Ok(Ok(b)) => b,
     };
+    in_flight.replica().conns.checkin(conn);
+    drop(in_flight);
     if let Some(info) = chunk_info(&bytes) {
         completion.record.usage = info.usage;
         completion.record.finish_reason = info.finish_reason;

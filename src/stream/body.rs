@@ -23,6 +23,7 @@ use super::event::{Event, classify};
 use super::sse::SseSplitter;
 use crate::error::{GatewayError, TimeoutPhase};
 use crate::telemetry::record::Completion;
+use crate::upstream::conn::Conn;
 use crate::upstream::pool::InFlight;
 
 /// Largest single SSE event accepted from a replica.
@@ -43,6 +44,9 @@ pub struct TimedBody {
     /// `None` once the stream is over; dropping it mid-body closes the upstream
     /// connection, which cancels the request on the replica.
     upstream: Option<Incoming>,
+    /// The connection the body arrives on, driven from `poll_frame` (see
+    /// `upstream::conn`); back to the pool after a clean end.
+    conn: Option<Conn>,
     splitter: SseSplitter,
     /// The first chunk, read before the response headers were sent.
     primed: Option<Bytes>,
@@ -71,6 +75,7 @@ enum State {
 impl TimedBody {
     pub fn new(
         upstream: Incoming,
+        conn: Conn,
         completion: Completion,
         in_flight: InFlight,
         mode: Mode,
@@ -81,6 +86,7 @@ impl TimedBody {
         let first_alarm = deadline.min(now + idle);
         Self {
             upstream: Some(upstream),
+            conn: Some(conn),
             splitter: SseSplitter::new(MAX_EVENT_BYTES),
             primed: None,
             out: VecDeque::with_capacity(4),
@@ -104,6 +110,7 @@ impl TimedBody {
 
     fn poll_first_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         loop {
+            self.drive(cx);
             let Some(up) = self.upstream.as_mut() else {
                 return Poll::Ready(Err(GatewayError::UpstreamProtocol(
                     "stream already closed".into(),
@@ -121,17 +128,36 @@ impl TimedBody {
                 }
                 Some(Err(e)) => {
                     self.upstream = None;
+                    self.conn = None;
                     return Poll::Ready(Err(GatewayError::UpstreamProtocol(format!(
                         "connection lost before the first event: {e}"
                     ))));
                 }
                 None => {
                     self.upstream = None;
+                    self.conn = None;
                     return Poll::Ready(Err(GatewayError::UpstreamProtocol(
                         "the replica closed the stream without sending anything".into(),
                     )));
                 }
             }
+        }
+    }
+
+    /// Progress on the connection before reading the body (same task, no wake-up
+    /// hop). Its errors surface through the body too, so they are only logged.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if let Some(c) = self.conn.as_mut()
+            && let Some(e) = c.drive(cx)
+        {
+            tracing::debug!(error = %e, "upstream connection ended with an error");
+        }
+    }
+
+    /// The response was read to its end: the connection may serve another request.
+    fn release_conn(&mut self) {
+        if let Some(c) = self.conn.take() {
+            self._in_flight.replica().conns.checkin(c);
         }
     }
 
@@ -142,6 +168,7 @@ impl TimedBody {
     /// End the stream with an OpenAI error event; cancels the upstream request.
     fn fail(&mut self, err: GatewayError) -> Bytes {
         self.upstream = None;
+        self.conn = None;
         self.state = State::Closing;
         self.completion.upstream_error(err.kind());
         let status = self.completion.record.status;
@@ -191,6 +218,7 @@ impl TimedBody {
         if let Mode::Raw = self.mode {
             self.completion.record.end.get_or_insert(self.frame_time);
             self.state = State::Finished;
+            self.release_conn();
             return None;
         }
         if self.splitter.pending_len() > 0 && !self.done_seen {
@@ -205,6 +233,7 @@ impl TimedBody {
         }
         self.completion.record.end.get_or_insert(self.frame_time);
         self.state = State::Finished;
+        self.release_conn();
         None
     }
 
@@ -304,6 +333,7 @@ impl Body for TimedBody {
                 this.state = State::Finished;
                 return Poll::Ready(None);
             }
+            this.drive(cx);
             let Some(up) = this.upstream.as_mut() else {
                 this.state = State::Finished;
                 return Poll::Ready(None);

@@ -2,5 +2,6 @@
 //! and the health checks that keep the pool's view current.
 
 pub mod client;
+pub mod conn;
 pub mod health;
 pub mod pool;

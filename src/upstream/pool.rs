@@ -13,7 +13,8 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 
-use crate::config::{BackendConfig, Config};
+use super::conn::ConnPool;
+use crate::config::{BackendConfig, Config, UpstreamConfig};
 use crate::error::GatewayError;
 use crate::telemetry::metrics::{BackendSeries, Metrics};
 
@@ -30,6 +31,10 @@ pub struct Replica {
     pub name: Arc<str>,
     /// `scheme://host:port[/prefix]`, no trailing slash.
     pub base: String,
+    /// The URL's path prefix (usually empty), prepended to request paths.
+    pub path_prefix: String,
+    /// Keep-alive connections used by proxied requests.
+    pub conns: ConnPool,
     pub api_key: Option<HeaderValue>,
     /// Models from config; when empty, the discovered ones count.
     pub static_models: Vec<Arc<str>>,
@@ -42,9 +47,23 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub fn from_config(b: &BackendConfig, metrics: &Metrics) -> Self {
+    pub fn from_config(b: &BackendConfig, up: &UpstreamConfig, metrics: &Metrics) -> Self {
         let name: Arc<str> = Arc::from(b.label());
         let base = b.url.as_str().trim_end_matches('/').to_string();
+        let path_prefix = b.url.path().trim_end_matches('/').to_string();
+        let host = b.url.host_str().unwrap_or("localhost");
+        let port = b.url.port_or_known_default().unwrap_or(80);
+        let authority = match b.url.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.to_string(),
+        };
+        let conns = ConnPool::new(
+            format!("{host}:{port}"),
+            HeaderValue::from_str(&authority).unwrap_or(HeaderValue::from_static("localhost")),
+            up.pool_max_idle_per_host,
+            up.pool_idle_timeout,
+            up.timeouts.connect,
+        );
         let api_key = b
             .api_key
             .as_ref()
@@ -57,6 +76,8 @@ impl Replica {
         Self {
             name,
             base,
+            path_prefix,
+            conns,
             api_key,
             static_models: b.models.iter().map(|m| Arc::from(m.as_str())).collect(),
             healthy: AtomicBool::new(false),
@@ -125,7 +146,7 @@ impl Pool {
         let replicas: Vec<Arc<Replica>> = config
             .backends
             .iter()
-            .map(|b| Arc::new(Replica::from_config(b, metrics)))
+            .map(|b| Arc::new(Replica::from_config(b, &config.upstream, metrics)))
             .collect();
         let aliases = config
             .models
