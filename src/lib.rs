@@ -21,6 +21,12 @@ pub mod upstream;
 
 use anyhow::Context as _;
 
+/// Print a result to stdout; a closed pipe (`| head`) is not an error worth a panic.
+pub fn print_out(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{text}");
+}
+
 /// Run one command of the CLI to completion.
 pub async fn run(command: cli::Command) -> anyhow::Result<()> {
     use cli::Command;
@@ -113,7 +119,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
             })
             .await?;
             if args.json.as_deref() != Some(std::path::Path::new("-")) {
-                println!("{}", report.table());
+                print_out(&report.table());
             }
             Ok(())
         }

@@ -277,7 +277,10 @@ async fn send(
     })
 }
 
-#[expect(clippy::too_many_arguments, reason = "one call site; a struct would only rename them")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site; a struct would only rename them"
+)]
 async fn respond(
     state: &AppState,
     endpoint: Endpoint,

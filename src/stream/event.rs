@@ -79,6 +79,14 @@ pub enum Event {
 
 /// Classify one complete SSE event (as cut by the splitter).
 pub fn classify(event: &[u8]) -> Event {
+    // Fast path, what engines send: one `data: ` line and the blank line.
+    if let Some(rest) = event.strip_prefix(b"data: ")
+        && let Some(nl) = memchr::memchr(b'\n', rest)
+        && matches!(&rest[nl..], b"\n\n" | b"\n\r\n")
+    {
+        let payload = &rest[..nl];
+        return classify_payload(payload.strip_suffix(b"\r").unwrap_or(payload));
+    }
     let mut data: Option<&[u8]> = None;
     let mut multi = false;
     for line in event.split(|b| *b == b'\n') {
@@ -118,8 +126,14 @@ fn classify_payload(payload: &[u8]) -> Event {
     }
 }
 
-/// Read a chunk, or a whole non-streamed response (same fields), as [`ChunkInfo`].
+/// Read a chunk, or a whole non-streamed response (same fields), as [`ChunkInfo`]:
+/// the fast scanner when it is sure, the serde reader otherwise.
 pub fn chunk_info(json: &[u8]) -> Option<ChunkInfo> {
+    super::scan::scan(json).or_else(|| chunk_info_serde(json))
+}
+
+/// The reference reader (serde, skipping what it does not need).
+pub fn chunk_info_serde(json: &[u8]) -> Option<ChunkInfo> {
     let c = serde_json::from_slice::<ChunkLite<'_>>(json).ok()?;
     Some(ChunkInfo {
         has_output: c.choices.has_output,
@@ -236,8 +250,14 @@ impl<'de> Deserialize<'de> for Delta {
     }
 }
 
+/// Not null, `""`, `[]` or `{}`.
 fn non_empty(v: Option<&RawValue>) -> bool {
-    v.is_some_and(|v| !matches!(v.get(), "null" | "\"\"" | "[]"))
+    let Some(v) = v else { return false };
+    let s = v.get().trim();
+    match s.as_bytes().first() {
+        Some(b'[' | b'{') => !s[1..s.len().saturating_sub(1).max(1)].trim().is_empty(),
+        _ => !matches!(s, "null" | "\"\""),
+    }
 }
 
 #[cfg(test)]

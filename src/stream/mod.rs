@@ -2,4 +2,5 @@
 
 pub mod body;
 pub mod event;
+pub mod scan;
 pub mod sse;

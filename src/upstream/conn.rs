@@ -99,7 +99,9 @@ impl ConnPool {
     }
 
     async fn connect(&self) -> Result<Conn, GatewayError> {
-        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr)).await {
+        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
+            .await
+        {
             Err(_) => {
                 return Err(GatewayError::UpstreamTimeout {
                     phase: TimeoutPhase::Connect,
