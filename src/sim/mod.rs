@@ -63,6 +63,8 @@ pub struct SimMetrics {
     pub prompt_tokens: Counter,
     pub generation_tokens: Counter,
     pub received: Counter,
+    /// TCP connections accepted (keep-alive reuse shows as a small number).
+    pub connections: Counter,
     finished: Family<(&'static str,), Counter>,
 }
 
@@ -74,6 +76,7 @@ impl SimMetrics {
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
             received: Counter::default(),
+            connections: Counter::default(),
             finished: Family::new(&["finished_reason"], Counter::default),
         }
     }
@@ -117,6 +120,12 @@ impl SimMetrics {
             "Number of generation tokens processed.",
             Kind::Counter,
             self.generation_tokens.get() as f64,
+        );
+        e.single(
+            "sluice_sim_connections_total",
+            "TCP connections the simulator accepted (not a vLLM metric).",
+            Kind::Counter,
+            self.connections.get() as f64,
         );
         e.counters(
             "vllm:request_success_total",
@@ -178,9 +187,11 @@ pub async fn start(listener: TcpListener, config: SimConfig) -> std::io::Result<
     let addr = listener.local_addr()?;
     let state = SimState::new(config);
     let app = router(state.clone());
+    let counted = state.clone();
     let task = tokio::spawn(async move {
         use axum::serve::ListenerExt;
-        let listener = listener.tap_io(|tcp| {
+        let listener = listener.tap_io(move |tcp| {
+            counted.metrics.connections.inc();
             let _ = tcp.set_nodelay(true);
         });
         let _ = axum::serve(listener, app).await;

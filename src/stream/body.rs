@@ -29,6 +29,10 @@ use crate::upstream::pool::InFlight;
 /// Largest single SSE event accepted from a replica.
 pub const MAX_EVENT_BYTES: usize = 4 << 20;
 
+/// Events already received are sent together up to this size; beyond it they
+/// go out without waiting for the rest of the burst.
+const MAX_BATCH_BYTES: usize = 64 << 10;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// An OpenAI chat/completions stream: events parsed for timing and usage.
@@ -304,6 +308,25 @@ impl TimedBody {
     }
 }
 
+impl TimedBody {
+    fn queued_bytes(&self) -> usize {
+        self.out.iter().map(Bytes::len).sum()
+    }
+
+    /// Everything queued, as one buffer: the slice itself when there is one
+    /// (the common case, no copy), else one copy that saves a write per event.
+    fn take_out(&mut self) -> Bytes {
+        if self.out.len() == 1 {
+            return self.out.pop_front().unwrap_or_default();
+        }
+        let mut buf = bytes::BytesMut::with_capacity(self.queued_bytes());
+        for b in self.out.drain(..) {
+            buf.extend_from_slice(&b);
+        }
+        buf.freeze()
+    }
+}
+
 /// Where `part` starts inside `whole`, if it is a slice of it.
 fn offset_in(whole: &Bytes, part: &Bytes) -> Option<usize> {
     let (w, p) = (whole.as_ptr() as usize, part.as_ptr() as usize);
@@ -326,8 +349,12 @@ impl Body for TimedBody {
             }
         }
         loop {
-            if let Some(out) = this.out.pop_front() {
-                return Poll::Ready(Some(Ok(Frame::data(out))));
+            // Forward what is queued once nothing more is ready right now (or the
+            // batch is large): a burst leaves in one write, a lone token at once.
+            if !this.out.is_empty()
+                && (this.state != State::Streaming || this.queued_bytes() >= MAX_BATCH_BYTES)
+            {
+                return Poll::Ready(Some(Ok(Frame::data(this.take_out()))));
             }
             if this.state != State::Streaming {
                 this.state = State::Finished;
@@ -336,7 +363,7 @@ impl Body for TimedBody {
             this.drive(cx);
             let Some(up) = this.upstream.as_mut() else {
                 this.state = State::Finished;
-                return Poll::Ready(None);
+                continue;
             };
             match Pin::new(up).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
@@ -359,13 +386,19 @@ impl Body for TimedBody {
                         this.out.push_back(ev);
                     }
                 }
-                Poll::Pending => match this.poll_timers(cx) {
-                    Some(e) => {
-                        let ev = this.fail(e);
-                        this.out.push_back(ev);
+                Poll::Pending => {
+                    if !this.out.is_empty() {
+                        // Timers are checked on the next poll, after this write.
+                        return Poll::Ready(Some(Ok(Frame::data(this.take_out()))));
                     }
-                    None => return Poll::Pending,
-                },
+                    match this.poll_timers(cx) {
+                        Some(e) => {
+                            let ev = this.fail(e);
+                            this.out.push_back(ev);
+                        }
+                        None => return Poll::Pending,
+                    }
+                }
             }
         }
     }

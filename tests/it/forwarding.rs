@@ -253,3 +253,45 @@ async fn shutdown_drains_open_streams() {
     );
     assert_eq!(sim_finished(&sim, "stop"), 1);
 }
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_and_reused() {
+    let sim = start_sim(fast_sim()).await;
+    let mut config = config_for(&[sim.url()]);
+    config.upstream.health_check.interval = Duration::from_secs(3600);
+    let gw = start_gateway(config, 1).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let before = sim.state.metrics.connections.get();
+    for i in 0..12 {
+        let (s, _, _) = match i % 3 {
+            0 => post(&url, &chat_body(true)).await,
+            1 => post(&url, &chat_body(false)).await,
+            _ => post_with(&url, &chat_body(true), &[("x-sim-fault", "error=429")]).await,
+        };
+        assert!(s == 200 || s == 429);
+    }
+    let opened = sim.state.metrics.connections.get() - before;
+    assert_eq!(
+        opened, 1,
+        "sequential requests must share one keep-alive connection"
+    );
+
+    // A stream the client abandons closes its connection (that is the cancel);
+    // the next request opens a fresh one.
+    let resp = client()
+        .post(&url)
+        .json(&chat_body(true))
+        .header("x-sim-fault", "first_token=10s")
+        .timeout(Duration::from_millis(100))
+        .send()
+        .await;
+    assert!(resp.is_err());
+    wait_until("abort seen", Duration::from_secs(3), || {
+        let n = sim_finished(&sim, "abort");
+        async move { n == 1 }
+    })
+    .await;
+    let (s, _, _) = post(&url, &chat_body(true)).await;
+    assert_eq!(s, 200);
+    assert_eq!(sim.state.metrics.connections.get() - before, 2);
+}
