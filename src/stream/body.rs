@@ -269,6 +269,18 @@ impl TimedBody {
     /// one slice of it (no copy), so a replica that batches events costs one
     /// downstream write, not one per event.
     fn ingest(&mut self, data: Bytes) {
+        if self.splitter.pending_len() == 0 && super::sse::is_single_event(&data) {
+            // One whole event, nothing carried over: no splitting, no bookkeeping.
+            match self.on_event(data) {
+                Ok(Some(ev)) => self.out.push_back(ev),
+                Ok(None) => {}
+                Err(e) => {
+                    let ev = self.fail(e);
+                    self.out.push_back(ev);
+                }
+            }
+            return;
+        }
         let origin = data.clone();
         self.splitter.push(data);
         loop {

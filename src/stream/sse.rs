@@ -81,6 +81,11 @@ impl SseSplitter {
     }
 }
 
+/// Whether `buf` is exactly one complete event (the common shape of a chunk).
+pub fn is_single_event(buf: &[u8]) -> bool {
+    event_end(buf, 0) == Some(buf.len())
+}
+
 /// Index just past the blank line that ends the first event in `buf[from..]`.
 fn event_end(buf: &[u8], from: usize) -> Option<usize> {
     if from == 0 {
