@@ -41,7 +41,9 @@ pub enum Command {
     /// Run one simulated vLLM-compatible replica (no GPU).
     #[command(after_help = "Examples:\n  \
         sluice sim --listen 127.0.0.1:8001\n  \
-        sluice sim --listen 127.0.0.1:8001 --token-delay 5ms --output-tokens 256\n  \
+        sluice sim --listen 127.0.0.1:8001 --profile a100-llama3-8b --speed 10\n  \
+        sluice sim --listen 127.0.0.1:8001 --profile fixed --token-delay 5ms --output-tokens 256\n  \
+        sluice sim --listen 127.0.0.1:8001 --dialect sglang\n  \
         sluice sim --listen 127.0.0.1:8001 --fault stall=10:30s --fault-rate 0.1\n\
         Per request, send the header `x-sim-fault: SPEC` (same syntax as --fault).")]
     Sim(SimArgs),
@@ -81,16 +83,32 @@ pub struct SimArgs {
     /// The model name served (and listed in /v1/models).
     #[arg(long, default_value = "sim-model")]
     pub model: String,
-    /// Time to the first token.
+    /// Engine profile: h100-llama3-8b, a100-llama3-8b, h100x4-llama3-70b, tiny;
+    /// or `fixed` for load-independent timing (--prefill-delay, --token-delay).
+    #[arg(long, default_value = "h100-llama3-8b")]
+    pub profile: String,
+    /// Run engine time this many times faster than the profile (tests, demos).
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// Override the profile's KV-cache size, in blocks.
+    #[arg(long)]
+    pub num_blocks: Option<u32>,
+    /// Override the profile's batch limit (vLLM --max-num-seqs).
+    #[arg(long)]
+    pub max_num_seqs: Option<u32>,
+    /// Metric names of /metrics.
+    #[arg(long, value_enum, default_value = "vllm")]
+    pub dialect: crate::sim::Dialect,
+    /// Fixed profile: time to the first token.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub prefill_delay: Duration,
-    /// Time between tokens.
+    /// Fixed profile: time between tokens.
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub token_delay: Duration,
     /// Tokens generated per request (fewer if the request's max_tokens is lower).
     #[arg(long, default_value_t = 64)]
     pub output_tokens: u32,
-    /// Faults for this replica, e.g. `stall=10:30s` or `error=503` (see --help of the header).
+    /// Faults for this replica, e.g. `stall=10:30s` or `error=503`.
     #[arg(long, value_name = "SPEC")]
     pub fault: Option<String>,
     /// Share of requests the --fault applies to.

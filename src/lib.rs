@@ -83,6 +83,21 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 Some(spec) => sim::faults::Faults::parse(spec).map_err(anyhow::Error::msg)?,
                 None => sim::faults::Faults::default(),
             };
+            let profile = if args.profile == "fixed" {
+                None
+            } else {
+                let mut p = *sim::profile::by_name(&args.profile).with_context(|| {
+                    format!(
+                        "unknown profile `{}` (known: fixed, {})",
+                        args.profile,
+                        sim::profile::names()
+                    )
+                })?;
+                p.num_blocks = args.num_blocks.unwrap_or(p.num_blocks);
+                p.max_num_seqs = args.max_num_seqs.unwrap_or(p.max_num_seqs);
+                Some(p)
+            };
+            anyhow::ensure!(args.speed > 0.0, "--speed must be positive");
             let listener = tokio::net::TcpListener::bind(args.listen)
                 .await
                 .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -90,16 +105,18 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 listener,
                 sim::SimConfig {
                     model: args.model,
+                    profile,
+                    speed: args.speed,
                     prefill_delay: args.prefill_delay,
                     token_delay: args.token_delay,
                     output_tokens: args.output_tokens,
                     faults,
                     fault_rate: args.fault_rate,
-                    ..sim::SimConfig::default()
+                    dialect: args.dialect,
                 },
             )
             .await?;
-            tracing::info!(addr = %handle.addr, "simulated replica is serving");
+            tracing::info!(addr = %handle.addr, profile = %args.profile, "simulated replica is serving");
             server::shutdown_signal().await;
             handle.stop();
             Ok(())

@@ -140,7 +140,7 @@ def main():
             requests = max(conc, 10, int(requests * args.scale))
             sim_port, gw_port, admin_port, ngx_port = (free_port() for _ in range(4))
             sim = subprocess.Popen(
-                [BIN, "sim", "--listen", f"127.0.0.1:{sim_port}", "--prefill-delay", "0ms",
+                [BIN, "sim", "--listen", f"127.0.0.1:{sim_port}", "--profile", "fixed", "--prefill-delay", "0ms",
                  "--token-delay", delay, "--output-tokens", str(tokens)],
                 stderr=subprocess.DEVNULL)
             procs.append(sim)

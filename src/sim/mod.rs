@@ -1,11 +1,19 @@
 //! `sluice sim`: a vLLM-compatible replica without a GPU.
 //!
-//! This is the fixed-timing mode: the first token after `prefill_delay`, then
-//! one token every `token_delay`, with faults on cue. The engine model
-//! (batching, KV cache, prefix cache) grows behind the same HTTP surface:
-//! handlers ask [`SimState::schedule`] when tokens are due.
+//! Two modes behind the same HTTP surface. The engine model (`--profile`, the
+//! default) batches requests like vLLM's scheduler over a paged KV cache with
+//! an automatic prefix cache (`engine.rs`, `kv.rs`, `profile.rs`), so latency,
+//! queueing, KV pressure and prefix hits respond to load as a real replica's
+//! do. The fixed-timing mode (`--profile fixed`) gives every request the same
+//! first-token delay and token gap regardless of load, for overhead
+//! benchmarks. Handlers hand a request to either and stream what its
+//! [`engine::Slot`] reports.
 
+pub mod engine;
 pub mod faults;
+pub mod kv;
+pub mod metrics;
+pub mod profile;
 mod stream;
 pub mod text;
 
@@ -23,140 +31,113 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-use crate::telemetry::registry::{Counter, Encoder, Family, Gauge, Kind};
+use engine::{Engine, Slot};
 use faults::Faults;
+pub use metrics::{Dialect, SimMetrics};
+use profile::Profile;
 use stream::{Api, Generation, SimStream};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub model: String,
-    /// Time to the first token.
+    /// The engine model's profile; `None` is the fixed-timing mode.
+    pub profile: Option<Profile>,
+    /// Engine time runs this many times faster than the profile says.
+    pub speed: f64,
+    /// Fixed mode: time to the first token.
     pub prefill_delay: Duration,
-    /// Time between two tokens.
+    /// Fixed mode: time between two tokens.
     pub token_delay: Duration,
     /// Tokens generated when the request sets no `max_tokens` (or a larger one).
     pub output_tokens: u32,
     /// Faults applied to a `fault_rate` share of requests.
     pub faults: Faults,
     pub fault_rate: f64,
-    pub max_model_len: u32,
+    pub dialect: Dialect,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
         Self {
             model: "sim-model".into(),
+            profile: None,
+            speed: 1.0,
             prefill_delay: Duration::from_millis(50),
             token_delay: Duration::from_millis(20),
             output_tokens: 64,
             faults: Faults::default(),
             fault_rate: 1.0,
-            max_model_len: 8192,
+            dialect: Dialect::Vllm,
         }
     }
 }
 
-/// Counters in vLLM's names, for `/metrics` and for tests to read.
-pub struct SimMetrics {
-    pub running: Gauge,
-    pub waiting: Gauge,
-    pub prompt_tokens: Counter,
-    pub generation_tokens: Counter,
-    pub received: Counter,
-    /// TCP connections accepted (keep-alive reuse shows as a small number).
-    pub connections: Counter,
-    finished: Family<(&'static str,), Counter>,
-}
-
-impl SimMetrics {
-    fn new() -> Self {
-        Self {
-            running: Gauge::default(),
-            waiting: Gauge::default(),
-            prompt_tokens: Counter::default(),
-            generation_tokens: Counter::default(),
-            received: Counter::default(),
-            connections: Counter::default(),
-            finished: Family::new(&["finished_reason"], Counter::default),
-        }
+impl SimConfig {
+    /// The engine model with a named profile (see `profile::PROFILES`).
+    pub fn engine(profile: &str, speed: f64) -> Option<Self> {
+        Some(Self {
+            profile: Some(*profile::by_name(profile)?),
+            speed,
+            ..Self::default()
+        })
     }
 
-    pub fn finished(&self, reason: &'static str) {
-        self.finished.get(&(reason,)).inc();
-    }
-
-    pub fn finished_count(&self, reason: &'static str) -> u64 {
-        self.finished.get(&(reason,)).get()
-    }
-
-    fn render(&self) -> String {
-        let mut e = Encoder::new();
-        e.single(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            Kind::Gauge,
-            self.running.get() as f64,
-        );
-        e.single(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            Kind::Gauge,
-            self.waiting.get() as f64,
-        );
-        e.single(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            Kind::Gauge,
-            0.0,
-        );
-        e.single(
-            "vllm:prompt_tokens_total",
-            "Number of prefill tokens processed.",
-            Kind::Counter,
-            self.prompt_tokens.get() as f64,
-        );
-        e.single(
-            "vllm:generation_tokens_total",
-            "Number of generation tokens processed.",
-            Kind::Counter,
-            self.generation_tokens.get() as f64,
-        );
-        e.single(
-            "sluice_sim_connections_total",
-            "TCP connections the simulator accepted (not a vLLM metric).",
-            Kind::Counter,
-            self.connections.get() as f64,
-        );
-        e.counters(
-            "vllm:request_success_total",
-            "Count of finished requests, by finish reason (abort: the client went away).",
-            &self.finished,
-            |c| c,
-        );
-        e.out
+    fn max_model_len(&self) -> u32 {
+        self.profile.map_or(131_072, |p| p.max_model_len)
     }
 }
 
 pub struct SimState {
     pub config: SimConfig,
-    pub metrics: SimMetrics,
+    pub metrics: Arc<SimMetrics>,
+    engine: Option<Arc<Engine>>,
     /// Headers and body of the latest request, for tests (`GET /sim/last_request`).
     last_request: Mutex<Option<Value>>,
 }
 
 impl SimState {
-    pub fn new(config: SimConfig) -> Arc<Self> {
-        Arc::new(Self {
-            config,
-            metrics: SimMetrics::new(),
-            last_request: Mutex::new(None),
-        })
+    fn cache_info(&self) -> metrics::CacheInfo {
+        let p = self.config.profile;
+        metrics::CacheInfo {
+            block_size: p.map_or(16, |p| p.block_size),
+            num_blocks: p.map_or(0, |p| p.num_blocks),
+        }
     }
 
-    /// When the first token is due and the gap between tokens.
-    fn schedule(&self, faults: &Faults) -> (Instant, Duration) {
-        let first = self.config.prefill_delay + faults.first_token.unwrap_or_default();
-        (Instant::now() + first, self.config.token_delay)
+    /// Hand a request to the engine (or the fixed clock), after `delay` (the
+    /// slow-first-token fault: the replica holds the request before starting).
+    fn submit(self: &Arc<Self>, req: engine::Request, delay: Option<Duration>) -> Arc<Slot> {
+        let slot = Arc::new(Slot::default());
+        let Some(delay) = delay else {
+            self.start(req, slot.clone());
+            return slot;
+        };
+        let (sim, out) = (self.clone(), slot.clone());
+        self.metrics.waiting.inc();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = slot.cancelled() => {}
+            }
+            sim.metrics.waiting.dec();
+            if slot.is_cancelled() {
+                sim.metrics.finished("abort");
+            } else {
+                sim.start(req, slot);
+            }
+        });
+        out
+    }
+
+    fn start(&self, req: engine::Request, slot: Arc<Slot>) {
+        match &self.engine {
+            Some(e) => e.submit(req, slot),
+            None => {
+                let first_at = Instant::now() + self.config.prefill_delay;
+                let (delay, m) = (self.config.token_delay, self.metrics.clone());
+                engine::spawn_fixed(req, slot, first_at, delay, m);
+            }
+        }
     }
 }
 
@@ -165,6 +146,7 @@ pub struct SimHandle {
     pub addr: SocketAddr,
     pub state: Arc<SimState>,
     task: tokio::task::JoinHandle<()>,
+    engine_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl SimHandle {
@@ -174,18 +156,34 @@ impl SimHandle {
 
     pub fn stop(&self) {
         self.task.abort();
+        if let Some(t) = &self.engine_task {
+            t.abort();
+        }
     }
 }
 
 impl Drop for SimHandle {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop();
     }
 }
 
 pub async fn start(listener: TcpListener, config: SimConfig) -> std::io::Result<SimHandle> {
     let addr = listener.local_addr()?;
-    let state = SimState::new(config);
+    let metrics = Arc::new(SimMetrics::new());
+    let (engine, engine_task) = match config.profile {
+        Some(p) => {
+            let (e, t) = Engine::spawn(p, config.speed, metrics.clone());
+            (Some(e), Some(t))
+        }
+        None => (None, None),
+    };
+    let state = Arc::new(SimState {
+        config,
+        metrics,
+        engine,
+        last_request: Mutex::new(None),
+    });
     let app = router(state.clone());
     let counted = state.clone();
     let task = tokio::spawn(async move {
@@ -196,7 +194,12 @@ pub async fn start(listener: TcpListener, config: SimConfig) -> std::io::Result<
         });
         let _ = axum::serve(listener, app).await;
     });
-    Ok(SimHandle { addr, state, task })
+    Ok(SimHandle {
+        addr,
+        state,
+        task,
+        engine_task,
+    })
 }
 
 pub fn router(state: Arc<SimState>) -> Router {
@@ -231,7 +234,7 @@ async fn models(State(s): State<Arc<SimState>>) -> Response {
             "object": "model",
             "created": 0,
             "owned_by": "sluice-sim",
-            "max_model_len": s.config.max_model_len,
+            "max_model_len": s.config.max_model_len(),
         }]
     }))
     .into_response()
@@ -240,7 +243,8 @@ async fn models(State(s): State<Arc<SimState>>) -> Response {
 async fn metrics(State(s): State<Arc<SimState>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(),
+        s.metrics
+            .render(s.config.dialect, &s.config.model, s.cache_info()),
     )
         .into_response()
 }
@@ -319,6 +323,7 @@ fn unix_now() -> u64 {
 }
 
 async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
+    let arrival = Instant::now();
     let (body, faults) = match intake(&s, req).await {
         Ok(x) => x,
         Err(resp) => return resp,
@@ -327,8 +332,8 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
     let prompt_tokens = match api {
         Api::Chat => crate::tokens::estimate_messages(texts.iter().map(String::as_str)),
         Api::Completions => texts.iter().map(|t| crate::tokens::estimate(t)).sum(),
-    };
-    s.metrics.prompt_tokens.add(u64::from(prompt_tokens));
+    }
+    .max(1);
     let max_tokens = body
         .get("max_completion_tokens")
         .or_else(|| body.get("max_tokens"))
@@ -339,6 +344,19 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         Some(m) if m < natural => (m.max(1), "length"),
         _ => (natural, "stop"),
     };
+    let limit = s.config.max_model_len();
+    if prompt_tokens.saturating_add(output_tokens) > limit {
+        // vLLM's wording for the same refusal.
+        return vllm_error(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "This model's maximum context length is {limit} tokens. However, you requested \
+                 {} tokens ({prompt_tokens} in the messages, {output_tokens} in the completion). \
+                 Please reduce the length of the messages or completion.",
+                prompt_tokens + output_tokens
+            ),
+        );
+    }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body
         .pointer("/stream_options/include_usage")
@@ -348,61 +366,70 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         Api::Chat => "chatcmpl",
         Api::Completions => "cmpl",
     };
+    let canonical = text::canonical_prompt(&body);
+    let hashes = match s.config.profile {
+        Some(p) => kv::block_hashes(&s.config.model, &canonical, p.block_size),
+        None => Vec::new(),
+    };
     let generation = Generation {
         api,
         id: format!("{prefix}-{:016x}", fastrand::u64(..)),
         created: unix_now(),
         model: Arc::from(s.config.model.as_str()),
-        seed: text::seed_of(texts.concat().as_bytes()),
+        seed: text::seed_of(canonical.as_bytes()),
         prompt_tokens,
         output_tokens,
         finish_reason,
         include_usage,
     };
-    let (first_at, token_delay) = s.schedule(&faults);
+    let slot = s.submit(
+        engine::Request {
+            prompt_tokens,
+            hashes,
+            output_tokens,
+            finish_reason,
+            arrival,
+            stall: faults.stall,
+        },
+        faults.first_token,
+    );
     if stream {
-        let body = SimStream::new(s.clone(), generation, faults, first_at, token_delay);
+        let body = SimStream::new(generation, faults, slot);
         return Response::builder()
             .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
             .header(header::CACHE_CONTROL, "no-cache")
             .body(Body::new(body))
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
     }
-    non_streamed(s, generation, first_at, token_delay).await
+    non_streamed(generation, slot).await
 }
 
-/// Counts a non-streamed request as running until it answers or is abandoned.
-struct Running<'a> {
-    s: &'a SimState,
-    done: bool,
-}
+/// Cancels the request in the engine if the handler is dropped (client gone).
+struct CancelOnDrop(Arc<Slot>);
 
-impl Drop for Running<'_> {
+impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        self.s.metrics.running.dec();
-        if !self.done {
-            self.s.metrics.finished("abort");
-        }
+        self.0.cancel();
     }
 }
 
-async fn non_streamed(
-    s: Arc<SimState>,
-    g: Generation,
-    first_at: Instant,
-    token_delay: Duration,
-) -> Response {
-    s.metrics.running.inc();
-    let mut running = Running { s: &s, done: false };
-    let end = first_at + token_delay * g.output_tokens.saturating_sub(1);
-    tokio::time::sleep_until(end).await;
+async fn non_streamed(g: Generation, slot: Arc<Slot>) -> Response {
+    let guard = CancelOnDrop(slot);
+    std::future::poll_fn(|cx| {
+        if guard.0.is_done() {
+            return std::task::Poll::Ready(());
+        }
+        guard.0.register(cx.waker());
+        if guard.0.is_done() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
     let text: String = (0..g.output_tokens)
         .map(|i| text::word(g.seed, i))
         .collect();
-    s.metrics.generation_tokens.add(u64::from(g.output_tokens));
-    s.metrics.finished(g.finish_reason);
-    running.done = true;
-    drop(running);
     let usage = json!({
         "prompt_tokens": g.prompt_tokens,
         "completion_tokens": g.output_tokens,

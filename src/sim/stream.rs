@@ -1,19 +1,18 @@
-//! The simulator's response stream: OpenAI chunks on a clock, faults on cue.
+//! The simulator's response stream: OpenAI chunks for the tokens the engine
+//! produced, faults on cue.
 //!
-//! A body, not a task: each poll checks one timer and emits at most one event,
-//! so thousands of concurrent streams cost only their timers.
+//! A body, not a task: each poll reads the request's [`Slot`] (how many tokens
+//! exist) and emits the missing events; the engine wakes it when it produces.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame};
-use tokio::time::{Instant, Sleep};
 
-use super::SimState;
+use super::engine::Slot;
 use super::faults::Faults;
 use super::text::word;
 
@@ -99,58 +98,32 @@ impl std::fmt::Display for Dropped {
 impl std::error::Error for Dropped {}
 
 pub struct SimStream {
-    sim: Arc<SimState>,
     generation: Generation,
     faults: Faults,
-    token_delay: Duration,
-    timer: Pin<Box<Sleep>>,
-    next_at: Instant,
-    produced: u32,
-    stalled: bool,
+    slot: Arc<Slot>,
+    emitted: u32,
     /// Events due now, emitted one per poll.
     queue: VecDeque<Bytes>,
     ended: bool,
-    finished: bool,
 }
 
 impl SimStream {
-    pub fn new(
-        sim: Arc<SimState>,
-        generation: Generation,
-        faults: Faults,
-        first_at: Instant,
-        token_delay: Duration,
-    ) -> Self {
-        sim.metrics.running.inc();
+    pub fn new(generation: Generation, faults: Faults, slot: Arc<Slot>) -> Self {
         Self {
-            sim,
             generation,
             faults,
-            token_delay,
-            timer: Box::pin(tokio::time::sleep_until(first_at)),
-            next_at: first_at,
-            produced: 0,
-            stalled: false,
+            slot,
+            emitted: 0,
             queue: VecDeque::new(),
             ended: false,
-            finished: false,
         }
     }
 
-    /// The events due at this tick; `Err` to cut the connection.
-    fn tick(&mut self) -> Result<(), Dropped> {
-        let i = self.produced;
+    /// Queue the events of token `i`; `Err` to cut the connection.
+    fn emit(&mut self, i: u32) -> Result<(), Dropped> {
         let f = &self.faults;
         if f.drop_after == Some(i) {
             return Err(Dropped);
-        }
-        if let Some((n, d)) = f.stall
-            && n == i
-            && !self.stalled
-        {
-            self.stalled = true;
-            self.next_at += d;
-            return Ok(());
         }
         if f.malformed_after == Some(i) {
             self.queue
@@ -163,7 +136,6 @@ impl SimStream {
             self.queue
                 .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
             self.ended = true;
-            self.sim.metrics.finished("error");
             return Ok(());
         }
         let g = &self.generation;
@@ -172,19 +144,17 @@ impl SimStream {
                 .push_back(sse(&g.chunk(r#"{"role":"assistant","content":""}"#, None)));
         }
         self.queue.push_back(g.token_event(i));
-        self.produced += 1;
-        self.sim.metrics.generation_tokens.inc();
-        if self.produced == g.output_tokens {
-            if g.include_usage {
-                self.queue.push_back(g.usage_event());
-            }
-            self.queue
-                .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-            self.ended = true;
-            self.sim.metrics.finished(g.finish_reason);
-        }
-        self.next_at += self.token_delay;
+        self.emitted += 1;
         Ok(())
+    }
+
+    fn finish(&mut self) {
+        if self.generation.include_usage {
+            self.queue.push_back(self.generation.usage_event());
+        }
+        self.queue
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.ended = true;
     }
 }
 
@@ -202,29 +172,33 @@ impl Body for SimStream {
                 return Poll::Ready(Some(Ok(Frame::data(ev))));
             }
             if this.ended {
-                this.finished = true;
                 return Poll::Ready(None);
             }
-            if this.timer.as_mut().poll(cx).is_pending() {
+            let produced = this.slot.produced();
+            if this.emitted < produced {
+                let i = this.emitted;
+                if let Err(e) = this.emit(i) {
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                continue;
+            }
+            if this.slot.is_done() {
+                this.finish();
+                continue;
+            }
+            this.slot.register(cx.waker());
+            // Re-check after registering: the engine may have moved meanwhile.
+            if this.slot.produced() == produced && !this.slot.is_done() {
                 return Poll::Pending;
             }
-            if let Err(e) = this.tick() {
-                this.finished = true;
-                this.sim.metrics.finished("abort");
-                return Poll::Ready(Some(Err(e)));
-            }
-            let at = this.next_at;
-            this.timer.as_mut().reset(at);
         }
     }
 }
 
 impl Drop for SimStream {
     fn drop(&mut self) {
-        self.sim.metrics.running.dec();
-        if !self.finished && !self.ended {
-            // The client (the gateway) went away: vLLM aborts such a request.
-            self.sim.metrics.finished("abort");
-        }
+        // A client gone mid-generation: the engine drops the request (abort).
+        self.slot.cancel();
     }
 }

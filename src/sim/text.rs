@@ -59,3 +59,22 @@ pub fn prompt_texts(body: &Value) -> Vec<String> {
     }
     out
 }
+
+/// The prompt as one string for prefix hashing: `role\ncontent\n` per chat
+/// message (roles matter: the same words as system or user prompt differ), or
+/// the completion prompt(s). Equal conversation prefixes give equal prefixes here.
+pub fn canonical_prompt(body: &Value) -> String {
+    let mut out = String::new();
+    if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
+        let texts = prompt_texts(body);
+        for (m, text) in msgs.iter().zip(texts) {
+            out.push_str(m.get("role").and_then(Value::as_str).unwrap_or("user"));
+            out.push('\n');
+            out.push_str(&text);
+            out.push('\n');
+        }
+    } else {
+        out = prompt_texts(body).concat();
+    }
+    out
+}

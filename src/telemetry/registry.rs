@@ -366,6 +366,18 @@ impl Encoder {
         self.header(name, help, kind);
         let _ = writeln!(self.out, "{name} {value}");
     }
+
+    /// One series with a preformatted label set (`a="x",b="y"`, may be empty).
+    pub fn one(&mut self, name: &str, help: &str, kind: Kind, labels: &str, value: f64) {
+        self.header(name, help, kind);
+        let _ = writeln!(self.out, "{name}{} {value}", wrap(labels));
+    }
+
+    /// One histogram series with a preformatted label set.
+    pub fn one_histogram(&mut self, name: &str, help: &str, labels: &str, h: &Histogram) {
+        self.header(name, help, Kind::Histogram);
+        h.render(&mut self.out, name, labels);
+    }
 }
 
 impl Default for Encoder {

@@ -7,4 +7,5 @@ mod common;
 mod errors;
 mod forwarding;
 mod sdk;
+mod sim;
 mod streaming;

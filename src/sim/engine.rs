@@ -1,0 +1,453 @@
+//! The engine model behind `sluice sim`: continuous batching stepped like
+//! vLLM's scheduler, over the KV block pool of `kv.rs`.
+//!
+//! Each step: running sequences first (a prefill chunk or one decode token
+//! each, allocating KV blocks; when blocks run out the most recently admitted
+//! sequence is preempted, its blocks freed for recomputation later), then, if
+//! nothing was preempted, waiting sequences in arrival order while the batch
+//! has room (`max_num_seqs`), token budget (`max_num_batched_tokens`, chunked
+//! prefill) and blocks. A new sequence first takes its cached prefix blocks,
+//! so only uncached prompt tokens cost prefill time. The step then lasts
+//! `profile.step_time(batch, prefill tokens) / speed`, after which every
+//! sequence that caught up with its prompt emits one token.
+//!
+//! Cost per step: O(running + admitted) work and one timer; the HTTP streams
+//! are woken through their [`Slot`], never by a channel per token.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::task::Waker;
+use std::time::Duration;
+
+use atomic_waker::AtomicWaker;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::SimMetrics;
+use super::kv::BlockPool;
+use super::profile::Profile;
+
+/// What one request shares with its HTTP stream: tokens produced so far and
+/// whether it is over. The engine writes, the stream reads and may cancel.
+#[derive(Default)]
+pub struct Slot {
+    produced: AtomicU32,
+    done: AtomicU8,
+    cancelled: AtomicBool,
+    /// The HTTP stream waiting for tokens.
+    waker: AtomicWaker,
+    /// A producer waiting on a timer, to learn of a cancel at once.
+    cancel_waker: AtomicWaker,
+}
+
+impl Slot {
+    pub fn produced(&self) -> u32 {
+        self.produced.load(Ordering::Acquire)
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire) != 0
+    }
+
+    /// The client went away: the engine drops the request at its next step.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        self.cancel_waker.wake();
+    }
+
+    /// Resolves once the request is cancelled.
+    pub async fn cancelled(&self) {
+        std::future::poll_fn(|cx| {
+            self.cancel_waker.register(cx.waker());
+            if self.is_cancelled() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    pub fn register(&self, w: &Waker) {
+        self.waker.register(w);
+    }
+
+    fn push(&self, produced: u32) {
+        self.produced.store(produced, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn finish(&self) {
+        self.done.store(1, Ordering::Release);
+        self.waker.wake();
+    }
+}
+
+/// A request as the engine sees it.
+pub struct Request {
+    pub prompt_tokens: u32,
+    /// Chained hashes of the prompt's full blocks (for the prefix cache).
+    pub hashes: Vec<u64>,
+    pub output_tokens: u32,
+    /// `stop` or `length`, reported when it finishes.
+    pub finish_reason: &'static str,
+    pub arrival: Instant,
+    /// Fault: after this many tokens, produce nothing for this long.
+    pub stall: Option<(u32, Duration)>,
+}
+
+struct Seq {
+    req: Request,
+    slot: Arc<Slot>,
+    blocks: Vec<u32>,
+    /// Tokens whose KV is computed.
+    computed: u32,
+    generated: u32,
+    /// Prompt blocks already registered in the prefix cache.
+    registered: usize,
+    scheduled: bool,
+    /// Admitted to the batch at least once (counted in queue time and prompt tokens).
+    admitted: bool,
+    /// A stall fault in progress: not scheduled until then (keeps its blocks).
+    paused_until: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+impl Seq {
+    /// Tokens that must have KV before the next token can be produced.
+    fn target(&self) -> u32 {
+        self.req.prompt_tokens + self.generated
+    }
+}
+
+pub struct Engine {
+    intake: std::sync::Mutex<Vec<Seq>>,
+    notify: Notify,
+}
+
+impl Engine {
+    /// Start the engine loop on the current runtime.
+    pub fn spawn(
+        profile: Profile,
+        speed: f64,
+        metrics: Arc<SimMetrics>,
+    ) -> (Arc<Engine>, tokio::task::JoinHandle<()>) {
+        let engine = Arc::new(Engine {
+            intake: std::sync::Mutex::new(Vec::new()),
+            notify: Notify::new(),
+        });
+        let task = tokio::spawn(run(engine.clone(), profile, speed, metrics));
+        (engine, task)
+    }
+
+    pub fn submit(&self, req: Request, slot: Arc<Slot>) {
+        let seq = Seq {
+            req,
+            slot: slot.clone(),
+            blocks: Vec::new(),
+            computed: 0,
+            generated: 0,
+            registered: 0,
+            scheduled: false,
+            admitted: false,
+            paused_until: None,
+            last_token: None,
+        };
+        if let Ok(mut q) = self.intake.lock() {
+            q.push(seq);
+        }
+        self.notify.notify_one();
+    }
+}
+
+struct State {
+    profile: Profile,
+    pool: BlockPool,
+    running: Vec<Seq>,
+    waiting: VecDeque<Seq>,
+    metrics: Arc<SimMetrics>,
+}
+
+async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<SimMetrics>) {
+    let mut st = State {
+        profile,
+        pool: BlockPool::new(profile.num_blocks, profile.block_size),
+        running: Vec::new(),
+        waiting: VecDeque::new(),
+        metrics,
+    };
+    let speed = if speed > 0.0 { speed } else { 1.0 };
+    let mut clock = Instant::now();
+    loop {
+        let arrived = std::mem::take(&mut *engine.intake.lock().unwrap_or_else(|p| p.into_inner()));
+        st.waiting.extend(arrived);
+        if st.running.is_empty() && st.waiting.is_empty() {
+            st.publish();
+            engine.notify.notified().await;
+            clock = Instant::now();
+            continue;
+        }
+        let (batch, prefill) = st.schedule();
+        st.publish();
+        if batch == 0 {
+            // Nothing fits (every waiting request was cancelled or is too big
+            // for an empty cache); wait for a change rather than spin.
+            st.drop_unservable();
+            tokio::select! {
+                _ = engine.notify.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+            clock = Instant::now();
+            continue;
+        }
+        let step = st.profile.step_time(batch, prefill).div_f64(speed);
+        // Absolute deadlines: timer granularity does not accumulate into drift.
+        clock = (clock + step).max(Instant::now() - Duration::from_millis(50));
+        tokio::time::sleep_until(clock).await;
+        st.complete_step();
+    }
+}
+
+impl State {
+    /// Pick this step's work; returns (sequences in the batch, prefill tokens).
+    fn schedule(&mut self) -> (u32, u32) {
+        let bs = self.pool.block_size;
+        let mut budget = self.profile.max_num_batched_tokens;
+        let mut prefill = 0u32;
+        let mut preempted = false;
+        // Cancelled requests leave first.
+        let metrics = &self.metrics;
+        let pool = &mut self.pool;
+        self.running.retain_mut(|s| {
+            let keep = !s.slot.is_cancelled();
+            if !keep {
+                pool.release(&s.blocks);
+                metrics.finished("abort");
+            }
+            keep
+        });
+        self.waiting.retain(|s| {
+            let keep = !s.slot.is_cancelled();
+            if !keep {
+                metrics.finished("abort");
+            }
+            keep
+        });
+        for s in &mut self.running {
+            s.scheduled = false;
+        }
+
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            if self.running[i].paused_until.is_some_and(|t| t > now) {
+                i += 1;
+                continue;
+            }
+            let need = self.running[i].target() - self.running[i].computed;
+            let n = need.min(budget);
+            let want = self.pool.blocks_for(self.running[i].computed + n);
+            let mut self_preempted = false;
+            while want > self.running[i].blocks.len() as u32 + self.pool.num_free() {
+                // Out of blocks: preempt the most recent arrival (recompute later).
+                let Some(mut victim) = self.running.pop() else {
+                    break;
+                };
+                self.pool.release(&victim.blocks);
+                victim.blocks.clear();
+                victim.computed = 0;
+                victim.registered = 0;
+                victim.scheduled = false;
+                self.metrics.preemptions.inc();
+                preempted = true;
+                let was_self = self.running.len() == i;
+                self.waiting.push_front(victim);
+                if was_self {
+                    self_preempted = true;
+                    break;
+                }
+            }
+            if self_preempted {
+                break;
+            }
+            let s = &mut self.running[i];
+            let extra = want.saturating_sub(s.blocks.len() as u32);
+            if !self.pool.allocate(extra, &mut s.blocks) {
+                break;
+            }
+            if s.computed < s.req.prompt_tokens {
+                prefill += n.min(s.req.prompt_tokens - s.computed);
+            }
+            s.scheduled = true;
+            s.computed += n;
+            budget -= n;
+            i += 1;
+        }
+
+        while !preempted && budget > 0 && (self.running.len() as u32) < self.profile.max_num_seqs {
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
+            if s.blocks.is_empty() {
+                // Prefix cache: take the cached blocks of the longest matching
+                // prefix; at least one prompt token is always computed.
+                let usable = (s.req.prompt_tokens.saturating_sub(1) / bs) as usize;
+                let hashes = &s.req.hashes[..s.req.hashes.len().min(usable)];
+                s.blocks = self.pool.take_prefix(hashes);
+                s.computed = s.blocks.len() as u32 * bs;
+                s.registered = s.blocks.len();
+            }
+            let need = s.target() - s.computed;
+            let n = need.min(budget);
+            let want = self.pool.blocks_for(s.computed + n);
+            let extra = want.saturating_sub(s.blocks.len() as u32);
+            if !self.pool.allocate(extra, &mut s.blocks) {
+                // Does not fit now: give back the prefix and wait at the front.
+                self.pool.release(&s.blocks);
+                s.blocks.clear();
+                s.computed = 0;
+                s.registered = 0;
+                self.waiting.push_front(s);
+                break;
+            }
+            if !s.admitted {
+                s.admitted = true;
+                let m = &self.metrics;
+                m.queue_time.observe_duration(s.req.arrival.elapsed());
+                m.prompt_tokens.add(u64::from(s.req.prompt_tokens));
+                m.prefix_queries.add(u64::from(s.req.prompt_tokens));
+                m.prefix_hits.add(u64::from(s.computed));
+            }
+            if s.computed < s.req.prompt_tokens {
+                prefill += n.min(s.req.prompt_tokens - s.computed);
+            }
+            s.computed += n;
+            s.scheduled = true;
+            budget -= n;
+            self.running.push(s);
+        }
+        let batch = self.running.iter().filter(|s| s.scheduled).count() as u32;
+        (batch, prefill)
+    }
+
+    /// The step ran: register full prompt blocks, emit a token for every
+    /// sequence that caught up, retire finished ones.
+    fn complete_step(&mut self) {
+        let now = Instant::now();
+        let bs = self.pool.block_size as usize;
+        for s in self.running.iter_mut().filter(|s| s.scheduled) {
+            let full = (s.computed.min(s.req.prompt_tokens) as usize / bs).min(s.req.hashes.len());
+            while s.registered < full {
+                self.pool
+                    .register(s.blocks[s.registered], s.req.hashes[s.registered]);
+                s.registered += 1;
+            }
+            if s.computed < s.target() {
+                continue; // still prefilling (chunked)
+            }
+            s.generated += 1;
+            self.metrics.generation_tokens.inc();
+            match s.last_token {
+                None => self.metrics.ttft.observe_duration(now - s.req.arrival),
+                Some(prev) => self.metrics.itl.observe_duration(now - prev),
+            }
+            s.last_token = Some(now);
+            s.slot.push(s.generated);
+            if let Some((n, d)) = s.req.stall
+                && n == s.generated
+            {
+                s.paused_until = Some(now + d);
+            }
+        }
+        let metrics = &self.metrics;
+        let pool = &mut self.pool;
+        self.running.retain_mut(|s| {
+            if s.generated < s.req.output_tokens {
+                return true;
+            }
+            pool.release(&s.blocks);
+            metrics.e2e.observe_duration(now - s.req.arrival);
+            metrics.finished(s.req.finish_reason);
+            s.slot.finish();
+            false
+        });
+    }
+
+    /// Requests that can never fit (prompt larger than the whole cache) fail.
+    fn drop_unservable(&mut self) {
+        let cap = self.pool.num_blocks();
+        let pool = &self.pool;
+        let metrics = &self.metrics;
+        self.waiting.retain(|s| {
+            let fits = pool.blocks_for(s.req.prompt_tokens + 1) <= cap;
+            if !fits {
+                metrics.finished("error");
+                s.slot.finish();
+            }
+            fits
+        });
+    }
+
+    fn publish(&self) {
+        let m = &self.metrics;
+        m.running.set(self.running.len() as i64);
+        let intake_waiting = self.waiting.len() as i64;
+        m.waiting.set(intake_waiting);
+        m.kv_usage.set(self.pool.usage());
+    }
+}
+
+/// The fixed-timing producer: first token at `first_at`, then one every
+/// `token_delay`, independent of load (the overhead benchmarks want this).
+pub fn spawn_fixed(
+    req: Request,
+    slot: Arc<Slot>,
+    first_at: Instant,
+    token_delay: Duration,
+    metrics: Arc<SimMetrics>,
+) {
+    metrics.running.inc();
+    metrics.prompt_tokens.add(u64::from(req.prompt_tokens));
+    tokio::spawn(async move {
+        let mut at = first_at;
+        let mut last: Option<Instant> = None;
+        for n in 1..=req.output_tokens {
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = slot.cancelled() => {}
+            }
+            if slot.is_cancelled() {
+                metrics.running.dec();
+                metrics.finished("abort");
+                return;
+            }
+            let now = Instant::now();
+            match last {
+                None => metrics.ttft.observe_duration(now - req.arrival),
+                Some(p) => metrics.itl.observe_duration(now - p),
+            }
+            last = Some(now);
+            metrics.generation_tokens.inc();
+            slot.push(n);
+            at += token_delay;
+            if let Some((after, d)) = req.stall
+                && after == n
+            {
+                at += d;
+            }
+            if token_delay.is_zero() && n % 16 == 0 {
+                // As fast as possible, but let the streams run.
+                tokio::task::yield_now().await;
+            }
+        }
+        metrics.running.dec();
+        metrics.e2e.observe_duration(req.arrival.elapsed());
+        metrics.finished(req.finish_reason);
+        slot.finish();
+    });
+}

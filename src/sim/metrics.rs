@@ -1,0 +1,390 @@
+//! The simulator's `/metrics`, in the names of the engine it imitates.
+//!
+//! - `vllm` (default): current vLLM V1 names plus the older aliases a fleet may
+//!   still scrape (`vllm:gpu_cache_usage_perc`, `vllm:time_per_output_token_seconds`,
+//!   `vllm:gpu_prefix_cache_*`), label `model_name`.
+//! - `sglang`: SGLang's `sglang:*` names (docs/references/production_metrics.md of
+//!   sgl-project/sglang): `num_running_reqs`, `num_queue_reqs`, `token_usage`,
+//!   `cache_hit_rate`, token counters and latency histograms, label `model_name`.
+//! - `llamacpp`: llama.cpp `llama-server --metrics` names (`llamacpp:*`, no labels):
+//!   `requests_processing`, `requests_deferred`, `kv_cache_usage_ratio`,
+//!   `kv_cache_tokens`, `prompt_tokens_total`, `tokens_predicted_total`.
+
+use std::sync::Arc;
+
+use crate::telemetry::registry::{Counter, Encoder, Family, FloatGauge, Gauge, Histogram, Kind};
+
+/// Which engine's metric names `/metrics` uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dialect {
+    #[default]
+    Vllm,
+    Sglang,
+    Llamacpp,
+}
+
+// vLLM's own bucket bounds, so a dashboard built for vLLM reads the simulator alike.
+const TTFT: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const ITL: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const E2E: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+pub struct SimMetrics {
+    pub running: Gauge,
+    pub waiting: Gauge,
+    pub kv_usage: FloatGauge,
+    pub prompt_tokens: Counter,
+    pub generation_tokens: Counter,
+    pub prefix_queries: Counter,
+    pub prefix_hits: Counter,
+    pub preemptions: Counter,
+    /// HTTP requests received (any endpoint that generates).
+    pub received: Counter,
+    /// TCP connections accepted (keep-alive reuse shows as a small number).
+    pub connections: Counter,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    pub queue_time: Histogram,
+    finished: Family<(&'static str,), Counter>,
+}
+
+impl SimMetrics {
+    pub fn new() -> Self {
+        Self {
+            running: Gauge::default(),
+            waiting: Gauge::default(),
+            kv_usage: FloatGauge::default(),
+            prompt_tokens: Counter::default(),
+            generation_tokens: Counter::default(),
+            prefix_queries: Counter::default(),
+            prefix_hits: Counter::default(),
+            preemptions: Counter::default(),
+            received: Counter::default(),
+            connections: Counter::default(),
+            ttft: Histogram::seconds(Arc::from(TTFT)),
+            itl: Histogram::seconds(Arc::from(ITL)),
+            e2e: Histogram::seconds(Arc::from(E2E)),
+            queue_time: Histogram::seconds(Arc::from(E2E)),
+            finished: Family::new(&["finished_reason"], Counter::default),
+        }
+    }
+
+    pub fn finished(&self, reason: &'static str) {
+        self.finished.get(&(reason,)).inc();
+    }
+
+    pub fn finished_count(&self, reason: &'static str) -> u64 {
+        self.finished.get(&(reason,)).get()
+    }
+
+    /// Finished requests of every reason.
+    pub fn finished_total(&self) -> u64 {
+        ["stop", "length", "abort", "error"]
+            .iter()
+            .map(|r| self.finished_count(r))
+            .sum()
+    }
+
+    /// Share of prompt tokens served from the prefix cache so far.
+    pub fn hit_rate(&self) -> f64 {
+        let q = self.prefix_queries.get();
+        if q == 0 {
+            0.0
+        } else {
+            self.prefix_hits.get() as f64 / q as f64
+        }
+    }
+
+    pub fn render(&self, dialect: Dialect, model: &str, cache: CacheInfo) -> String {
+        let mut e = Encoder::new();
+        let m = format!("model_name=\"{}\"", model.replace('"', "'"));
+        match dialect {
+            Dialect::Vllm => self.render_vllm(&mut e, &m, cache),
+            Dialect::Sglang => self.render_sglang(&mut e, &m),
+            Dialect::Llamacpp => self.render_llamacpp(&mut e, cache),
+        }
+        e.one(
+            "sluice_sim_connections_total",
+            "TCP connections the simulator accepted (not an engine metric).",
+            Kind::Counter,
+            "",
+            self.connections.get() as f64,
+        );
+        e.out
+    }
+
+    fn render_vllm(&self, e: &mut Encoder, m: &str, cache: CacheInfo) {
+        use Kind::{Counter as C, Gauge as G};
+        e.one(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            G,
+            m,
+            self.running.get() as f64,
+        );
+        e.one(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            G,
+            m,
+            self.waiting.get() as f64,
+        );
+        e.one(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            G,
+            m,
+            self.kv_usage.get(),
+        );
+        e.one(
+            "vllm:gpu_cache_usage_perc",
+            "GPU KV-cache usage (older name of kv_cache_usage_perc).",
+            G,
+            m,
+            self.kv_usage.get(),
+        );
+        e.one(
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in tokens.",
+            C,
+            m,
+            self.prefix_queries.get() as f64,
+        );
+        e.one(
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in tokens.",
+            C,
+            m,
+            self.prefix_hits.get() as f64,
+        );
+        e.one(
+            "vllm:gpu_prefix_cache_queries_total",
+            "Prefix cache queries, in tokens (older name).",
+            C,
+            m,
+            self.prefix_queries.get() as f64,
+        );
+        e.one(
+            "vllm:gpu_prefix_cache_hits_total",
+            "Prefix cache hits, in tokens (older name).",
+            C,
+            m,
+            self.prefix_hits.get() as f64,
+        );
+        e.one(
+            "vllm:num_preemptions_total",
+            "Cumulative number of preemptions from the engine.",
+            C,
+            m,
+            self.preemptions.get() as f64,
+        );
+        e.one(
+            "vllm:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            C,
+            m,
+            self.prompt_tokens.get() as f64,
+        );
+        e.one(
+            "vllm:generation_tokens_total",
+            "Number of generation tokens processed.",
+            C,
+            m,
+            self.generation_tokens.get() as f64,
+        );
+        let mut fin = Encoder::new();
+        fin.counters(
+            "vllm:request_success_total",
+            "Count of finished requests, by finished reason (abort: the client went away).",
+            &self.finished,
+            |c| c,
+        );
+        // Add model_name to each series of the family.
+        e.out.push_str(
+            &fin.out
+                .replace("{finished_reason=", &format!("{{{m},finished_reason=")),
+        );
+        e.one_histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            m,
+            &self.ttft,
+        );
+        e.one_histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            m,
+            &self.itl,
+        );
+        e.one_histogram(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds (older name).",
+            m,
+            &self.itl,
+        );
+        e.one_histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            m,
+            &self.e2e,
+        );
+        e.one_histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            m,
+            &self.queue_time,
+        );
+        let info = format!(
+            "block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"True\",cache_dtype=\"auto\"",
+            cache.block_size, cache.num_blocks
+        );
+        e.one(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig.",
+            G,
+            &info,
+            1.0,
+        );
+    }
+
+    fn render_sglang(&self, e: &mut Encoder, m: &str) {
+        use Kind::{Counter as C, Gauge as G};
+        e.one(
+            "sglang:num_running_reqs",
+            "The number of running requests.",
+            G,
+            m,
+            self.running.get() as f64,
+        );
+        e.one(
+            "sglang:num_queue_reqs",
+            "The number of requests in the waiting queue.",
+            G,
+            m,
+            self.waiting.get() as f64,
+        );
+        e.one(
+            "sglang:token_usage",
+            "The token usage.",
+            G,
+            m,
+            self.kv_usage.get(),
+        );
+        e.one(
+            "sglang:cache_hit_rate",
+            "The prefix cache hit rate.",
+            G,
+            m,
+            self.hit_rate(),
+        );
+        e.one(
+            "sglang:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            C,
+            m,
+            self.prompt_tokens.get() as f64,
+        );
+        e.one(
+            "sglang:generation_tokens_total",
+            "Number of generation tokens processed.",
+            C,
+            m,
+            self.generation_tokens.get() as f64,
+        );
+        e.one(
+            "sglang:num_requests_total",
+            "Number of requests processed.",
+            C,
+            m,
+            self.finished_total() as f64,
+        );
+        e.one_histogram(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            m,
+            &self.ttft,
+        );
+        e.one_histogram(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            m,
+            &self.itl,
+        );
+        e.one_histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            m,
+            &self.e2e,
+        );
+    }
+
+    fn render_llamacpp(&self, e: &mut Encoder, cache: CacheInfo) {
+        use Kind::{Counter as C, Gauge as G};
+        let kv_tokens =
+            (self.kv_usage.get() * f64::from(cache.num_blocks * cache.block_size)).round();
+        e.one(
+            "llamacpp:prompt_tokens_total",
+            "Number of prompt tokens processed.",
+            C,
+            "",
+            self.prompt_tokens.get() as f64,
+        );
+        e.one(
+            "llamacpp:tokens_predicted_total",
+            "Number of generation tokens processed.",
+            C,
+            "",
+            self.generation_tokens.get() as f64,
+        );
+        e.one(
+            "llamacpp:kv_cache_usage_ratio",
+            "KV-cache usage. 1 means 100 percent usage.",
+            G,
+            "",
+            self.kv_usage.get(),
+        );
+        e.one(
+            "llamacpp:kv_cache_tokens",
+            "KV-cache tokens.",
+            G,
+            "",
+            kv_tokens,
+        );
+        e.one(
+            "llamacpp:requests_processing",
+            "Number of requests processing.",
+            G,
+            "",
+            self.running.get() as f64,
+        );
+        e.one(
+            "llamacpp:requests_deferred",
+            "Number of requests deferred.",
+            G,
+            "",
+            self.waiting.get() as f64,
+        );
+    }
+}
+
+impl Default for SimMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The KV-cache shape reported by `vllm:cache_config_info`.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheInfo {
+    pub block_size: u32,
+    pub num_blocks: u32,
+}

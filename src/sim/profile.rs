@@ -1,0 +1,154 @@
+//! Engine profiles: the numbers that make a simulated replica behave like a
+//! model on a GPU. Each is a fit to public vLLM measurements (sources below),
+//! not a measurement of ours; they are approximate by design.
+//!
+//! Step time of one engine iteration (one forward pass over the batch):
+//! `step_base + per_seq * sequences_in_batch + per_prefill_token * prompt_tokens_in_step`.
+//! - `step_base` is the time of a decode step at batch size 1 (memory-bound:
+//!   reading the weights once), i.e. 1 / single-stream tokens per second.
+//! - `per_seq` is fitted so that the step time at a large batch matches the
+//!   published saturated output throughput (tokens/s = batch / step time).
+//! - `per_prefill_token` is 1 / prefill throughput (compute-bound).
+//! - `num_blocks` is the KV capacity in 16-token blocks: (GPU memory x 0.9 -
+//!   weights - activations) / (2 x layers x KV heads x head dim x 2 bytes) / 16.
+//!
+//! Sources:
+//! - Llama-3.1-8B on 1x H100 80GB: ~12,500 output tokens/s saturated (BF16,
+//!   FlashInfer), morphllm.com/vllm-benchmarks (2026); single-stream decode
+//!   ~140 tokens/s and the v0.6 TPOT figures of the vLLM blog "vLLM v0.6.0: 2.7x
+//!   Throughput Improvement and 5x Latency Reduction" (2024); KV capacity
+//!   cross-checked with a published per-GPU table (543k tokens for this model on
+//!   an H100 NVL 94GB; ~470k on 80GB).
+//! - Llama-3.1-8B on 1x A100 40GB: ~75 tokens/s single stream, knee at
+//!   concurrency 8, 1024-token prompts (johnmusgrave.com, "vLLM throughput-latency
+//!   sweep on NVIDIA A100", 2025).
+//! - Llama-3.1-70B with tensor parallelism 4 on H100: Lambda Labs'
+//!   vllm-benchmark report (v0.6.0 figures: ~2x the A100 throughput, TPOT in the
+//!   20-30 ms range at moderate load).
+
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Profile {
+    pub name: &'static str,
+    pub about: &'static str,
+    /// Tokens per KV block (vLLM's default is 16).
+    pub block_size: u32,
+    /// KV-cache capacity in blocks.
+    pub num_blocks: u32,
+    /// Most sequences in one batch (`--max-num-seqs`).
+    pub max_num_seqs: u32,
+    /// Token budget of one step (`--max-num-batched-tokens`; chunked prefill).
+    pub max_num_batched_tokens: u32,
+    pub step_base: Duration,
+    pub per_seq: Duration,
+    pub per_prefill_token: Duration,
+    pub max_model_len: u32,
+}
+
+const fn us(n: u64) -> Duration {
+    Duration::from_micros(n)
+}
+
+const fn ns(n: u64) -> Duration {
+    Duration::from_nanos(n)
+}
+
+pub const PROFILES: &[Profile] = &[
+    Profile {
+        name: "h100-llama3-8b",
+        about: "Llama-3.1-8B BF16 on 1x H100 80GB",
+        block_size: 16,
+        num_blocks: 29_000,
+        max_num_seqs: 256,
+        max_num_batched_tokens: 8192,
+        // 140 tok/s single stream; 256 seqs -> ~12,300 tok/s.
+        step_base: us(7_100),
+        per_seq: us(53),
+        // ~20k prompt tokens/s.
+        per_prefill_token: us(50),
+        max_model_len: 131_072,
+    },
+    Profile {
+        name: "a100-llama3-8b",
+        about: "Llama-3.1-8B BF16 on 1x A100 40GB",
+        block_size: 16,
+        // (36 GB - 16 GB weights - ~2 GB) / 128 KiB per token / 16
+        num_blocks: 8_600,
+        max_num_seqs: 256,
+        max_num_batched_tokens: 8192,
+        // 75 tok/s single stream; 64 seqs -> ~3,500 tok/s.
+        step_base: us(13_300),
+        per_seq: us(80),
+        // 1024-token prompt prefill ~90 ms.
+        per_prefill_token: us(88),
+        max_model_len: 131_072,
+    },
+    Profile {
+        name: "h100x4-llama3-70b",
+        about: "Llama-3.1-70B BF16, tensor parallel 4 on H100 80GB",
+        block_size: 16,
+        // (288 GB - 140 GB weights - ~8 GB) / 320 KiB per token / 16
+        num_blocks: 27_000,
+        max_num_seqs: 256,
+        max_num_batched_tokens: 8192,
+        // ~50 tok/s single stream; 256 seqs -> ~3,600 tok/s.
+        step_base: us(20_000),
+        per_seq: us(200),
+        per_prefill_token: us(125),
+        max_model_len: 131_072,
+    },
+    Profile {
+        name: "tiny",
+        about: "a small, fast engine for tests: 4,096 tokens of KV, 16 sequences",
+        block_size: 16,
+        num_blocks: 256,
+        max_num_seqs: 16,
+        max_num_batched_tokens: 2048,
+        step_base: us(2_000),
+        per_seq: us(100),
+        per_prefill_token: ns(10_000),
+        max_model_len: 4096,
+    },
+];
+
+pub fn by_name(name: &str) -> Option<&'static Profile> {
+    PROFILES.iter().find(|p| p.name == name)
+}
+
+pub fn names() -> String {
+    PROFILES
+        .iter()
+        .map(|p| p.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Profile {
+    /// Duration of one step with `seqs` sequences and `prefill` prompt tokens.
+    pub fn step_time(&self, seqs: u32, prefill: u32) -> Duration {
+        self.step_base + self.per_seq * seqs + self.per_prefill_token * prefill
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_match_their_sources() {
+        let p = by_name("h100-llama3-8b").copied().unwrap_or(PROFILES[0]);
+        let single = 1.0 / p.step_time(1, 0).as_secs_f64();
+        assert!(
+            (120.0..160.0).contains(&single),
+            "{single} tok/s single stream"
+        );
+        let batch = 256.0 / p.step_time(256, 0).as_secs_f64();
+        assert!(
+            (11_000.0..13_500.0).contains(&batch),
+            "{batch} tok/s at 256"
+        );
+        let kv_tokens = p.num_blocks * p.block_size;
+        assert!((400_000..550_000).contains(&kv_tokens));
+    }
+}

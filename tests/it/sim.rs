@@ -1,0 +1,281 @@
+//! The simulator's engine model, observed through its HTTP API only.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use sluice::sim::{Dialect, SimConfig};
+
+use crate::common::*;
+
+/// One streamed chat request straight to a replica: (TTFT, largest gap, usage).
+async fn stream_chat(
+    base: &str,
+    content: &str,
+    max_tokens: u32,
+) -> (Duration, Duration, serde_json::Value) {
+    let body = serde_json::json!({
+        "model": "sim-model",
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "max_tokens": max_tokens,
+        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": content}],
+    });
+    let start = Instant::now();
+    let resp = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let (mut buf, mut ttft, mut last, mut max_gap, mut usage) = (
+        String::new(),
+        None,
+        None::<Instant>,
+        Duration::ZERO,
+        serde_json::Value::Null,
+    );
+    while let Some(chunk) = stream.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        while let Some(end) = buf.find("\n\n") {
+            let ev: String = buf.drain(..end + 2).collect();
+            let Some(data) = ev.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(data).unwrap();
+            if v["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+            {
+                let now = Instant::now();
+                ttft.get_or_insert(now - start);
+                if let Some(prev) = last {
+                    max_gap = max_gap.max(now - prev);
+                }
+                last = Some(now);
+            }
+            if !v["usage"].is_null() {
+                usage = v["usage"].clone();
+            }
+        }
+    }
+    (ttft.expect("no token"), max_gap, usage)
+}
+
+async fn sim_metrics(base: &str) -> String {
+    get_text(&format!("{base}/metrics")).await.1
+}
+
+fn m(text: &str, series: &str) -> f64 {
+    metric(text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+}
+
+const MODEL: &str = "model_name=\"sim-model\"";
+
+#[tokio::test]
+async fn a_repeated_prefix_skips_its_prefill() {
+    let sim = start_sim(SimConfig::engine("h100-llama3-8b", 1.0).unwrap()).await;
+    let base = sim.url();
+    // ~3,000 tokens of shared document: ~150 ms of prefill on this profile.
+    let doc = "The gateway streams tokens and measures them. ".repeat(260);
+    let (cold, _, usage) = stream_chat(&base, &format!("{doc}\nQuestion one?"), 4).await;
+    let (warm, _, _) = stream_chat(&base, &format!("{doc}\nQuestion two?"), 4).await;
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 2500);
+    assert!(
+        warm * 3 < cold,
+        "cached prefix must cut TTFT: cold {cold:?}, warm {warm:?}"
+    );
+    let text = sim_metrics(&base).await;
+    let hits = m(&text, &format!("vllm:prefix_cache_hits_total{{{MODEL}}}"));
+    let queries = m(
+        &text,
+        &format!("vllm:prefix_cache_queries_total{{{MODEL}}}"),
+    );
+    assert!(hits > 2500.0, "hits {hits}");
+    assert!(
+        queries > hits * 1.9,
+        "two prompts queried, one hit: {queries} vs {hits}"
+    );
+}
+
+#[tokio::test]
+async fn a_full_kv_cache_queues_requests_and_preempts() {
+    // tiny: 256 blocks of 16 tokens, 16 sequences. 16 requests of ~400 prompt
+    // tokens that each grow by 300 tokens need ~700 blocks.
+    let sim = start_sim(SimConfig {
+        output_tokens: 300,
+        ..SimConfig::engine("tiny", 1.0).unwrap()
+    })
+    .await;
+    let base = sim.url();
+    let mut reqs = Vec::new();
+    for i in 0..16 {
+        let base = base.clone();
+        reqs.push(tokio::spawn(async move {
+            let content = format!("request {i} ").repeat(120);
+            stream_chat(&base, &content, 300).await
+        }));
+    }
+    let mut max_waiting: f64 = 0.0;
+    let mut max_usage: f64 = 0.0;
+    while reqs.iter().any(|r| !r.is_finished()) {
+        let text = sim_metrics(&base).await;
+        max_waiting = max_waiting.max(m(&text, &format!("vllm:num_requests_waiting{{{MODEL}}}")));
+        max_usage = max_usage.max(m(&text, &format!("vllm:kv_cache_usage_perc{{{MODEL}}}")));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for r in reqs {
+        let (_, _, usage) = r.await.unwrap();
+        assert_eq!(usage["completion_tokens"], 300, "every request completes");
+    }
+    let text = sim_metrics(&base).await;
+    assert!(
+        max_waiting >= 1.0,
+        "requests must queue (max waiting {max_waiting})"
+    );
+    assert!(
+        max_usage > 0.9,
+        "the cache must fill (max usage {max_usage})"
+    );
+    assert!(m(&text, &format!("vllm:num_preemptions_total{{{MODEL}}}")) >= 1.0);
+    assert_eq!(
+        m(&text, &format!("vllm:num_requests_running{{{MODEL}}}")),
+        0.0
+    );
+    assert_eq!(
+        m(&text, &format!("vllm:kv_cache_usage_perc{{{MODEL}}}")),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn metrics_agree_with_what_was_served() {
+    let sim = start_sim(SimConfig::engine("tiny", 4.0).unwrap()).await;
+    let base = sim.url();
+    let (mut prompt, mut completion) = (0, 0);
+    for i in 0..5 {
+        let (_, _, usage) = stream_chat(&base, &format!("hello number {i}"), 10 + i).await;
+        prompt += usage["prompt_tokens"].as_u64().unwrap();
+        completion += usage["completion_tokens"].as_u64().unwrap();
+    }
+    let text = sim_metrics(&base).await;
+    assert_eq!(
+        m(
+            &text,
+            &format!("vllm:request_success_total{{{MODEL},finished_reason=\"length\"}}")
+        ),
+        5.0
+    );
+    assert_eq!(
+        m(&text, &format!("vllm:generation_tokens_total{{{MODEL}}}")),
+        completion as f64
+    );
+    assert_eq!(
+        m(&text, &format!("vllm:prompt_tokens_total{{{MODEL}}}")),
+        prompt as f64
+    );
+    assert_eq!(
+        m(
+            &text,
+            &format!("vllm:time_to_first_token_seconds_count{{{MODEL}}}")
+        ),
+        5.0
+    );
+    assert_eq!(
+        m(
+            &text,
+            &format!("vllm:inter_token_latency_seconds_count{{{MODEL}}}")
+        ),
+        (completion - 5) as f64
+    );
+    assert!(text.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"256\""));
+}
+
+#[tokio::test]
+async fn each_fault_does_what_it_says() {
+    let sim = start_sim(SimConfig::engine("tiny", 4.0).unwrap()).await;
+    let url = format!("{}/v1/chat/completions", sim.url());
+    let body = chat_body(true);
+    let send = |fault: &'static str| {
+        let (url, body) = (url.clone(), body.clone());
+        async move {
+            client()
+                .post(&url)
+                .header("x-sim-fault", fault)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+
+    let r = send("error=503").await;
+    assert_eq!(r.status(), 503);
+
+    let start = Instant::now();
+    let text = send("first_token=800ms").await.text().await.unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(800));
+    assert!(text.ends_with("data: [DONE]\n\n"));
+
+    let mut cfg_body = chat_body(true);
+    cfg_body["max_tokens"] = 6.into();
+    let r = client()
+        .post(&url)
+        .header("x-sim-fault", "stall=3:1s")
+        .json(&cfg_body)
+        .send()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let text = r.text().await.unwrap();
+    assert!(start.elapsed() >= Duration::from_secs(1), "stalled for 1 s");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+
+    let r = send("drop=2").await;
+    assert!(r.text().await.is_err(), "the connection is cut mid-body");
+
+    let text = send("malformed=1").await.text().await.unwrap();
+    assert!(text.contains("data: {\"choices\": [oops"));
+
+    let text = send("error_event=1").await.text().await.unwrap();
+    assert!(text.contains("simulated engine failure"));
+    assert!(text.ends_with("data: [DONE]\n\n"));
+}
+
+#[tokio::test]
+async fn dialects_use_each_engines_names() {
+    for (dialect, names) in [
+        (
+            Dialect::Sglang,
+            &[
+                "sglang:num_running_reqs",
+                "sglang:num_queue_reqs",
+                "sglang:token_usage",
+                "sglang:cache_hit_rate",
+            ][..],
+        ),
+        (
+            Dialect::Llamacpp,
+            &[
+                "llamacpp:requests_processing",
+                "llamacpp:requests_deferred",
+                "llamacpp:kv_cache_usage_ratio",
+            ][..],
+        ),
+    ] {
+        let sim = start_sim(SimConfig {
+            dialect,
+            ..SimConfig::engine("tiny", 4.0).unwrap()
+        })
+        .await;
+        let text = sim_metrics(&sim.url()).await;
+        for n in names {
+            assert!(text.contains(n), "{dialect:?}: no {n}");
+        }
+        assert!(!text.contains("vllm:"), "{dialect:?} must not speak vLLM");
+    }
+}
