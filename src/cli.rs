@@ -50,7 +50,9 @@ pub enum Command {
     /// Load-test any OpenAI-compatible endpoint and report TTFT/ITL/E2E percentiles.
     #[command(after_help = "Examples:\n  \
         sluice bench --url http://127.0.0.1:8080 --concurrency 32 --requests 1000\n  \
-        sluice bench --url http://127.0.0.1:8080 --duration 30s --json report.json")]
+        sluice bench --url http://127.0.0.1:8080 --rate 20 --duration 60s --json report.json\n  \
+        sluice bench --url http://127.0.0.1:8080 --workload shared-prefix --prefixes 16 --prefix-tokens 3000\n  \
+        sluice bench --url http://127.0.0.1:8080 --workload burst --burst-size 64 --burst-interval 5s -n 640")]
     Bench(BenchArgs),
     /// Simulated replicas, the gateway in front of them and a workload, with a live summary.
     #[command(after_help = "Examples:\n  sluice demo\n  sluice demo --duration 20s")]
@@ -124,21 +126,42 @@ pub struct BenchArgs {
     /// Model to request (default: the first in /v1/models).
     #[arg(long)]
     pub model: Option<String>,
-    /// Requests in flight at once.
+    /// Most requests in flight (closed loop: always this many).
     #[arg(long, short = 'c', default_value_t = 8)]
     pub concurrency: usize,
+    /// Open loop: Poisson arrivals at this many requests per second.
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Stop after this many requests.
     #[arg(long, short = 'n')]
     pub requests: Option<u64>,
     /// Stop after this long (e.g. 30s).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
+    /// Request shapes.
+    #[arg(long, value_enum, default_value = "random")]
+    pub workload: crate::bench::workload::Workload,
+    /// Prompt length in tokens (about 4 characters each).
+    #[arg(long, default_value_t = 200)]
+    pub prompt_tokens: u32,
     /// max_tokens of each request.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: u32,
-    /// Prompt length in characters.
-    #[arg(long, default_value_t = 200)]
-    pub prompt_chars: usize,
+    /// shared-prefix: number of distinct prefixes.
+    #[arg(long, default_value_t = 8)]
+    pub prefixes: u32,
+    /// shared-prefix: length of each prefix in tokens.
+    #[arg(long, default_value_t = 2000)]
+    pub prefix_tokens: u32,
+    /// burst: requests per burst (default: --concurrency).
+    #[arg(long)]
+    pub burst_size: Option<u32>,
+    /// burst: time between bursts.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub burst_interval: Duration,
+    /// Seed of the request generator (same seed, same requests).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     /// Sent as `Authorization: Bearer KEY`.
     #[arg(long, env = "SLUICE_BENCH_API_KEY")]
     pub api_key: Option<String>,

@@ -1,5 +1,7 @@
-//! `sluice demo`: three simulated replicas, the gateway in front of them, a
-//! workload through it, and a live summary, all in one process.
+//! `sluice demo`: three simulated replicas (the engine model of an 8B model on
+//! an H100, with a deliberately small KV cache so that pressure shows), the
+//! gateway in front of them, a shared-prefix workload through it, and a live
+//! summary, all in one process.
 
 use std::time::{Duration, Instant};
 
@@ -12,17 +14,20 @@ use crate::config::{BackendConfig, Config};
 use crate::server;
 use crate::sim::{self, SimConfig};
 
+const MODEL: &str = "demo-model";
+/// KV blocks per simulated replica: 16k tokens, a few concurrent long prompts.
+const DEMO_BLOCKS: u32 = 1024;
+
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut sims = Vec::new();
-    for (i, token_ms) in [15u64, 20, 25].into_iter().enumerate() {
+    for _ in 0..3 {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let cfg = SimConfig {
-            model: "demo-model".into(),
-            prefill_delay: Duration::from_millis(40 + 20 * i as u64),
-            token_delay: Duration::from_millis(token_ms),
-            output_tokens: 48,
-            ..SimConfig::default()
-        };
+        let mut cfg = SimConfig::engine("h100-llama3-8b", 1.0).context("profile")?;
+        if let Some(p) = cfg.profile.as_mut() {
+            p.num_blocks = DEMO_BLOCKS;
+        }
+        cfg.model = MODEL.into();
+        cfg.output_tokens = 128;
         sims.push(sim::start(listener, cfg).await?);
     }
     let mut config = Config::default();
@@ -31,77 +36,79 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     config.upstream.health_check.interval = Duration::from_secs(1);
     config.backends = sims
         .iter()
-        .map(|s| BackendConfig::from_url(s.url().parse().unwrap_or_else(|_| unreachable_url())))
+        .filter_map(|s| s.url().parse().ok())
+        .map(BackendConfig::from_url)
         .collect();
     let gw = server::start(config).await.context(
-        "starting the gateway (is port 8080 or 9090 taken? use --listen/--admin-listen)",
+        "starting the gateway (is 127.0.0.1:8080 or :9090 taken? use --listen / --admin-listen)",
     )?;
     wait_ready(&gw).await?;
 
     let api = format!("http://{}", gw.api_addr);
     let admin = format!("http://{}", gw.admin_addr);
-    println!("Sluice demo: 3 simulated vLLM replicas behind the gateway.\n");
+    println!(
+        "Sluice demo: 3 simulated vLLM replicas (Llama-3.1-8B on H100 profile) behind the gateway.\n"
+    );
     println!("  API (OpenAI base_url): {api}/v1");
     println!("  Metrics:               {admin}/metrics");
     println!("  Replicas:              {admin}/admin/backends\n");
-    println!("Try it:");
+    println!("Try it while the workload runs:");
     println!(
         "  curl -N {api}/v1/chat/completions -H 'content-type: application/json' \\\n    \
-         -d '{{\"model\":\"demo-model\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+         -d '{{\"model\":\"{MODEL}\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
     );
     println!(
         "  python3 -c \"from openai import OpenAI; c=OpenAI(base_url='{api}/v1', api_key='x'); \
-         print(c.chat.completions.create(model='demo-model', messages=[{{'role':'user','content':'hi'}}]).choices[0].message.content)\"\n"
+         print(c.chat.completions.create(model='{MODEL}', messages=[{{'role':'user','content':'hi'}}]).choices[0].message.content)\"\n"
+    );
+    println!(
+        "Workload: shared-prefix chat (4 documents of 1,000 tokens, unique questions), {} in flight.\n",
+        args.concurrency
     );
 
-    let workload = tokio::spawn(bench::run(BenchConfig {
+    let forever = Duration::from_secs(365 * 24 * 3600);
+    let mut workload = tokio::spawn(bench::run(BenchConfig {
         url: api.clone(),
-        model: Some("demo-model".into()),
+        model: Some(MODEL.into()),
         concurrency: args.concurrency,
         requests: None,
-        duration: Some(
-            args.duration
-                .unwrap_or(Duration::from_secs(365 * 24 * 3600)),
-        ),
-        max_tokens: 48,
-        prompt_chars: 400,
+        duration: Some(args.duration.unwrap_or(forever)),
+        arrival: bench::Arrival::Closed,
+        shape: bench::workload::Shape {
+            workload: bench::workload::Workload::SharedPrefix,
+            prompt_tokens: 50,
+            max_tokens: 128,
+            prefixes: 4,
+            prefix_tokens: 1000,
+        },
+        seed: 1,
         api_key: None,
         json: None,
         progress: false,
     }));
 
     let started = Instant::now();
-    let end = args.duration.map(|d| started + d);
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     tick.tick().await;
     let stop = server::shutdown_signal();
     tokio::pin!(stop);
-    loop {
+    let report = loop {
         tokio::select! {
-            _ = tick.tick() => {
-                println!("{}", summary(&gw, &sims, started));
-                if end.is_some_and(|e| Instant::now() >= e) {
-                    break;
-                }
-            }
+            _ = tick.tick() => println!("{}", summary(&gw, &sims, started)),
+            r = &mut workload => break r.ok().and_then(Result::ok),
             _ = &mut stop => {
                 println!("\nstopping...");
-                break;
+                workload.abort();
+                break None;
             }
         }
-    }
-    workload.abort();
-    let report = workload.await.ok().and_then(Result::ok);
-    println!("\nFinal: {}", summary(&gw, &sims, started));
+    };
+    println!("\nFinal {}", summary(&gw, &sims, started));
     if let Some(r) = report {
-        println!("{}", r.table());
+        println!("\nAs the client saw it:\n{}", r.table());
     }
     gw.shutdown(Duration::from_secs(5)).await;
     Ok(())
-}
-
-fn unreachable_url() -> url::Url {
-    url::Url::parse("http://127.0.0.1:1").unwrap_or_else(|_| std::process::abort())
 }
 
 async fn wait_ready(gw: &server::Gateway) -> anyhow::Result<()> {
@@ -118,14 +125,21 @@ async fn wait_ready(gw: &server::Gateway) -> anyhow::Result<()> {
 
 fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> String {
     let m = &gw.state.metrics;
-    let series = m.models.get(&("demo-model".into(),));
+    let series = m.models.get(&(MODEL.into(),));
     let secs = started.elapsed().as_secs_f64().max(0.001);
     let q = |h: &crate::telemetry::registry::Histogram, p: f64| {
         h.quantile(p)
             .map_or("-".to_string(), |v| format!("{:.0}ms", v * 1e3))
     };
+    let reasons: Vec<String> = ["least_loaded", "round_robin", "retry"]
+        .iter()
+        .filter_map(|r| {
+            let n = m.routing.get(&(MODEL.into(), r)).get();
+            (n > 0).then(|| format!("{r} {n}"))
+        })
+        .collect();
     let mut out = format!(
-        "[{:>4.0}s] {} done, {:.0} tokens/s | TTFT p50 {} p99 {} | ITL p50 {} p99 {}\n",
+        "[{:>4.0}s] {} done, {:.0} tokens/s | TTFT p50 {} p99 {} | ITL p50 {} p99 {} | routed: {}\n",
         secs,
         series.e2e.count(),
         series.generation_tokens.get() as f64 / secs,
@@ -133,14 +147,18 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
         q(&series.ttft, 0.99),
         q(&series.inter_token, 0.5),
         q(&series.inter_token, 0.99),
+        reasons.join(", "),
     );
     for (r, s) in gw.state.pool.replicas.iter().zip(sims) {
+        let sm = &s.state.metrics;
         out.push_str(&format!(
-            "         {:<16} served {:>6}  in flight {:>3}  running {:>3}\n",
+            "        {:<16} served {:>5}  running {:>3}  waiting {:>3}  KV {:>5.1}%  prefix hits {:>5.1}%\n",
             r.name,
-            s.state.metrics.received.get(),
-            r.in_flight(),
-            s.state.metrics.running.get(),
+            sm.received.get(),
+            sm.running.get(),
+            sm.waiting.get(),
+            sm.kv_usage.get() * 100.0,
+            sm.hit_rate() * 100.0,
         ));
     }
     out.pop();

@@ -122,14 +122,34 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(args) => {
+            let arrival = match (args.workload, args.rate) {
+                (bench::workload::Workload::Burst, _) => bench::Arrival::Burst {
+                    size: args
+                        .burst_size
+                        .unwrap_or(u32::try_from(args.concurrency).unwrap_or(u32::MAX)),
+                    interval: args.burst_interval,
+                },
+                (_, Some(r)) => {
+                    anyhow::ensure!(r > 0.0, "--rate must be positive");
+                    bench::Arrival::Poisson(r)
+                }
+                (_, None) => bench::Arrival::Closed,
+            };
             let report = bench::run(bench::BenchConfig {
                 url: args.url,
                 model: args.model,
                 concurrency: args.concurrency,
                 requests: args.requests,
                 duration: args.duration,
-                max_tokens: args.max_tokens,
-                prompt_chars: args.prompt_chars,
+                arrival,
+                shape: bench::workload::Shape {
+                    workload: args.workload,
+                    prompt_tokens: args.prompt_tokens,
+                    max_tokens: args.max_tokens,
+                    prefixes: args.prefixes,
+                    prefix_tokens: args.prefix_tokens,
+                },
+                seed: args.seed,
                 api_key: args.api_key,
                 json: args.json.clone(),
                 progress: !args.quiet,

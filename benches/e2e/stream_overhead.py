@@ -114,7 +114,7 @@ def wait_http(url, timeout=15):
 def bench(url, concurrency, tokens, requests):
     out = subprocess.run(
         [BIN, "bench", "--url", url, "--model", "sim-model", "--concurrency", str(concurrency),
-         "--requests", str(requests), "--max-tokens", str(tokens), "--prompt-chars", "200",
+         "--requests", str(requests), "--max-tokens", str(tokens), "--workload", "fixed", "--prompt-tokens", "50",
          "--json", "-", "--quiet"],
         capture_output=True, text=True, check=True,
     ).stdout

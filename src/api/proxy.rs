@@ -161,11 +161,16 @@ async fn forward(
             return Err(e);
         };
         let replica = candidates.swap_remove(decision.index);
-        let _reason = if attempt == 0 {
+        let reason = if attempt == 0 {
             decision.reason
         } else {
             RouteReason::Retry
         };
+        state
+            .metrics
+            .routing
+            .get(&(completion.record.model.clone(), reason.as_str()))
+            .inc();
         attempt += 1;
         completion.record.attempts = attempt;
         completion.record.backend = Some(replica.name.clone());

@@ -1,13 +1,18 @@
 //! `sluice bench`: client-side measurement of any OpenAI-compatible endpoint.
 //!
-//! Closed loop: `concurrency` workers each send one streamed chat request after
-//! another until `requests` are done or `duration` has passed. Per request it
-//! measures TTFT (send to the first event carrying output), every gap between
-//! output events, and E2E, with the same SSE reader the gateway uses.
+//! Arrivals: closed loop (`concurrency` requests in flight, a new one as soon
+//! as one ends), open loop (Poisson arrivals at `rate` per second, at most
+//! `concurrency` in flight), or bursts. Until `requests` are sent or `duration`
+//! has passed. Per request it measures TTFT (send to the first event carrying
+//! output), every gap between output events, and E2E, with the same SSE reader
+//! the gateway uses; token counts come from the endpoint's usage.
+
+pub mod workload;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -28,16 +33,28 @@ pub struct BenchConfig {
     pub url: String,
     /// Model to request; `None` asks `/v1/models` and takes the first.
     pub model: Option<String>,
+    /// Most requests in flight at once (the closed loop's population).
     pub concurrency: usize,
     pub requests: Option<u64>,
     pub duration: Option<Duration>,
-    pub max_tokens: u32,
-    /// Characters of prompt per request.
-    pub prompt_chars: usize,
+    pub arrival: Arrival,
+    pub shape: workload::Shape,
+    pub seed: u64,
     pub api_key: Option<String>,
     pub json: Option<PathBuf>,
     /// Print progress to stderr every second.
     pub progress: bool,
+}
+
+/// When requests are sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arrival {
+    /// A new request as soon as one of `concurrency` ends.
+    Closed,
+    /// Poisson arrivals at this many requests per second.
+    Poisson(f64),
+    /// `size` requests at once every `interval`.
+    Burst { size: u32, interval: Duration },
 }
 
 /// One request as the client saw it.
@@ -84,6 +101,8 @@ impl Percentiles {
 pub struct Report {
     pub url: String,
     pub model: String,
+    pub workload: String,
+    pub arrival: String,
     pub concurrency: usize,
     pub requests: u64,
     pub ok: u64,
@@ -118,7 +137,6 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     };
     let started = Instant::now();
     let until = cfg.duration.map(|d| started + d);
-    let issued = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let progress = cfg.progress.then(|| {
@@ -139,41 +157,64 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
             }
         })
     });
-    let prompt: Arc<str> = Arc::from(prompt_text(cfg.prompt_chars));
-    let mut workers = tokio::task::JoinSet::new();
-    for w in 0..cfg.concurrency {
-        let (client, base, model, prompt) =
-            (client.clone(), base.clone(), model.clone(), prompt.clone());
-        let (issued, done, failed) = (issued.clone(), done.clone(), failed.clone());
-        let (limit, key, max_tokens) = (cfg.requests, cfg.api_key.clone(), cfg.max_tokens);
-        workers.spawn(async move {
-            let mut samples = Vec::new();
-            loop {
-                let n = issued.fetch_add(1, Relaxed);
-                if limit.is_some_and(|l| n >= l) || until.is_some_and(|u| Instant::now() >= u) {
-                    break;
-                }
-                // A per-request suffix keeps prompts distinct without changing their size much.
-                let body = serde_json::json!({
-                    "model": model,
-                    "messages": [{"role": "user", "content": format!("{prompt} #{w}-{n}")}],
-                    "max_tokens": max_tokens,
-                    "stream": true,
-                    "stream_options": {"include_usage": true},
-                });
-                let s = one(&client, &base, key.as_deref(), body.to_string(), until).await;
-                if s.error.is_some() {
-                    failed.fetch_add(1, Relaxed);
-                }
-                done.fetch_add(1, Relaxed);
-                samples.push(s);
-            }
-            samples
-        });
-    }
+    let mut generator = workload::Generator::new(cfg.shape.clone(), cfg.seed);
+    let mut rng = fastrand::Rng::with_seed(cfg.seed ^ 0x5eed);
+    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency));
+    let mut tasks = tokio::task::JoinSet::new();
     let mut samples = Vec::new();
-    while let Some(r) = workers.join_next().await {
-        samples.extend(r.unwrap_or_default());
+    let mut next_at = tokio::time::Instant::now();
+    let mut n: u64 = 0;
+    loop {
+        if cfg.requests.is_some_and(|r| n >= r) || until.is_some_and(|u| Instant::now() >= u) {
+            break;
+        }
+        match cfg.arrival {
+            Arrival::Closed => {}
+            Arrival::Poisson(rate) => {
+                // Exponential inter-arrival times: a Poisson process.
+                let gap = -(1.0 - rng.f64()).ln() / rate.max(1e-9);
+                next_at += Duration::from_secs_f64(gap);
+                tokio::time::sleep_until(next_at).await;
+            }
+            Arrival::Burst { size, interval } => {
+                if n > 0 && n % u64::from(size.max(1)) == 0 {
+                    next_at += interval;
+                    tokio::time::sleep_until(next_at).await;
+                }
+            }
+        }
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        if until.is_some_and(|u| Instant::now() >= u) {
+            break;
+        }
+        let (messages, max_tokens) = generator.next(n);
+        let body = serde_json::json!({
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        let (client, base, key) = (client.clone(), base.clone(), cfg.api_key.clone());
+        let (done, failed) = (done.clone(), failed.clone());
+        tasks.spawn(async move {
+            let s = one(&client, &base, key.as_deref(), body.to_string(), until).await;
+            if s.error.is_some() {
+                failed.fetch_add(1, Relaxed);
+            }
+            done.fetch_add(1, Relaxed);
+            drop(permit);
+            s
+        });
+        n += 1;
+        while let Some(r) = tasks.try_join_next() {
+            samples.extend(r.ok());
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        samples.extend(r.ok());
     }
     if let Some(p) = progress {
         p.abort();
@@ -189,11 +230,6 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
         }
     }
     Ok(report)
-}
-
-fn prompt_text(chars: usize) -> String {
-    let base = "Explain how a gateway measures time to first token. ";
-    base.chars().cycle().take(chars.max(1)).collect()
 }
 
 async fn first_model(
@@ -309,9 +345,22 @@ fn summarise(cfg: &BenchConfig, model: &str, samples: Vec<Sample>, elapsed: f64)
         out_tokens += s.completion_tokens;
         in_tokens += s.prompt_tokens;
     }
+    let workload = format!("{:?}", cfg.shape.workload).to_lowercase();
+    let arrival = match cfg.arrival {
+        Arrival::Closed => "closed".to_string(),
+        Arrival::Poisson(r) => format!("poisson {r}/s"),
+        Arrival::Burst { size, interval } => {
+            format!(
+                "burst {size} every {}",
+                humantime::format_duration(interval)
+            )
+        }
+    };
     Report {
         url: cfg.url.clone(),
         model: model.to_string(),
+        workload,
+        arrival,
         concurrency: cfg.concurrency,
         requests: samples.len() as u64,
         ok,

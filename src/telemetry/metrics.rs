@@ -72,6 +72,8 @@ pub struct Metrics {
     pub finish_reasons: Family<(Arc<str>, &'static str), Counter>,
     pub upstream_errors: Family<(Arc<str>, &'static str), Counter>,
     pub retries: Family<(Arc<str>, &'static str), Counter>,
+    /// model, reason: every routing decision.
+    pub routing: Family<(Arc<str>, &'static str), Counter>,
     pub backends: Family<(Arc<str>,), BackendSeries>,
     pub started: Instant,
 }
@@ -149,6 +151,7 @@ impl Metrics {
             finish_reasons: Family::new(&["model", "finish_reason"], Counter::default),
             upstream_errors: Family::new(&["backend", "kind"], Counter::default),
             retries: Family::new(&["model", "reason"], Counter::default),
+            routing: Family::new(&["model", "reason"], Counter::default),
             backends: Family::new(&["backend"], || BackendSeries {
                 healthy: Gauge::default(),
                 in_flight: Gauge::default(),
@@ -261,6 +264,12 @@ impl Metrics {
             "sluice_upstream_retries_total",
             "Attempts repeated on another replica before the first byte, by reason.",
             &self.retries,
+            |c| c,
+        );
+        e.counters(
+            "sluice_routing_decisions_total",
+            "Routing decisions, by the reason the replica was chosen.",
+            &self.routing,
             |c| c,
         );
         e.gauges(

@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bench;
 mod cli;
 mod common;
 mod errors;

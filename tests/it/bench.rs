@@ -1,0 +1,142 @@
+//! `sluice bench` and `sluice demo`, as binaries, against the simulator.
+
+use std::time::Duration;
+
+use sluice::sim::SimConfig;
+use tokio::process::Command;
+
+use crate::common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+async fn bench_json(args: &[&str]) -> serde_json::Value {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(BIN)
+            .arg("bench")
+            .args(args)
+            .args(["--json", "-", "--quiet"])
+            .output(),
+    )
+    .await
+    .expect("bench did not stop on its own")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn sim_counter(text: &str, name: &str) -> f64 {
+    metric(text, &format!("{name}{{model_name=\"sim-model\"}}")).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn bench_counts_agree_with_the_simulators_own_metrics() {
+    let sim = start_sim(SimConfig::engine("tiny", 4.0).unwrap()).await;
+    let report = bench_json(&[
+        "--url",
+        &sim.url(),
+        "--requests",
+        "40",
+        "--concurrency",
+        "8",
+        "--workload",
+        "random",
+        "--prompt-tokens",
+        "100",
+        "--max-tokens",
+        "20",
+    ])
+    .await;
+    let (_, text) = get_text(&format!("{}/metrics", sim.url())).await;
+    assert_eq!(report["requests"], 40);
+    assert_eq!(report["ok"], 40, "{report}");
+    let finished = ["stop", "length"]
+        .iter()
+        .map(|r| sim.state.metrics.finished_count(r))
+        .sum::<u64>();
+    assert_eq!(finished, 40);
+    assert_eq!(
+        report["output_tokens"].as_f64(),
+        Some(sim_counter(&text, "vllm:generation_tokens_total"))
+    );
+    assert_eq!(
+        report["prompt_tokens"].as_f64(),
+        Some(sim_counter(&text, "vllm:prompt_tokens_total"))
+    );
+    assert!(report["ttft_seconds"]["p50"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["ttft_seconds"]["count"], 40);
+}
+
+#[tokio::test]
+async fn open_loop_shared_prefix_load_hits_the_prefix_cache() {
+    let sim = start_sim(SimConfig::engine("h100-llama3-8b", 8.0).unwrap()).await;
+    let report = bench_json(&[
+        "--url",
+        &sim.url(),
+        "--requests",
+        "30",
+        "--rate",
+        "50",
+        "--concurrency",
+        "64",
+        "--workload",
+        "shared-prefix",
+        "--prefixes",
+        "2",
+        "--prefix-tokens",
+        "1500",
+        "--max-tokens",
+        "8",
+    ])
+    .await;
+    assert_eq!(report["ok"], 30, "{report}");
+    assert!(report["arrival"].as_str().unwrap().starts_with("poisson"));
+    let (_, text) = get_text(&format!("{}/metrics", sim.url())).await;
+    let hits = sim_counter(&text, "vllm:prefix_cache_hits_total");
+    let queries = sim_counter(&text, "vllm:prefix_cache_queries_total");
+    // 2 prefixes over 30 requests: almost every prefix block is a hit.
+    assert!(hits / queries > 0.8, "hit rate {}", hits / queries);
+}
+
+#[tokio::test]
+async fn demo_runs_briefly_serves_requests_and_exits_cleanly() {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(BIN)
+            .args([
+                "demo",
+                "--duration",
+                "3s",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .output(),
+    )
+    .await
+    .expect("demo did not end on its own")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("/v1") && stdout.contains("/metrics"),
+        "{stdout}"
+    );
+    // "N requests (N ok)" from the client side, with N > 0 and no errors.
+    let line = stdout
+        .lines()
+        .find(|l| l.contains(" requests ("))
+        .expect("no final report");
+    let n: u64 = line.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(n > 0, "{line}");
+    assert!(line.contains(&format!("({n} ok)")), "{line}");
+}
