@@ -177,7 +177,7 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
                 tokio::time::sleep_until(next_at).await;
             }
             Arrival::Burst { size, interval } => {
-                if n > 0 && n % u64::from(size.max(1)) == 0 {
+                if n > 0 && n.is_multiple_of(u64::from(size.max(1))) {
                     next_at += interval;
                     tokio::time::sleep_until(next_at).await;
                 }

@@ -440,7 +440,7 @@ pub fn spawn_fixed(
             {
                 at += d;
             }
-            if token_delay.is_zero() && n % 16 == 0 {
+            if token_delay.is_zero() && n.is_multiple_of(16) {
                 // As fast as possible, but let the streams run.
                 tokio::task::yield_now().await;
             }
