@@ -122,11 +122,13 @@ async fn a_full_kv_cache_queues_requests_and_preempts() {
     }
     let mut max_waiting: f64 = 0.0;
     let mut max_usage: f64 = 0.0;
+    // Sample the replica's gauges until every request has finished.
+    let mut sample = tokio::time::interval(Duration::from_millis(20));
     while reqs.iter().any(|r| !r.is_finished()) {
+        sample.tick().await;
         let text = sim_metrics(&base).await;
         max_waiting = max_waiting.max(m(&text, &format!("vllm:num_requests_waiting{{{MODEL}}}")));
         max_usage = max_usage.max(m(&text, &format!("vllm:kv_cache_usage_perc{{{MODEL}}}")));
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for r in reqs {
         let (_, _, usage) = r.await.unwrap();

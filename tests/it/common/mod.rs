@@ -69,12 +69,13 @@ where
     Fut: Future<Output = bool>,
 {
     let deadline = Instant::now() + limit;
+    let mut poll = tokio::time::interval(Duration::from_millis(10));
     loop {
+        poll.tick().await;
         if cond().await {
             return;
         }
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

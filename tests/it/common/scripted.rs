@@ -112,6 +112,7 @@ async fn answer(
     let _ = req.into_body().collect().await;
     let chunks = stream::unfold(script.chunks.into_iter(), |mut it| async move {
         let (delay, bytes) = it.next()?;
+        // The scripted replica's own pacing between chunks (not test synchronisation).
         tokio::time::sleep(delay).await;
         Some((Ok::<_, Infallible>(Frame::data(bytes)), it))
     });
