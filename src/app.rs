@@ -31,9 +31,9 @@ pub struct AppState {
 impl AppState {
     pub fn new(config: Config) -> Arc<Self> {
         let metrics = Arc::new(Metrics::new(&config.telemetry.buckets));
-        let pool = Arc::new(Pool::new(&config, &metrics));
+        let pool = Arc::new(Pool::new(&config, metrics.clone()));
         let client = build_client(&config.upstream);
-        let policy = routing::build(config.routing.policy);
+        let policy = routing::build(&config.routing);
         let started_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())

@@ -149,7 +149,7 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
         q(&series.inter_token, 0.99),
         reasons.join(", "),
     );
-    for (r, s) in gw.state.pool.replicas.iter().zip(sims) {
+    for (r, s) in gw.state.pool.replicas().iter().zip(sims) {
         let sm = &s.state.metrics;
         out.push_str(&format!(
             "        {:<16} served {:>5}  running {:>3}  waiting {:>3}  KV {:>5.1}%  prefix hits {:>5.1}%\n",

@@ -140,6 +140,19 @@ impl GatewayError {
         }
     }
 
+    /// Whether the failure counts against the replica's health (outlier
+    /// detection): it could not be reached, timed out, broke the response, or
+    /// answered 5xx. Client errors and rate limiting (429) do not count.
+    pub fn blames_replica(&self) -> bool {
+        match self {
+            GatewayError::UpstreamConnect(_)
+            | GatewayError::UpstreamTimeout { .. }
+            | GatewayError::UpstreamProtocol(_) => true,
+            GatewayError::Upstream { status, .. } => status.is_server_error(),
+            _ => false,
+        }
+    }
+
     fn param(&self) -> Option<&'static str> {
         match self {
             GatewayError::MissingModel | GatewayError::ModelNotFound(_) => Some("model"),

@@ -53,8 +53,8 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 config.routing.policy = p;
             }
             anyhow::ensure!(
-                !config.backends.is_empty(),
-                "no backends: give --backend URL or list `backends` in --config FILE"
+                !config.backends.is_empty() || !config.discovery.dns.is_empty(),
+                "no backends: give --backend URL, or list `backends` or `discovery.dns` in --config FILE"
             );
             let problems = config::validate(&config);
             if let Some(p) = problems.first() {

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::app::{AppState, build_admin, build_app};
 use crate::config::Config;
-use crate::upstream::health;
+use crate::upstream::{discovery, health, scrape};
 
 /// A running gateway: its bound addresses and the handles to stop it.
 pub struct Gateway {
@@ -41,11 +41,35 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
     let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;
 
-    let health_task = tokio::spawn(health::run(
+    let mut background = vec![tokio::spawn(health::run(
         state.pool.clone(),
         state.client.clone(),
         state.config.upstream.health_check.clone(),
-    ));
+    ))];
+    let m = &state.config.routing.metrics;
+    if m.enabled {
+        background.push(tokio::spawn(scrape::run(
+            state.pool.clone(),
+            state.client.clone(),
+            m.engine,
+            m.interval,
+        )));
+    }
+    if !state.config.discovery.dns.is_empty() {
+        let resolver = Arc::new(
+            discovery::resolver(state.config.discovery.nameserver)
+                .context("setting up the DNS resolver (discovery.dns)")?,
+        );
+        for i in 0..state.config.discovery.dns.len() {
+            background.push(tokio::spawn(discovery::run(
+                state.pool.clone(),
+                state.client.clone(),
+                state.config.clone(),
+                i,
+                resolver.clone(),
+            )));
+        }
+    }
     let servers = vec![
         tokio::spawn(serve(api, build_app(state.clone()), stopped.clone())),
         tokio::spawn(serve(admin, build_admin(state.clone()), stopped)),
@@ -56,7 +80,7 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
         state,
         stop,
         servers,
-        background: vec![health_task],
+        background,
     })
 }
 

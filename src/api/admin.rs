@@ -42,30 +42,57 @@ pub struct BackendView {
     name: String,
     url: String,
     healthy: bool,
+    /// Passive health: closed (serving), open (ejected), half_open (probation).
+    circuit: &'static str,
+    ejected_for_seconds: Option<f64>,
     in_flight: u32,
     models: Vec<String>,
     /// Seconds since the last health check, if any.
     checked_ago_seconds: Option<f64>,
     consecutive_failures: u32,
     last_error: Option<String>,
+    /// From the replica's own /metrics.
+    engine: Option<&'static str>,
+    kv_cache_usage: Option<f64>,
+    requests_waiting: Option<f64>,
+    requests_running: Option<f64>,
+    prefix_cache_hit_rate: Option<f64>,
+    metrics_age_seconds: Option<f64>,
+    /// Prefix blocks this gateway remembers sending there.
+    prefix_index_blocks: usize,
+    /// Recent latency this gateway measured there (moving averages), if any.
+    ttft_recent_seconds: Option<f64>,
+    tpot_recent_seconds: Option<f64>,
 }
 
 pub async fn backends(State(state): State<Arc<AppState>>) -> Json<Vec<BackendView>> {
     let out = state
         .pool
-        .replicas
+        .replicas()
         .iter()
         .map(|r| {
             let h = r.health.load();
+            let l = r.load();
             BackendView {
                 name: r.name.to_string(),
                 url: r.base.clone(),
                 healthy: r.is_healthy(),
+                circuit: r.circuit().as_str(),
+                ejected_for_seconds: r.ejected_for().map(|d| d.as_secs_f64()),
                 in_flight: r.in_flight(),
                 models: r.models().iter().map(|m| m.to_string()).collect(),
                 checked_ago_seconds: h.checked_at.map(|t| t.elapsed().as_secs_f64()),
                 consecutive_failures: h.consecutive_failures,
                 last_error: h.last_error.clone(),
+                engine: l.as_ref().map(|s| s.engine.as_str()),
+                kv_cache_usage: l.as_ref().and_then(|s| s.kv_usage),
+                requests_waiting: l.as_ref().and_then(|s| s.waiting),
+                requests_running: l.as_ref().and_then(|s| s.running),
+                prefix_cache_hit_rate: l.as_ref().and_then(|s| s.prefix_hit_rate),
+                metrics_age_seconds: l.as_ref().map(|s| s.at.elapsed().as_secs_f64()),
+                prefix_index_blocks: r.prefix_index.lock().map(|i| i.len()).unwrap_or(0),
+                ttft_recent_seconds: r.series.ttft_recent.get(),
+                tpot_recent_seconds: r.series.tpot_recent.get(),
             }
         })
         .collect();

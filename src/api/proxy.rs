@@ -25,7 +25,7 @@ use crate::telemetry::metrics::StatusLabel;
 use crate::telemetry::record::{Completion, Endpoint, RequestRecord};
 use crate::upstream::client::{X_REQUEST_ID, downstream_headers, request_id, upstream_headers};
 use crate::upstream::conn::Conn;
-use crate::upstream::pool::{InFlight, Replica};
+use crate::upstream::pool::{Candidates, InFlight, Replica};
 
 /// Largest error body read from a replica before giving up on it.
 const MAX_ERROR_BODY: usize = 1 << 20;
@@ -85,8 +85,15 @@ async fn proxy(
     let bytes = request::read_body(&parts.headers, body, limit)
         .await
         .map_err(unrecorded)?;
-    let mut inbound = request::inspect(endpoint, bytes).map_err(unrecorded)?;
-    let (model, candidates) = match state.pool.resolve(&inbound.model) {
+    let prefix = state.policy.wants_prefix().then(|| {
+        let p = &state.config.routing.prefix_kv;
+        request::PrefixParams {
+            block_chars: p.block_chars,
+            max_blocks: p.max_blocks,
+        }
+    });
+    let mut inbound = request::inspect(endpoint, bytes, prefix).map_err(unrecorded)?;
+    let candidates = match state.pool.resolve(&inbound.model) {
         Ok(ok) => ok,
         Err(e @ GatewayError::NoHealthyBackend(_)) => {
             let record = RequestRecord::new(
@@ -105,9 +112,11 @@ async fn proxy(
         }
         Err(e) => return Err(unrecorded(e)),
     };
+    let model = candidates.model.clone();
     if *model != *inbound.model {
         inbound.body = request::with_model(&inbound.body, &model).map_err(unrecorded)?;
     }
+    crate::routing::prefix::bind_model(&mut inbound.prefix, &model);
     let record = RequestRecord::new(endpoint, model.clone(), inbound.stream, arrival);
     let completion = Completion::new(
         record,
@@ -136,10 +145,12 @@ async fn forward(
     endpoint: Endpoint,
     parts: &Parts,
     inbound: &Inbound,
-    mut candidates: Vec<Arc<Replica>>,
+    candidates: Candidates,
     mut completion: Completion,
     rid: &HeaderValue,
 ) -> Result<Response, GatewayError> {
+    let fallback = candidates.fallback;
+    let mut candidates = candidates.replicas;
     let cfg = &state.config.upstream;
     let deadline = completion.record.arrival + cfg.timeouts.total;
     let headers = upstream_headers(&parts.headers, rid);
@@ -148,12 +159,15 @@ async fn forward(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    let ctx = RouteCtx {
-        model: &completion.record.model.clone(),
-    };
+    let model = completion.record.model.clone();
     let max_attempts = 1 + cfg.max_retries;
     let mut attempt = 0;
     loop {
+        let ctx = RouteCtx {
+            model: &model,
+            hashes: &inbound.prefix,
+            now: Instant::now(),
+        };
         let Some(decision) = state.policy.pick(&ctx, &candidates) else {
             // Only reachable after retries exhausted the candidates.
             let e = GatewayError::NoHealthyBackend(completion.record.model.to_string());
@@ -161,10 +175,12 @@ async fn forward(
             return Err(e);
         };
         let replica = candidates.swap_remove(decision.index);
-        let reason = if attempt == 0 {
-            decision.reason
-        } else {
+        let reason = if attempt > 0 {
             RouteReason::Retry
+        } else if fallback {
+            RouteReason::Fallback
+        } else {
+            decision.reason
         };
         state
             .metrics
@@ -173,7 +189,7 @@ async fn forward(
             .inc();
         attempt += 1;
         completion.record.attempts = attempt;
-        completion.record.backend = Some(replica.name.clone());
+        completion.set_backend(replica.name.clone(), replica.series.clone());
         let in_flight = InFlight::new(replica.clone());
 
         let mut req = Request::builder()
@@ -212,6 +228,9 @@ async fn forward(
             Err(e) => e,
         };
         completion.upstream_error(result.kind());
+        if result.blames_replica() {
+            replica.record_failure();
+        }
         let can_retry = result.retryable() && attempt < max_attempts && !candidates.is_empty();
         if !can_retry {
             completion.fail(result.status().as_u16(), result.kind());
@@ -351,12 +370,14 @@ async fn respond(
             let e = GatewayError::UpstreamTimeout {
                 phase: TimeoutPhase::Total,
             };
+            in_flight.replica().record_failure();
             completion.upstream_error(e.kind());
             completion.fail(e.status().as_u16(), e.kind());
             return Err(e);
         }
         Ok(Err(err)) => {
             let e = GatewayError::UpstreamProtocol(format!("reading the response: {err}"));
+            in_flight.replica().record_failure();
             completion.upstream_error(e.kind());
             completion.fail(e.status().as_u16(), e.kind());
             return Err(e);
@@ -364,6 +385,9 @@ async fn respond(
         Ok(Ok(b)) => b,
     };
     in_flight.replica().conns.checkin(conn);
+    if parts.status.is_success() {
+        in_flight.replica().record_success();
+    }
     drop(in_flight);
     if let Some(info) = chunk_info(&bytes) {
         completion.record.usage = info.usage;
@@ -377,6 +401,9 @@ async fn respond(
 }
 
 fn fail_before_first_byte(timed: &mut TimedBody, e: GatewayError) -> GatewayError {
+    if e.blames_replica() {
+        timed.replica().record_failure();
+    }
     let c = timed.completion_mut();
     c.upstream_error(e.kind());
     c.fail(e.status().as_u16(), e.kind());

@@ -23,6 +23,16 @@ pub struct Inbound {
     pub max_tokens: Option<u32>,
     /// What goes upstream: the client's bytes, or a copy asking for usage.
     pub body: Bytes,
+    /// Prefix block hashes of the prompt (not yet bound to the served model),
+    /// when the routing policy asked for them.
+    pub prefix: Vec<u64>,
+}
+
+/// How to cut a prompt into prefix blocks (from `routing.prefix_kv`).
+#[derive(Debug, Clone, Copy)]
+pub struct PrefixParams {
+    pub block_chars: usize,
+    pub max_blocks: usize,
 }
 
 #[derive(Deserialize)]
@@ -37,6 +47,76 @@ struct Lite<'a> {
     max_tokens: Option<u32>,
     #[serde(default)]
     max_completion_tokens: Option<u32>,
+    #[serde(default, borrow)]
+    messages: Option<Vec<MessageLite<'a>>>,
+    #[serde(default, borrow)]
+    prompt: Option<PromptLite<'a>>,
+    #[serde(default, borrow)]
+    cache_salt: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct MessageLite<'a> {
+    #[serde(default, borrow)]
+    role: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    content: Option<ContentLite<'a>>,
+}
+
+/// Message content: a string, or parts of which the text ones count.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ContentLite<'a> {
+    #[serde(borrow)]
+    Text(Cow<'a, str>),
+    #[serde(borrow)]
+    Parts(Vec<PartLite<'a>>),
+    Other(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct PartLite<'a> {
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+/// A completion prompt: a string or a list of strings (token-id prompts do not
+/// hash: they route by model only).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptLite<'a> {
+    #[serde(borrow)]
+    Text(Cow<'a, str>),
+    #[serde(borrow)]
+    Many(Vec<Cow<'a, str>>),
+    Other(serde::de::IgnoredAny),
+}
+
+/// The prompt as the ordered pieces `routing::prefix` hashes: `role\ncontent\n`
+/// per chat message, or the completion prompt(s).
+fn prompt_pieces<'a>(lite: &'a Lite<'a>) -> crate::routing::prefix::PromptText<'a> {
+    let mut pieces = Vec::new();
+    if let Some(msgs) = &lite.messages {
+        for m in msgs {
+            pieces.push(m.role.as_deref().unwrap_or("user"));
+            pieces.push("\n");
+            match &m.content {
+                Some(ContentLite::Text(t)) => pieces.push(t.as_ref()),
+                Some(ContentLite::Parts(parts)) => {
+                    pieces.extend(parts.iter().filter_map(|p| p.text.as_deref()));
+                }
+                _ => {}
+            }
+            pieces.push("\n");
+        }
+    } else {
+        match &lite.prompt {
+            Some(PromptLite::Text(t)) => pieces.push(t.as_ref()),
+            Some(PromptLite::Many(v)) => pieces.extend(v.iter().map(|t| t.as_ref())),
+            _ => {}
+        }
+    }
+    crate::routing::prefix::PromptText { pieces }
 }
 
 #[derive(Deserialize)]
@@ -71,7 +151,11 @@ pub async fn read_body(
 }
 
 /// Check the body and extract what routing and timing need.
-pub fn inspect(endpoint: Endpoint, body: Bytes) -> Result<Inbound, GatewayError> {
+pub fn inspect(
+    endpoint: Endpoint,
+    body: Bytes,
+    prefix: Option<PrefixParams>,
+) -> Result<Inbound, GatewayError> {
     let lite: Lite<'_> = serde_json::from_slice(&body).map_err(|e| {
         let msg = if e.is_data() && body.trim_ascii_start().first() != Some(&b'{') {
             "the request body must be a JSON object".to_string()
@@ -82,8 +166,8 @@ pub fn inspect(endpoint: Endpoint, body: Bytes) -> Result<Inbound, GatewayError>
         };
         GatewayError::InvalidRequest(msg)
     })?;
-    let model = match lite.model {
-        Some(m) if !m.trim().is_empty() => m.into_owned(),
+    let model = match &lite.model {
+        Some(m) if !m.trim().is_empty() => m.to_string(),
         _ => return Err(GatewayError::MissingModel),
     };
     let stream = lite.stream.unwrap_or(false) && endpoint != Endpoint::Embeddings;
@@ -95,6 +179,17 @@ pub fn inspect(endpoint: Endpoint, body: Bytes) -> Result<Inbound, GatewayError>
     let has_stream_options = lite.stream_options.is_some();
     let max_tokens = lite.max_completion_tokens.or(lite.max_tokens);
     let asks_usage = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+    let prefix = match prefix {
+        Some(p) if matches!(endpoint, Endpoint::Chat | Endpoint::Completions) => {
+            crate::routing::prefix::block_hashes(
+                lite.cache_salt.as_deref(),
+                &prompt_pieces(&lite),
+                p.block_chars,
+                p.max_blocks,
+            )
+        }
+        _ => Vec::new(),
+    };
     let body = if stream && asks_usage && !client_wants_usage {
         with_usage_requested(&body, has_stream_options)?
     } else {
@@ -106,6 +201,7 @@ pub fn inspect(endpoint: Endpoint, body: Bytes) -> Result<Inbound, GatewayError>
         client_wants_usage,
         max_tokens,
         body,
+        prefix,
     })
 }
 
@@ -165,7 +261,7 @@ mod tests {
     use super::*;
 
     fn ok(endpoint: Endpoint, s: &str) -> Inbound {
-        match inspect(endpoint, Bytes::copy_from_slice(s.as_bytes())) {
+        match inspect(endpoint, Bytes::copy_from_slice(s.as_bytes()), None) {
             Ok(i) => i,
             Err(e) => panic!("{e}"),
         }
@@ -206,19 +302,46 @@ mod tests {
     }
 
     #[test]
+    fn prefixes_hash_messages_by_role_and_content() {
+        let p = Some(PrefixParams {
+            block_chars: 8,
+            max_blocks: 100,
+        });
+        let a = r#"{"model":"m","messages":[{"role":"system","content":"shared system prompt"},{"role":"user","content":"q1"}]}"#;
+        let b = r#"{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"shared system prompt"}]},{"role":"user","content":"another"}]}"#;
+        let ha = inspect(Endpoint::Chat, Bytes::from(a), p)
+            .map(|i| i.prefix)
+            .unwrap_or_default();
+        let hb = inspect(Endpoint::Chat, Bytes::from(b), p)
+            .map(|i| i.prefix)
+            .unwrap_or_default();
+        assert!(ha.len() >= 3);
+        assert_eq!(ha[..2], hb[..2], "same system prompt, same leading blocks");
+        let c = r#"{"model":"m","prompt":"system\nshared system prompt\n"}"#;
+        let hc = inspect(Endpoint::Completions, Bytes::from(c), p)
+            .map(|i| i.prefix)
+            .unwrap_or_default();
+        assert_eq!(hc[..2], ha[..2], "the canonical text is what counts");
+    }
+
+    #[test]
     fn bad_bodies_are_400s() {
         for (s, want) in [
             ("{not json", "not valid JSON"),
             ("[1,2]", "JSON object"),
             (r#"{"model":7}"#, "invalid request body"),
         ] {
-            match inspect(Endpoint::Chat, Bytes::copy_from_slice(s.as_bytes())) {
+            match inspect(Endpoint::Chat, Bytes::copy_from_slice(s.as_bytes()), None) {
                 Err(GatewayError::InvalidRequest(m)) => assert!(m.contains(want), "{m}"),
                 other => panic!("{s}: {other:?}"),
             }
         }
         assert!(matches!(
-            inspect(Endpoint::Chat, Bytes::from_static(b"{\"messages\":[]}")),
+            inspect(
+                Endpoint::Chat,
+                Bytes::from_static(b"{\"messages\":[]}"),
+                None
+            ),
             Err(GatewayError::MissingModel)
         ));
     }

@@ -26,6 +26,7 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     /// The replicas. With none, `sluice serve` needs `--backend URL`.
     pub backends: Vec<BackendConfig>,
+    pub discovery: DiscoveryConfig,
     pub models: ModelsConfig,
     pub routing: RoutingConfig,
     pub telemetry: TelemetryConfig,
@@ -72,6 +73,7 @@ pub struct UpstreamConfig {
     /// Largest non-streamed response body read from a replica (embeddings can be large).
     pub max_response_bytes: ByteSize,
     pub health_check: HealthCheckConfig,
+    pub outlier: OutlierConfig,
 }
 
 impl Default for UpstreamConfig {
@@ -83,6 +85,7 @@ impl Default for UpstreamConfig {
             pool_max_idle_per_host: 1024,
             max_response_bytes: ByteSize(256 * 1024 * 1024),
             health_check: HealthCheckConfig::default(),
+            outlier: OutlierConfig::default(),
         }
     }
 }
@@ -190,15 +193,160 @@ pub struct ModelsConfig {
 pub enum PolicyKind {
     /// Each replica in turn.
     RoundRobin,
-    /// Fewest requests in flight from this gateway.
-    #[default]
+    /// Fewest requests waiting on the replica plus in flight from this gateway.
     LeastLoaded,
+    /// Prefix affinity weighed against KV-cache and queue pressure.
+    #[default]
+    PrefixKv,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RoutingConfig {
     pub policy: PolicyKind,
+    pub prefix_kv: PrefixKvConfig,
+    /// Scraping each replica's own `/metrics` (KV usage, queue).
+    pub metrics: ScrapeConfig,
+}
+
+/// The `prefix_kv` policy's knobs. Defaults come from the routing benchmark on
+/// the simulator (docs/BENCHMARKS.md, "Routing"), with the reasoning there.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrefixKvConfig {
+    /// Characters per prefix block: 64 is ~16 tokens, vLLM's KV block size.
+    pub block_chars: usize,
+    /// Longest prefix considered, in blocks (bounds the per-request hashing).
+    pub max_blocks: usize,
+    /// The home replica of a prompt is chosen by consistent hashing of its
+    /// first `home_blocks` blocks (fewer if the prompt is shorter).
+    pub home_blocks: usize,
+    /// Bounded loads: the home replica is skipped while its in-flight count
+    /// exceeds `load_factor` x the mean (so a hot prefix spills to the next).
+    pub load_factor: f64,
+    /// A replica at or above this KV-cache usage gets no new work (spill_kv).
+    pub kv_high: f64,
+    /// A replica with this many requests waiting gets no new work (spill_queue).
+    pub queue_high: f64,
+    /// Prefix blocks remembered per replica.
+    pub index_capacity: usize,
+    pub weights: Weights,
+}
+
+impl Default for PrefixKvConfig {
+    fn default() -> Self {
+        Self {
+            block_chars: 64,
+            max_blocks: 4096,
+            home_blocks: 8,
+            load_factor: 1.25,
+            kv_high: 0.9,
+            queue_high: 8.0,
+            index_capacity: 1 << 18,
+            weights: Weights::default(),
+        }
+    }
+}
+
+/// The score of a candidate: `prefix x matched share + home x [is home]
+/// - kv x usage - queue x waiting/queue_high - load x in-flight/bound`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Weights {
+    pub prefix: f64,
+    pub home: f64,
+    pub kv: f64,
+    pub queue: f64,
+    pub load: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Self {
+            prefix: 1.0,
+            home: 0.3,
+            kv: 0.3,
+            queue: 0.5,
+            load: 0.2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScrapeConfig {
+    pub enabled: bool,
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// A sample older than this is not trusted: the replica counts as saturated.
+    #[serde(with = "humantime_serde")]
+    pub stale_after: Duration,
+    /// Metric names to read: auto, vllm, sglang, llamacpp, trtllm.
+    pub engine: crate::upstream::scrape::EngineKind,
+}
+
+impl Default for ScrapeConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(1),
+            stale_after: Duration::from_secs(5),
+            engine: crate::upstream::scrape::EngineKind::Auto,
+        }
+    }
+}
+
+/// Passive health: replicas failing requests are ejected for a while.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutlierConfig {
+    /// Consecutive failed requests (connect errors, 5xx, timeouts, broken
+    /// streams) that eject a replica.
+    pub consecutive_failures: u32,
+    /// First ejection; each further one doubles it, up to `max_ejection`.
+    #[serde(with = "humantime_serde")]
+    pub base_ejection: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_ejection: Duration,
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(10),
+            max_ejection: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Replicas found by DNS, e.g. a Kubernetes headless Service.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    pub dns: Vec<DnsSource>,
+    /// Ask this DNS server instead of the system's (`/etc/resolv.conf`).
+    pub nameserver: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsSource {
+    /// The name whose A/AAAA records are the replicas.
+    pub name: String,
+    /// The replicas' port.
+    pub port: u16,
+    /// How often the name is resolved again.
+    #[serde(default = "default_dns_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+fn default_dns_interval() -> Duration {
+    Duration::from_secs(10)
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -315,6 +463,45 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
             "server.max_body_bytes".into(),
             "must be greater than zero".into(),
         );
+    }
+    let p = &config.routing.prefix_kv;
+    if p.block_chars == 0 || p.max_blocks == 0 || p.home_blocks == 0 {
+        bad(
+            "routing.prefix_kv".into(),
+            "block_chars, max_blocks and home_blocks must be greater than zero".into(),
+        );
+    }
+    if p.load_factor.is_nan() || p.load_factor < 1.0 {
+        bad(
+            "routing.prefix_kv.load_factor".into(),
+            "must be at least 1.0".into(),
+        );
+    }
+    if !(0.0..=1.0).contains(&p.kv_high) {
+        bad(
+            "routing.prefix_kv.kv_high".into(),
+            "must be between 0 and 1".into(),
+        );
+    }
+    if config.routing.metrics.interval.is_zero() {
+        bad(
+            "routing.metrics.interval".into(),
+            "must be greater than zero".into(),
+        );
+    }
+    for (i, d) in config.discovery.dns.iter().enumerate() {
+        if d.name.trim().is_empty() {
+            bad(
+                format!("discovery.dns[{i}].name"),
+                "must not be empty".into(),
+            );
+        }
+        if d.interval.is_zero() {
+            bad(
+                format!("discovery.dns[{i}].interval"),
+                "must be greater than zero".into(),
+            );
+        }
     }
     let b = &config.telemetry.buckets;
     for (name, v) in [

@@ -66,6 +66,30 @@ impl Faults {
     pub fn is_empty(&self) -> bool {
         *self == Faults::default()
     }
+
+    /// The spec that parses back to these faults.
+    pub fn to_spec(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(c) = self.error {
+            parts.push(format!("error={c}"));
+        }
+        if let Some(d) = self.first_token {
+            parts.push(format!("first_token={}ms", d.as_millis()));
+        }
+        if let Some((n, d)) = self.stall {
+            parts.push(format!("stall={n}:{}ms", d.as_millis()));
+        }
+        if let Some(n) = self.drop_after {
+            parts.push(format!("drop={n}"));
+        }
+        if let Some(n) = self.malformed_after {
+            parts.push(format!("malformed={n}"));
+        }
+        if let Some(n) = self.error_event_after {
+            parts.push(format!("error_event={n}"));
+        }
+        parts.join(",")
+    }
 }
 
 #[cfg(test)]

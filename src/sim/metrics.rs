@@ -105,12 +105,27 @@ impl SimMetrics {
     }
 
     pub fn render(&self, dialect: Dialect, model: &str, cache: CacheInfo) -> String {
+        self.render_with(dialect, model, cache, Overrides::default())
+    }
+
+    /// Render with reported pressure overridden (`/sim/control`).
+    pub fn render_with(
+        &self,
+        dialect: Dialect,
+        model: &str,
+        cache: CacheInfo,
+        o: Overrides,
+    ) -> String {
+        let view = View {
+            kv: o.kv_usage.unwrap_or_else(|| self.kv_usage.get()),
+            waiting: o.waiting.unwrap_or(self.waiting.get() as f64),
+        };
         let mut e = Encoder::new();
         let m = format!("model_name=\"{}\"", model.replace('"', "'"));
         match dialect {
-            Dialect::Vllm => self.render_vllm(&mut e, &m, cache),
-            Dialect::Sglang => self.render_sglang(&mut e, &m),
-            Dialect::Llamacpp => self.render_llamacpp(&mut e, cache),
+            Dialect::Vllm => self.render_vllm(&mut e, &m, cache, view),
+            Dialect::Sglang => self.render_sglang(&mut e, &m, view),
+            Dialect::Llamacpp => self.render_llamacpp(&mut e, cache, view),
         }
         e.one(
             "sluice_sim_connections_total",
@@ -122,7 +137,7 @@ impl SimMetrics {
         e.out
     }
 
-    fn render_vllm(&self, e: &mut Encoder, m: &str, cache: CacheInfo) {
+    fn render_vllm(&self, e: &mut Encoder, m: &str, cache: CacheInfo, v: View) {
         use Kind::{Counter as C, Gauge as G};
         e.one(
             "vllm:num_requests_running",
@@ -136,21 +151,21 @@ impl SimMetrics {
             "Number of requests waiting to be processed.",
             G,
             m,
-            self.waiting.get() as f64,
+            v.waiting,
         );
         e.one(
             "vllm:kv_cache_usage_perc",
             "KV-cache usage. 1 means 100 percent usage.",
             G,
             m,
-            self.kv_usage.get(),
+            v.kv,
         );
         e.one(
             "vllm:gpu_cache_usage_perc",
             "GPU KV-cache usage (older name of kv_cache_usage_perc).",
             G,
             m,
-            self.kv_usage.get(),
+            v.kv,
         );
         e.one(
             "vllm:prefix_cache_queries_total",
@@ -256,7 +271,7 @@ impl SimMetrics {
         );
     }
 
-    fn render_sglang(&self, e: &mut Encoder, m: &str) {
+    fn render_sglang(&self, e: &mut Encoder, m: &str, v: View) {
         use Kind::{Counter as C, Gauge as G};
         e.one(
             "sglang:num_running_reqs",
@@ -270,15 +285,9 @@ impl SimMetrics {
             "The number of requests in the waiting queue.",
             G,
             m,
-            self.waiting.get() as f64,
+            v.waiting,
         );
-        e.one(
-            "sglang:token_usage",
-            "The token usage.",
-            G,
-            m,
-            self.kv_usage.get(),
-        );
+        e.one("sglang:token_usage", "The token usage.", G, m, v.kv);
         e.one(
             "sglang:cache_hit_rate",
             "The prefix cache hit rate.",
@@ -327,10 +336,9 @@ impl SimMetrics {
         );
     }
 
-    fn render_llamacpp(&self, e: &mut Encoder, cache: CacheInfo) {
+    fn render_llamacpp(&self, e: &mut Encoder, cache: CacheInfo, v: View) {
         use Kind::{Counter as C, Gauge as G};
-        let kv_tokens =
-            (self.kv_usage.get() * f64::from(cache.num_blocks * cache.block_size)).round();
+        let kv_tokens = (v.kv * f64::from(cache.num_blocks * cache.block_size)).round();
         e.one(
             "llamacpp:prompt_tokens_total",
             "Number of prompt tokens processed.",
@@ -350,7 +358,7 @@ impl SimMetrics {
             "KV-cache usage. 1 means 100 percent usage.",
             G,
             "",
-            self.kv_usage.get(),
+            v.kv,
         );
         e.one(
             "llamacpp:kv_cache_tokens",
@@ -371,7 +379,7 @@ impl SimMetrics {
             "Number of requests deferred.",
             G,
             "",
-            self.waiting.get() as f64,
+            v.waiting,
         );
     }
 }
@@ -380,6 +388,20 @@ impl Default for SimMetrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Reported-pressure overrides (the simulator's `/sim/control`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Overrides {
+    pub kv_usage: Option<f64>,
+    pub waiting: Option<f64>,
+}
+
+/// The values a render reports.
+#[derive(Clone, Copy)]
+struct View {
+    kv: f64,
+    waiting: f64,
 }
 
 /// The KV-cache shape reported by `vllm:cache_config_info`.

@@ -91,6 +91,8 @@ pub struct SimState {
     pub config: SimConfig,
     pub metrics: Arc<SimMetrics>,
     engine: Option<Arc<Engine>>,
+    /// What `/sim/control` changed at run time (faults, reported pressure).
+    control: Mutex<Control>,
     /// Headers and body of the latest request, for tests (`GET /sim/last_request`).
     last_request: Mutex<Option<Value>>,
 }
@@ -178,10 +180,16 @@ pub async fn start(listener: TcpListener, config: SimConfig) -> std::io::Result<
         }
         None => (None, None),
     };
+    let control = Control {
+        faults: config.faults.clone(),
+        fault_rate: config.fault_rate,
+        ..Control::default()
+    };
     let state = Arc::new(SimState {
         config,
         metrics,
         engine,
+        control: Mutex::new(control),
         last_request: Mutex::new(None),
     });
     let app = router(state.clone());
@@ -211,6 +219,7 @@ pub fn router(state: Arc<SimState>) -> Router {
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
         .route("/sim/last_request", get(last_request))
+        .route("/sim/control", get(get_control).put(put_control))
         .with_state(state)
 }
 
@@ -241,12 +250,89 @@ async fn models(State(s): State<Arc<SimState>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<SimState>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics
-            .render(s.config.dialect, &s.config.model, s.cache_info()),
-    )
-        .into_response()
+    let c = s.control();
+    match c.metrics {
+        MetricsMode::Ok => {}
+        MetricsMode::Error => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        MetricsMode::Hang => return std::future::pending().await,
+    }
+    let text = s.metrics.render_with(
+        s.config.dialect,
+        &s.config.model,
+        s.cache_info(),
+        metrics::Overrides {
+            kv_usage: c.kv_usage,
+            waiting: c.waiting,
+        },
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Run-time knobs of a simulated replica, for tests and demos of routing and
+/// alerts: faults for all requests, and the pressure `/metrics` reports.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Control {
+    /// Fault spec applied to a `fault_rate` share of requests ("" for none).
+    #[serde(with = "fault_spec")]
+    pub faults: Faults,
+    pub fault_rate: f64,
+    /// Report this KV-cache usage instead of the engine's.
+    pub kv_usage: Option<f64>,
+    /// Report this many waiting requests instead of the engine's.
+    pub waiting: Option<f64>,
+    /// `ok`, `error` (500) or `hang` (never answers): a replica whose metrics go stale.
+    pub metrics: MetricsMode,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricsMode {
+    #[default]
+    Ok,
+    Error,
+    Hang,
+}
+
+mod fault_spec {
+    use super::Faults;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(f: &Faults, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&f.to_spec())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Faults, D::Error> {
+        let spec = String::deserialize(d)?;
+        Faults::parse(&spec).map_err(serde::de::Error::custom)
+    }
+}
+
+impl SimState {
+    pub fn control(&self) -> Control {
+        self.control.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    pub fn set_control(&self, c: Control) {
+        if let Ok(mut g) = self.control.lock() {
+            *g = c;
+        }
+    }
+}
+
+async fn get_control(State(s): State<Arc<SimState>>) -> Response {
+    axum::Json(s.control()).into_response()
+}
+
+/// `PUT /sim/control` with a JSON `Control`; absent fields take their defaults.
+async fn put_control(State(s): State<Arc<SimState>>, body: axum::body::Bytes) -> Response {
+    match serde_json::from_slice::<Control>(&body) {
+        Ok(c) => {
+            s.set_control(c.clone());
+            axum::Json(c).into_response()
+        }
+        Err(e) => vllm_error(StatusCode::BAD_REQUEST, &format!("bad control: {e}")),
+    }
 }
 
 async fn last_request(State(s): State<Arc<SimState>>) -> Response {
@@ -278,10 +364,14 @@ async fn intake(s: &SimState, req: Request) -> Result<(Value, Faults), Response>
         .and_then(|v| v.to_str().ok())
     {
         Some(spec) => Faults::parse(spec).map_err(|e| vllm_error(StatusCode::BAD_REQUEST, &e))?,
-        None if !s.config.faults.is_empty() && fastrand::f64() < s.config.fault_rate => {
-            s.config.faults.clone()
+        None => {
+            let c = s.control();
+            if !c.faults.is_empty() && fastrand::f64() < c.fault_rate {
+                c.faults
+            } else {
+                Faults::default()
+            }
         }
-        None => Faults::default(),
     };
     if let Some(code) = faults.error {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

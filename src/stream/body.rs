@@ -24,7 +24,8 @@ use super::sse::SseSplitter;
 use crate::error::{GatewayError, TimeoutPhase};
 use crate::telemetry::record::Completion;
 use crate::upstream::conn::Conn;
-use crate::upstream::pool::InFlight;
+use crate::upstream::pool::{InFlight, Replica};
+use std::sync::Arc;
 
 /// Largest single SSE event accepted from a replica.
 pub const MAX_EVENT_BYTES: usize = 4 << 20;
@@ -57,7 +58,7 @@ pub struct TimedBody {
     /// What goes to the client next, in order (usually one slice per chunk).
     out: VecDeque<Bytes>,
     completion: Completion,
-    _in_flight: InFlight,
+    in_flight: InFlight,
     mode: Mode,
     idle: Duration,
     deadline: Instant,
@@ -95,7 +96,7 @@ impl TimedBody {
             primed: None,
             out: VecDeque::with_capacity(4),
             completion,
-            _in_flight: in_flight,
+            in_flight,
             mode,
             idle,
             deadline,
@@ -158,11 +159,19 @@ impl TimedBody {
         }
     }
 
-    /// The response was read to its end: the connection may serve another request.
+    /// The response was read to its end: the connection may serve another
+    /// request, and the replica earned a success (unless it reported an error).
     fn release_conn(&mut self) {
         if let Some(c) = self.conn.take() {
-            self._in_flight.replica().conns.checkin(c);
+            self.in_flight.replica().conns.checkin(c);
         }
+        if self.completion.record.error_kind.is_none() {
+            self.in_flight.replica().record_success();
+        }
+    }
+
+    pub fn replica(&self) -> &Arc<Replica> {
+        self.in_flight.replica()
     }
 
     pub fn completion_mut(&mut self) -> &mut Completion {
@@ -173,6 +182,9 @@ impl TimedBody {
     fn fail(&mut self, err: GatewayError) -> Bytes {
         self.upstream = None;
         self.conn = None;
+        if err.blames_replica() {
+            self.in_flight.replica().record_failure();
+        }
         self.state = State::Closing;
         self.completion.upstream_error(err.kind());
         let status = self.completion.record.status;
@@ -205,6 +217,7 @@ impl TimedBody {
                     let status = self.completion.record.status;
                     self.completion.fail(status, "upstream_stream_error");
                     self.completion.upstream_error("upstream_stream_error");
+                    self.in_flight.replica().record_failure();
                 }
                 if strip_usage && c.is_usage_only() {
                     return Ok(None);
@@ -431,6 +444,6 @@ impl Drop for TimedBody {
             self.completion.record.disconnected = true;
         }
         // Fields drop next: `upstream` closes the replica connection (cancel),
-        // `completion` records the request, `_in_flight` releases the replica.
+        // `completion` records the request, `in_flight` releases the replica.
     }
 }

@@ -7,8 +7,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::registry::{Counter, Encoder, Family, Gauge, Histogram, Kind};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::registry::{Counter, Encoder, Family, FloatGauge, Gauge, Histogram, Kind};
 use crate::config::Buckets;
+use crate::upstream::scrape::LoadSample;
 
 /// Default bucket bounds (seconds unless noted), overridable in `telemetry.buckets`.
 pub mod buckets {
@@ -63,6 +67,81 @@ pub struct ModelSeries {
 pub struct BackendSeries {
     pub healthy: Gauge,
     pub in_flight: Gauge,
+    pub ejected: Gauge,
+    pub ejections: Counter,
+    /// Re-exported from the replica's own metrics.
+    pub kv_usage: FloatGauge,
+    pub waiting: FloatGauge,
+    pub running: FloatGauge,
+    pub prefix_hit_rate: FloatGauge,
+    /// Nanoseconds since [`epoch`] of the last successful scrape (0: none yet).
+    scraped_at: AtomicU64,
+    /// Moving averages of what this gateway measured on the replica.
+    pub ttft_recent: Ewma,
+    pub tpot_recent: Ewma,
+}
+
+/// An exponentially weighted moving average (weight 0.2 per sample) in an
+/// atomic: racing updates may lose a sample, never corrupt the value.
+#[derive(Debug, Default)]
+pub struct Ewma(AtomicU64);
+
+impl Ewma {
+    pub fn observe(&self, v: f64) {
+        let old = f64::from_bits(self.0.load(Relaxed));
+        let new = if old == 0.0 { v } else { old * 0.8 + v * 0.2 };
+        self.0.store(new.to_bits(), Relaxed);
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        let v = f64::from_bits(self.0.load(Relaxed));
+        (v > 0.0).then_some(v)
+    }
+}
+
+/// A process-wide time origin for timestamps kept in atomics.
+pub fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl BackendSeries {
+    fn new() -> Self {
+        Self {
+            healthy: Gauge::default(),
+            in_flight: Gauge::default(),
+            ejected: Gauge::default(),
+            ejections: Counter::default(),
+            kv_usage: FloatGauge::default(),
+            waiting: FloatGauge::default(),
+            running: FloatGauge::default(),
+            prefix_hit_rate: FloatGauge::default(),
+            scraped_at: AtomicU64::new(0),
+            ttft_recent: Ewma::default(),
+            tpot_recent: Ewma::default(),
+        }
+    }
+
+    /// Export a scrape of the replica's metrics; returns it unchanged.
+    pub fn record_load(&self, s: LoadSample) -> LoadSample {
+        self.kv_usage.set(s.kv_usage.unwrap_or(f64::NAN));
+        self.waiting.set(s.waiting.unwrap_or(f64::NAN));
+        self.running.set(s.running.unwrap_or(f64::NAN));
+        self.prefix_hit_rate
+            .set(s.prefix_hit_rate.unwrap_or(f64::NAN));
+        let ns = s.at.saturating_duration_since(epoch()).as_nanos();
+        self.scraped_at
+            .store(u64::try_from(ns).unwrap_or(u64::MAX).max(1), Relaxed);
+        s
+    }
+
+    /// Seconds since the last scrape; +Inf before the first.
+    pub fn metrics_age(&self) -> f64 {
+        match self.scraped_at.load(Relaxed) {
+            0 => f64::INFINITY,
+            ns => (epoch().elapsed().as_nanos() as f64 - ns as f64).max(0.0) / 1e9,
+        }
+    }
 }
 
 pub struct Metrics {
@@ -152,10 +231,7 @@ impl Metrics {
             upstream_errors: Family::new(&["backend", "kind"], Counter::default),
             retries: Family::new(&["model", "reason"], Counter::default),
             routing: Family::new(&["model", "reason"], Counter::default),
-            backends: Family::new(&["backend"], || BackendSeries {
-                healthy: Gauge::default(),
-                in_flight: Gauge::default(),
-            }),
+            backends: Family::new(&["backend"], BackendSeries::new),
             started: Instant::now(),
         }
     }
@@ -283,6 +359,48 @@ impl Metrics {
             "Requests this gateway has in flight on the replica.",
             &self.backends,
             |s| s.in_flight.get() as f64,
+        );
+        e.gauges(
+            "sluice_backend_ejected",
+            "1 while the replica is ejected by passive health checks (outlier detection).",
+            &self.backends,
+            |s| s.ejected.get() as f64,
+        );
+        e.counters(
+            "sluice_backend_ejections_total",
+            "Ejections after consecutive failed requests.",
+            &self.backends,
+            |s| &s.ejections,
+        );
+        e.gauges(
+            "sluice_backend_kv_cache_usage_ratio",
+            "KV-cache usage the replica reports (0..1), from its own /metrics.",
+            &self.backends,
+            |s| s.kv_usage.get(),
+        );
+        e.gauges(
+            "sluice_backend_requests_waiting",
+            "Requests waiting in the replica's queue, from its own /metrics.",
+            &self.backends,
+            |s| s.waiting.get(),
+        );
+        e.gauges(
+            "sluice_backend_requests_running",
+            "Requests running in the replica's batch, from its own /metrics.",
+            &self.backends,
+            |s| s.running.get(),
+        );
+        e.gauges(
+            "sluice_backend_prefix_cache_hit_ratio",
+            "Prefix-cache hits over queries since the replica started, where the engine reports them.",
+            &self.backends,
+            |s| s.prefix_hit_rate.get(),
+        );
+        e.gauges(
+            "sluice_backend_metrics_age_seconds",
+            "Age of the last successful scrape of the replica's metrics (+Inf: never).",
+            &self.backends,
+            |s| s.metrics_age(),
         );
         e.single(
             "sluice_uptime_seconds",

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::metrics::{Metrics, ModelSeries, StatusLabel};
+use super::metrics::{BackendSeries, Metrics, ModelSeries, StatusLabel};
 use crate::stream::event::{FinishReason, Usage};
 
 /// Which API a request used.
@@ -108,6 +108,8 @@ impl RequestRecord {
 pub struct Completion {
     pub record: RequestRecord,
     series: Arc<ModelSeries>,
+    /// The replica serving the request, for its recent-latency averages.
+    backend: Option<Arc<BackendSeries>>,
     metrics: Arc<Metrics>,
     stall_threshold: Duration,
 }
@@ -119,6 +121,7 @@ impl Completion {
         Self {
             record,
             series,
+            backend: None,
             metrics,
             stall_threshold,
         }
@@ -154,6 +157,12 @@ impl Completion {
     pub fn fail(&mut self, status: u16, kind: &'static str) {
         self.record.status = status;
         self.record.error_kind = Some(kind);
+    }
+
+    /// The attempt now under way goes to this replica.
+    pub fn set_backend(&mut self, name: Arc<str>, series: Arc<BackendSeries>) {
+        self.record.backend = Some(name);
+        self.backend = Some(series);
     }
 
     /// Count a failed attempt or broken stream against the replica.
@@ -198,6 +207,14 @@ impl Completion {
             s.e2e.observe_duration(end - r.arrival);
             if let Some(tpot) = r.tpot() {
                 s.tpot.observe_duration(tpot);
+            }
+            if let Some(b) = &self.backend {
+                if let Some(t) = r.ttft() {
+                    b.ttft_recent.observe(t.as_secs_f64());
+                }
+                if let Some(t) = r.tpot() {
+                    b.tpot_recent.observe(t.as_secs_f64());
+                }
             }
             if r.output_events >= 2 {
                 s.max_gap.observe_duration(r.max_gap);

@@ -344,7 +344,7 @@ impl Encoder {
     ) {
         self.header(name, help, Kind::Gauge);
         for (labels, m) in fam.snapshot() {
-            let _ = writeln!(self.out, "{name}{} {}", wrap(&labels), pick(&m));
+            let _ = writeln!(self.out, "{name}{} {}", wrap(&labels), fmt_value(pick(&m)));
         }
     }
 
@@ -383,6 +383,19 @@ impl Encoder {
 impl Default for Encoder {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Prometheus spells special values `NaN`, `+Inf`, `-Inf`.
+fn fmt_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v == f64::INFINITY {
+        "+Inf".into()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else {
+        v.to_string()
     }
 }
 

@@ -32,7 +32,7 @@ struct ModelEntry {
 /// replica's models or health changed.
 pub async fn check_all(pool: &Pool, client: &HttpClient, cfg: &HealthCheckConfig) {
     let mut tasks = tokio::task::JoinSet::new();
-    for r in &pool.replicas {
+    for r in pool.replicas().iter() {
         let (r, client, timeout) = (r.clone(), client.clone(), cfg.timeout);
         tasks.spawn(async move {
             let result = tokio::time::timeout(timeout, fetch_models(&r, &client))

@@ -3,5 +3,7 @@
 
 pub mod client;
 pub mod conn;
+pub mod discovery;
 pub mod health;
 pub mod pool;
+pub mod scrape;

@@ -1,21 +1,23 @@
-//! The replicas, what each serves, whether it is healthy, and how busy this
-//! gateway keeps it.
+//! The replicas, what each serves, whether it is healthy, how loaded it is,
+//! and how busy this gateway keeps it.
 //!
-//! Read-mostly state (the model index) sits behind `ArcSwap`: a request takes a
-//! snapshot without locking; the health loop publishes a new one when a
-//! replica's model list or health changes.
+//! Read-mostly state sits behind `ArcSwap`: a request takes snapshots of the
+//! replica list and the model index without locking; discovery and the health
+//! loop publish new ones. Per-replica counters are atomics.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use http::HeaderValue;
 
 use super::conn::ConnPool;
-use crate::config::{BackendConfig, Config, UpstreamConfig};
+use super::scrape::LoadSample;
+use crate::config::{BackendConfig, Config, OutlierConfig, UpstreamConfig};
 use crate::error::GatewayError;
+use crate::routing::index::PrefixIndex;
 use crate::telemetry::metrics::{BackendSeries, Metrics};
 
 /// What the last health check found.
@@ -27,8 +29,31 @@ pub struct Health {
     pub consecutive_failures: u32,
 }
 
+/// Passive-health state (outlier detection), as seen in `/admin/backends`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Circuit {
+    /// Serving normally.
+    Closed,
+    /// Ejected after consecutive failures; no traffic until the time is up.
+    Open,
+    /// Back after an ejection, on probation: the next failures eject it longer.
+    HalfOpen,
+}
+
+impl Circuit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Circuit::Closed => "closed",
+            Circuit::Open => "open",
+            Circuit::HalfOpen => "half_open",
+        }
+    }
+}
+
 pub struct Replica {
     pub name: Arc<str>,
+    /// Where it came from: `None` for `backends`, `Some(i)` for `discovery.dns[i]`.
+    pub source: Option<usize>,
     /// `scheme://host:port[/prefix]`, no trailing slash.
     pub base: String,
     /// The URL's path prefix (usually empty), prepended to request paths.
@@ -43,11 +68,27 @@ pub struct Replica {
     /// every routing decision and completion (fresher than any scrape).
     pub in_flight: AtomicU32,
     pub health: ArcSwap<Health>,
+    /// The latest scrape of the replica's own metrics.
+    load: ArcSwapOption<LoadSample>,
+    /// Prefix blocks this gateway routed here recently (`prefix_kv`).
+    pub prefix_index: Mutex<PrefixIndex>,
+    failures: AtomicU32,
+    ejections: AtomicU32,
+    /// Milliseconds since `epoch` until which the replica is ejected (0: never).
+    ejected_until: AtomicU64,
+    epoch: Instant,
+    outlier: OutlierConfig,
     pub series: Arc<BackendSeries>,
 }
 
 impl Replica {
-    pub fn from_config(b: &BackendConfig, up: &UpstreamConfig, metrics: &Metrics) -> Self {
+    pub fn from_config(
+        b: &BackendConfig,
+        source: Option<usize>,
+        up: &UpstreamConfig,
+        metrics: &Metrics,
+        index_capacity: usize,
+    ) -> Self {
         let name: Arc<str> = Arc::from(b.label());
         let base = b.url.as_str().trim_end_matches('/').to_string();
         let path_prefix = b.url.path().trim_end_matches('/').to_string();
@@ -75,6 +116,7 @@ impl Replica {
         let series = metrics.backends.get(&(name.clone(),));
         Self {
             name,
+            source,
             base,
             path_prefix,
             conns,
@@ -83,6 +125,13 @@ impl Replica {
             healthy: AtomicBool::new(false),
             in_flight: AtomicU32::new(0),
             health: ArcSwap::from_pointee(Health::default()),
+            load: ArcSwapOption::empty(),
+            prefix_index: Mutex::new(PrefixIndex::new(index_capacity)),
+            failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
+            epoch: Instant::now(),
+            outlier: up.outlier.clone(),
             series,
         }
     }
@@ -102,6 +151,76 @@ impl Replica {
         } else {
             self.static_models.clone()
         }
+    }
+
+    pub fn load(&self) -> Option<Arc<LoadSample>> {
+        self.load.load_full()
+    }
+
+    pub fn set_load(&self, s: LoadSample) {
+        let s = self.series.record_load(s);
+        self.load.store(Some(Arc::new(s)));
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub fn circuit(&self) -> Circuit {
+        let until = self.ejected_until.load(Relaxed);
+        if until == 0 {
+            Circuit::Closed
+        } else if self.now_ms() < until {
+            Circuit::Open
+        } else {
+            Circuit::HalfOpen
+        }
+    }
+
+    /// Time left in the current ejection.
+    pub fn ejected_for(&self) -> Option<Duration> {
+        let until = self.ejected_until.load(Relaxed);
+        let now = self.now_ms();
+        (until > now).then(|| Duration::from_millis(until - now))
+    }
+
+    /// A request succeeded: the failure streak ends; probation ends too.
+    pub fn record_success(&self) {
+        self.failures.store(0, Relaxed);
+        if self.ejected_until.load(Relaxed) != 0 && self.circuit() == Circuit::HalfOpen {
+            self.ejected_until.store(0, Relaxed);
+            self.series.ejected.set(0);
+            tracing::info!(backend = %self.name, "replica recovered after ejection");
+        }
+        // Earlier ejections fade with good behaviour.
+        let _ = self
+            .ejections
+            .fetch_update(Relaxed, Relaxed, |e| e.checked_sub(1));
+    }
+
+    /// A request failed because of the replica; eject it after too many in a row.
+    pub fn record_failure(&self) {
+        let cfg = &self.outlier;
+        let n = self.failures.fetch_add(1, Relaxed) + 1;
+        if n < cfg.consecutive_failures.max(1) || self.circuit() == Circuit::Open {
+            return;
+        }
+        self.failures.store(0, Relaxed);
+        let k = self.ejections.fetch_add(1, Relaxed).min(16);
+        let time = cfg
+            .base_ejection
+            .saturating_mul(1 << k)
+            .min(cfg.max_ejection);
+        let until = self.now_ms() + u64::try_from(time.as_millis()).unwrap_or(u64::MAX / 2);
+        self.ejected_until.store(until.max(1), Relaxed);
+        self.series.ejected.set(1);
+        self.series.ejections.inc();
+        tracing::warn!(
+            backend = %self.name,
+            failures = n,
+            ejected_for = %humantime::format_duration(time),
+            "replica ejected after consecutive failures"
+        );
     }
 }
 
@@ -135,18 +254,39 @@ pub struct ModelIndex {
     pub by_model: HashMap<Arc<str>, Vec<Arc<Replica>>>,
 }
 
-pub struct Pool {
+/// The outcome of resolving a model: its served name and where it may go.
+pub struct Candidates {
+    pub model: Arc<str>,
     pub replicas: Vec<Arc<Replica>>,
+    /// Every available replica was ejected, so ejected ones are offered anyway.
+    pub fallback: bool,
+}
+
+pub struct Pool {
+    replicas: ArcSwap<Vec<Arc<Replica>>>,
     pub aliases: HashMap<String, Arc<str>>,
     index: ArcSwap<ModelIndex>,
+    /// What new replicas (found by discovery) are built with.
+    upstream: UpstreamConfig,
+    index_capacity: usize,
+    metrics: Arc<Metrics>,
 }
 
 impl Pool {
-    pub fn new(config: &Config, metrics: &Metrics) -> Self {
+    pub fn new(config: &Config, metrics: Arc<Metrics>) -> Self {
+        let cap = config.routing.prefix_kv.index_capacity;
         let replicas: Vec<Arc<Replica>> = config
             .backends
             .iter()
-            .map(|b| Arc::new(Replica::from_config(b, &config.upstream, metrics)))
+            .map(|b| {
+                Arc::new(Replica::from_config(
+                    b,
+                    None,
+                    &config.upstream,
+                    &metrics,
+                    cap,
+                ))
+            })
             .collect();
         let aliases = config
             .models
@@ -155,18 +295,68 @@ impl Pool {
             .map(|(k, v)| (k.clone(), Arc::from(v.as_str())))
             .collect();
         let pool = Self {
-            replicas,
+            replicas: ArcSwap::from_pointee(replicas),
             aliases,
             index: ArcSwap::from_pointee(ModelIndex::default()),
+            upstream: config.upstream.clone(),
+            index_capacity: cap,
+            metrics,
         };
         pool.rebuild_index();
         pool
     }
 
+    /// The current replicas (a snapshot; discovery may change the list).
+    pub fn replicas(&self) -> Arc<Vec<Arc<Replica>>> {
+        self.replicas.load_full()
+    }
+
+    /// Make the replicas of discovery source `source` exactly `wanted`, keeping
+    /// the state (connections, health, prefix index) of those that stay.
+    /// Returns whether anything changed.
+    pub fn sync_source(&self, source: usize, wanted: &[BackendConfig]) -> bool {
+        let current = self.replicas();
+        let mine: Vec<&Arc<Replica>> = current
+            .iter()
+            .filter(|r| r.source == Some(source))
+            .collect();
+        let same = mine.len() == wanted.len()
+            && wanted
+                .iter()
+                .all(|b| mine.iter().any(|r| *r.name == *b.label()));
+        if same {
+            return false;
+        }
+        let mut next: Vec<Arc<Replica>> = current
+            .iter()
+            .filter(|r| r.source != Some(source))
+            .cloned()
+            .collect();
+        for b in wanted {
+            match mine.iter().find(|r| *r.name == *b.label()) {
+                Some(r) => next.push((*r).clone()),
+                None => next.push(Arc::new(Replica::from_config(
+                    b,
+                    Some(source),
+                    &self.upstream,
+                    &self.metrics,
+                    self.index_capacity,
+                ))),
+            }
+        }
+        let names: Vec<Arc<str>> = next.iter().map(|r| r.name.clone()).collect();
+        self.metrics
+            .backends
+            .retain(|(n,)| names.iter().any(|m| m == n));
+        self.replicas.store(Arc::new(next));
+        self.rebuild_index();
+        true
+    }
+
     /// Recompute the model index from every replica's model list.
     pub fn rebuild_index(&self) {
         let mut by_model: HashMap<Arc<str>, Vec<Arc<Replica>>> = HashMap::new();
-        for r in &self.replicas {
+        for r in self.replicas().iter() {
             for m in r.models() {
                 by_model.entry(m).or_default().push(r.clone());
             }
@@ -175,9 +365,10 @@ impl Pool {
     }
 
     /// The served model name for what the client asked (aliases resolved) and the
-    /// healthy replicas serving it. Unknown models are 404; known models with no
-    /// healthy replica are 503.
-    pub fn resolve(&self, requested: &str) -> Result<(Arc<str>, Vec<Arc<Replica>>), GatewayError> {
+    /// replicas that may take it: healthy and not ejected, or, if every healthy
+    /// one is ejected, the ejected ones (a chance beats a certain 503). Unknown
+    /// models are 404; known models with no healthy replica are 503.
+    pub fn resolve(&self, requested: &str) -> Result<Candidates, GatewayError> {
         let index = self.index.load();
         let target = self
             .aliases
@@ -195,13 +386,23 @@ impl Pool {
         if healthy.is_empty() {
             return Err(GatewayError::NoHealthyBackend(name.to_string()));
         }
-        Ok((name.clone(), healthy))
+        let open: Vec<Arc<Replica>> = healthy
+            .iter()
+            .filter(|r| r.circuit() != Circuit::Open)
+            .cloned()
+            .collect();
+        let fallback = open.is_empty();
+        Ok(Candidates {
+            model: name.clone(),
+            replicas: if fallback { healthy } else { open },
+            fallback,
+        })
     }
 
     /// Models of healthy replicas, plus aliases whose target is among them.
     pub fn served_models(&self) -> Vec<String> {
         let mut out = BTreeSet::new();
-        for r in self.replicas.iter().filter(|r| r.is_healthy()) {
+        for r in self.replicas().iter().filter(|r| r.is_healthy()) {
             out.extend(r.models().iter().map(|m| m.to_string()));
         }
         let aliases: Vec<String> = self
@@ -215,6 +416,6 @@ impl Pool {
     }
 
     pub fn any_healthy(&self) -> bool {
-        self.replicas.iter().any(|r| r.is_healthy())
+        self.replicas().iter().any(|r| r.is_healthy())
     }
 }

@@ -48,7 +48,7 @@ pub async fn start_gateway(config: Config, healthy: usize) -> Gateway {
     let pool = gw.state.pool.clone();
     wait_until("replicas healthy", Duration::from_secs(10), || {
         let pool = pool.clone();
-        async move { pool.replicas.iter().filter(|r| r.is_healthy()).count() >= healthy }
+        async move { pool.replicas().iter().filter(|r| r.is_healthy()).count() >= healthy }
     })
     .await;
     gw

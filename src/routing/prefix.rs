@@ -1,0 +1,123 @@
+//! A prompt's prefix identity: the prompt cut into blocks of characters,
+//! hashed as a chain.
+//!
+//! Chat messages are canonicalised as `role\ncontent\n` (text parts only), a
+//! completion prompt as is; the text is cut every `block_chars` characters (on
+//! UTF-8 boundaries; 64 characters is about 16 tokens, vLLM's block size) and
+//! each block hashed with xxh3, seeded with the previous block's hash, the
+//! first seeded with the model name and `cache_salt`. Equal prefixes give equal
+//! leading hashes, in every gateway process (xxh3 with fixed seeds is stable).
+//! Only full blocks are hashed, as an engine caches only full blocks.
+//! Cost: one pass over the prompt bytes, no allocation beyond the hash list.
+
+use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_64_with_seed};
+
+/// The pieces of a prompt, in order, as borrowed text.
+#[derive(Debug, Default)]
+pub struct PromptText<'a> {
+    pub pieces: Vec<&'a str>,
+}
+
+/// Hashes of the full blocks of `prompt`, at most `max_blocks`, not yet tied
+/// to a model (see [`bind_model`]: the served name is known only after alias
+/// resolution, and the chain need not be computed twice).
+pub fn block_hashes(
+    salt: Option<&str>,
+    prompt: &PromptText<'_>,
+    block_chars: usize,
+    max_blocks: usize,
+) -> Vec<u64> {
+    let mut seed = 0x5eed_u64;
+    if let Some(s) = salt {
+        seed = xxh3_64_with_seed(s.as_bytes(), seed);
+    }
+    let mut out = Vec::new();
+    let mut block = Xxh3::with_seed(seed);
+    let mut chars = 0usize;
+    for piece in &prompt.pieces {
+        let bytes = piece.as_bytes();
+        let mut start = 0;
+        for (i, b) in bytes.iter().enumerate() {
+            // A UTF-8 character starts at every byte that is not a continuation byte.
+            if (b & 0xC0) != 0x80 {
+                if chars == block_chars {
+                    block.update(&bytes[start..i]);
+                    seed = block.digest();
+                    out.push(seed);
+                    if out.len() >= max_blocks {
+                        return out;
+                    }
+                    block = Xxh3::with_seed(seed);
+                    start = i;
+                    chars = 0;
+                }
+                chars += 1;
+            }
+        }
+        block.update(&bytes[start..]);
+    }
+    if chars == block_chars {
+        out.push(block.digest());
+    }
+    out
+}
+
+/// Tie a chain to the served model: the same text under two models must not
+/// look cached on one replica for the other. O(blocks).
+pub fn bind_model(hashes: &mut [u64], model: &str) {
+    let m = xxh3_64(model.as_bytes());
+    for h in hashes {
+        *h = xxh3_64_with_seed(&h.to_le_bytes(), m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hashes(pieces: &[&str]) -> Vec<u64> {
+        let p = PromptText {
+            pieces: pieces.to_vec(),
+        };
+        block_hashes(None, &p, 4, 100)
+    }
+
+    #[test]
+    fn equal_prefixes_share_leading_hashes_however_split() {
+        let a = hashes(&["abcdefgh", "ijkl"]);
+        let b = hashes(&["ab", "cdefghij", "kl"]);
+        assert_eq!(a.len(), 3);
+        assert_eq!(a, b, "block boundaries do not depend on piece boundaries");
+        let c = hashes(&["abcdefgh", "ijkX"]);
+        assert_eq!(a[..2], c[..2]);
+        assert_ne!(a[2], c[2]);
+        assert_eq!(
+            hashes(&["abcdefghij"]).len(),
+            2,
+            "partial blocks are not hashed"
+        );
+    }
+
+    #[test]
+    fn blocks_count_characters_not_bytes() {
+        // 4 two-byte characters make one block.
+        assert_eq!(hashes(&["éééé"]).len(), 1);
+        assert_eq!(hashes(&["ééé"]).len(), 0);
+    }
+
+    #[test]
+    fn model_and_salt_separate_tenants() {
+        let p = PromptText {
+            pieces: vec!["abcdefgh"],
+        };
+        let bound = |model: &str, salt| {
+            let mut h = block_hashes(salt, &p, 4, 10);
+            bind_model(&mut h, model);
+            h
+        };
+        let base = bound("m", None);
+        assert_ne!(bound("other", None), base);
+        assert_ne!(bound("m", Some("tenant-a")), base);
+        assert_eq!(bound("m", None), base);
+    }
+}

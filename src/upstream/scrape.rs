@@ -1,0 +1,311 @@
+//! Reading each replica's own `/metrics`: KV-cache usage, waiting and running
+//! requests, in whichever engine's names it speaks.
+//!
+//! Only the few families routing needs are parsed, line by line, without
+//! building a metric model; values of one family are combined across label
+//! sets (summed for queue counts, max for usage, as data-parallel engines
+//! report one series per rank). Every sample carries the time it was taken:
+//! routing treats an old sample as saturation, never as idleness.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::{BodyExt, Full, Limited};
+use serde::{Deserialize, Serialize};
+
+use super::client::HttpClient;
+use super::pool::{Pool, Replica};
+
+/// Which engine's metric names a replica uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// Decide from the names found.
+    #[default]
+    Auto,
+    Vllm,
+    Sglang,
+    Llamacpp,
+    /// TensorRT-LLM behind Triton (`nv_trt_llm_*`); names per the Triton
+    /// TensorRT-LLM backend, not yet checked against a live server.
+    Trtllm,
+}
+
+impl EngineKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Auto => "unknown",
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::Llamacpp => "llamacpp",
+            EngineKind::Trtllm => "trtllm",
+        }
+    }
+}
+
+/// One scrape's worth of what routing needs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadSample {
+    pub engine: EngineKind,
+    /// KV-cache usage, 0..1.
+    pub kv_usage: Option<f64>,
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    pub block_size: Option<u32>,
+    pub num_blocks: Option<u32>,
+    /// Prefix-cache hits / queries since the replica started.
+    pub prefix_hit_rate: Option<f64>,
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct Acc {
+    kv: Option<f64>,
+    kv_old: Option<f64>,
+    waiting: Option<f64>,
+    running: Option<f64>,
+    block_size: Option<u32>,
+    num_blocks: Option<u32>,
+    hits: Option<f64>,
+    queries: Option<f64>,
+    hit_rate: Option<f64>,
+    kv_used: Option<f64>,
+    kv_max: Option<f64>,
+}
+
+fn max(a: Option<f64>, v: f64) -> Option<f64> {
+    Some(a.map_or(v, |a| a.max(v)))
+}
+
+fn sum(a: Option<f64>, v: f64) -> Option<f64> {
+    Some(a.unwrap_or(0.0) + v)
+}
+
+/// The value of `label` in a `{a="x",b="y"}` label block.
+fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    let at = labels.find(&format!("{name}=\""))?;
+    let rest = &labels[at + name.len() + 2..];
+    rest.split('"').next()
+}
+
+/// Parse a Prometheus text exposition into a sample. `engine` fixes the
+/// dialect; `Auto` detects it from the first known family.
+pub fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
+    let mut detected = engine;
+    let mut a = Acc::default();
+    for line in text.lines() {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (series, value) = match line.rsplit_once('}') {
+            Some((s, v)) => (s, v),
+            None => match line.split_once(' ') {
+                Some((s, v)) => (s, v),
+                None => continue,
+            },
+        };
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        let Some(v) = value
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if !v.is_finite() {
+            continue;
+        }
+        let (prefix, family) = match name.split_once(':') {
+            Some(x) => x,
+            None if name.starts_with("nv_trt_llm_") => ("trtllm", name),
+            None => continue,
+        };
+        let kind = match prefix {
+            "vllm" => EngineKind::Vllm,
+            "sglang" => EngineKind::Sglang,
+            "llamacpp" => EngineKind::Llamacpp,
+            "trtllm" => EngineKind::Trtllm,
+            _ => continue,
+        };
+        if detected == EngineKind::Auto {
+            detected = kind;
+        }
+        if kind != detected {
+            continue;
+        }
+        match (kind, family) {
+            (EngineKind::Vllm, "kv_cache_usage_perc") => a.kv = max(a.kv, v),
+            (EngineKind::Vllm, "gpu_cache_usage_perc") => a.kv_old = max(a.kv_old, v),
+            (EngineKind::Vllm, "num_requests_waiting") => a.waiting = sum(a.waiting, v),
+            (EngineKind::Vllm, "num_requests_running") => a.running = sum(a.running, v),
+            (EngineKind::Vllm, "prefix_cache_hits_total" | "gpu_prefix_cache_hits_total") => {
+                a.hits = max(a.hits, v)
+            }
+            (EngineKind::Vllm, "prefix_cache_queries_total" | "gpu_prefix_cache_queries_total") => {
+                a.queries = max(a.queries, v)
+            }
+            (EngineKind::Vllm, "cache_config_info") => {
+                a.block_size = label(labels, "block_size").and_then(|s| s.parse().ok());
+                a.num_blocks = label(labels, "num_gpu_blocks").and_then(|s| s.parse().ok());
+            }
+            (EngineKind::Sglang, "token_usage") => a.kv = max(a.kv, v),
+            (EngineKind::Sglang, "num_queue_reqs") => a.waiting = sum(a.waiting, v),
+            (EngineKind::Sglang, "num_running_reqs") => a.running = sum(a.running, v),
+            (EngineKind::Sglang, "cache_hit_rate") => a.hit_rate = max(a.hit_rate, v),
+            (EngineKind::Llamacpp, "kv_cache_usage_ratio") => a.kv = max(a.kv, v),
+            (EngineKind::Llamacpp, "requests_deferred") => a.waiting = sum(a.waiting, v),
+            (EngineKind::Llamacpp, "requests_processing") => a.running = sum(a.running, v),
+            (EngineKind::Trtllm, "nv_trt_llm_kv_cache_block_metrics") => {
+                match label(labels, "kv_cache_block_type") {
+                    Some("fraction") => a.kv = max(a.kv, v),
+                    Some("used") => a.kv_used = sum(a.kv_used, v),
+                    Some("max") => a.kv_max = sum(a.kv_max, v),
+                    _ => {}
+                }
+            }
+            (EngineKind::Trtllm, "nv_trt_llm_request_metrics") => {
+                match label(labels, "request_type") {
+                    Some("waiting") => a.waiting = sum(a.waiting, v),
+                    Some("active") => a.running = sum(a.running, v),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    let kv = a.kv.or(a.kv_old).or(match (a.kv_used, a.kv_max) {
+        (Some(u), Some(m)) if m > 0.0 => Some(u / m),
+        _ => None,
+    });
+    let prefix_hit_rate = a.hit_rate.or(match (a.hits, a.queries) {
+        (Some(h), Some(q)) if q > 0.0 => Some(h / q),
+        _ => None,
+    });
+    LoadSample {
+        engine: detected,
+        kv_usage: kv.map(|k| k.clamp(0.0, 1.0)),
+        waiting: a.waiting,
+        running: a.running,
+        block_size: a.block_size,
+        num_blocks: a.num_blocks,
+        prefix_hit_rate,
+        at,
+    }
+}
+
+/// Scrape every replica once, concurrently.
+pub async fn scrape_all(pool: &Pool, client: &HttpClient, engine: EngineKind, timeout: Duration) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for r in pool.replicas().iter() {
+        let (r, client) = (r.clone(), client.clone());
+        tasks.spawn(async move {
+            match tokio::time::timeout(timeout, fetch(&r, &client)).await {
+                Ok(Ok(text)) => {
+                    let s = parse(&text, engine, Instant::now());
+                    r.set_load(s);
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(backend = %r.name, error = %e, "metrics scrape failed")
+                }
+                Err(_) => tracing::debug!(backend = %r.name, "metrics scrape timed out"),
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Scrape forever at `interval` (the caller aborts the task).
+pub async fn run(pool: Arc<Pool>, client: HttpClient, engine: EngineKind, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        scrape_all(
+            &pool,
+            &client,
+            engine,
+            interval.max(Duration::from_millis(200)),
+        )
+        .await;
+    }
+}
+
+async fn fetch(r: &Replica, client: &HttpClient) -> Result<String, String> {
+    let mut req = Request::builder()
+        .method(Method::GET)
+        .uri(format!("{}/metrics", r.base))
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    if let Some(key) = &r.api_key {
+        req.headers_mut().insert(header::AUTHORIZATION, key.clone());
+    }
+    let resp = client.request(req).await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("/metrics answered {}", resp.status()));
+    }
+    let body = Limited::new(resp.into_body(), 8 << 20)
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    String::from_utf8(body.to_vec()).map_err(|_| "metrics are not UTF-8".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_each_dialect() {
+        let now = Instant::now();
+        let vllm = "# HELP x\nvllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.5\n\
+            vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"1\"} 0.75\n\
+            vllm:num_requests_waiting{model_name=\"m\",engine=\"0\"} 2\n\
+            vllm:num_requests_waiting{model_name=\"m\",engine=\"1\"} 3\n\
+            vllm:num_requests_running{model_name=\"m\"} 7\n\
+            vllm:prefix_cache_queries_total{model_name=\"m\"} 100\n\
+            vllm:prefix_cache_hits_total{model_name=\"m\"} 40\n\
+            vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"2048\"} 1\n";
+        let s = parse(vllm, EngineKind::Auto, now);
+        assert_eq!(s.engine, EngineKind::Vllm);
+        assert_eq!(s.kv_usage, Some(0.75));
+        assert_eq!(s.waiting, Some(5.0));
+        assert_eq!(s.running, Some(7.0));
+        assert_eq!((s.block_size, s.num_blocks), (Some(16), Some(2048)));
+        assert_eq!(s.prefix_hit_rate, Some(0.4));
+
+        let old = "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.3\n";
+        assert_eq!(parse(old, EngineKind::Auto, now).kv_usage, Some(0.3));
+
+        let sg = "sglang:token_usage{model_name=\"m\"} 0.9\nsglang:num_queue_reqs{model_name=\"m\"} 4\nsglang:num_running_reqs{model_name=\"m\"} 12\n";
+        let s = parse(sg, EngineKind::Auto, now);
+        assert_eq!(
+            (s.engine, s.kv_usage, s.waiting, s.running),
+            (EngineKind::Sglang, Some(0.9), Some(4.0), Some(12.0))
+        );
+
+        let lc = "llamacpp:kv_cache_usage_ratio 0.2\nllamacpp:requests_deferred 1\nllamacpp:requests_processing 2\n";
+        let s = parse(lc, EngineKind::Auto, now);
+        assert_eq!(
+            (s.engine, s.kv_usage, s.waiting),
+            (EngineKind::Llamacpp, Some(0.2), Some(1.0))
+        );
+
+        let trt = "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"used\",model=\"m\"} 30\n\
+            nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\",model=\"m\"} 120\n\
+            nv_trt_llm_request_metrics{request_type=\"active\",model=\"m\"} 5\n";
+        let s = parse(trt, EngineKind::Auto, now);
+        assert_eq!(
+            (s.engine, s.kv_usage, s.running),
+            (EngineKind::Trtllm, Some(0.25), Some(5.0))
+        );
+    }
+
+    #[test]
+    fn unknown_text_gives_an_empty_sample() {
+        let s = parse("garbage\nfoo 1\n", EngineKind::Auto, Instant::now());
+        assert_eq!((s.kv_usage, s.waiting), (None, None));
+    }
+}
