@@ -1,0 +1,355 @@
+//! Routing across simulated replicas: affinity shared by independent gateways,
+//! pressure and stale metrics, passive ejection, DNS discovery, hot prefixes.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use sluice::config::{Config, DnsSource, PolicyKind};
+use sluice::server::Gateway;
+use sluice::sim::SimHandle;
+
+use crate::common::*;
+
+fn routing_config(urls: &[String]) -> Config {
+    let mut c = config_for(urls);
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_millis(1000);
+    c
+}
+
+fn prefixed(prefix: usize, question: usize) -> serde_json::Value {
+    serde_json::json!({
+        "model": "sim-model",
+        "max_tokens": 4,
+        "messages": [
+            {"role": "system", "content": format!("Document {prefix}: {}", "the fleet shares context. ".repeat(30))},
+            {"role": "user", "content": format!("Question {question}?")},
+        ],
+    })
+}
+
+/// Send one request; return the index of the simulator that served it.
+async fn served_by(gw: &Gateway, sims: &[SimHandle], body: &serde_json::Value) -> usize {
+    let before: Vec<u64> = sims
+        .iter()
+        .map(|s| s.state.metrics.received.get())
+        .collect();
+    let (status, _, text) = post(&format!("{}/v1/chat/completions", api(gw)), body).await;
+    assert_eq!(status, 200, "{text}");
+    let hit: Vec<usize> = (0..sims.len())
+        .filter(|&i| sims[i].state.metrics.received.get() > before[i])
+        .collect();
+    assert_eq!(hit.len(), 1, "exactly one replica served it: {hit:?}");
+    hit[0]
+}
+
+async fn sims(n: usize) -> Vec<SimHandle> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(start_sim(fast_sim()).await);
+    }
+    v
+}
+
+fn urls(sims: &[SimHandle]) -> Vec<String> {
+    sims.iter().map(|s| s.url()).collect()
+}
+
+/// Wait until the gateway's view of replica `name` satisfies `pred`.
+async fn until_backend(gw: &Gateway, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
+    let url = format!("{}/admin/backends", admin(gw));
+    let pred = &pred;
+    wait_until(what, Duration::from_secs(5), || {
+        let url = url.clone();
+        async move {
+            let (_, text) = get_text(&url).await;
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            pred(&v)
+        }
+    })
+    .await;
+}
+
+fn backend<'a>(v: &'a serde_json::Value, sim: &SimHandle) -> &'a serde_json::Value {
+    let name = sim.addr.to_string();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == name.as_str())
+        .expect("replica listed")
+}
+
+async fn reasons(gw: &Gateway, reason: &str) -> f64 {
+    gateway_metric(
+        gw,
+        &format!("sluice_routing_decisions_total{{model=\"sim-model\",reason=\"{reason}\"}}"),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn two_gateways_send_the_same_prefixes_to_the_same_replicas() {
+    let sims = sims(4).await;
+    let gw1 = start_gateway(routing_config(&urls(&sims)), 4).await;
+    let gw2 = start_gateway(routing_config(&urls(&sims)), 4).await;
+    let mut used = std::collections::HashSet::new();
+    for p in 0..8 {
+        let first = served_by(&gw1, &sims, &prefixed(p, 0)).await;
+        let second = served_by(&gw2, &sims, &prefixed(p, 1)).await;
+        let third = served_by(&gw1, &sims, &prefixed(p, 2)).await;
+        assert_eq!(first, second, "prefix {p}: the gateways disagree");
+        assert_eq!(first, third, "prefix {p}: not sticky");
+        used.insert(first);
+    }
+    assert!(used.len() >= 3, "8 prefixes spread over replicas: {used:?}");
+    assert!(reasons(&gw1, "affinity").await >= 16.0);
+}
+
+#[tokio::test]
+async fn kv_pressure_moves_work_away_and_back() {
+    let sims = sims(3).await;
+    let gw = start_gateway(routing_config(&urls(&sims)), 3).await;
+    let home = served_by(&gw, &sims, &prefixed(1, 0)).await;
+
+    let mut c = sims[home].state.control();
+    c.kv_usage = Some(0.99);
+    sims[home].state.set_control(c.clone());
+    until_backend(&gw, "pressure seen", |v| {
+        backend(v, &sims[home])["kv_cache_usage"] == 0.99
+    })
+    .await;
+    for q in 1..=10 {
+        assert_ne!(
+            served_by(&gw, &sims, &prefixed(1, q)).await,
+            home,
+            "sent to a full replica"
+        );
+    }
+    assert!(reasons(&gw, "spill_kv").await >= 10.0);
+
+    c.kv_usage = None;
+    sims[home].state.set_control(c);
+    until_backend(&gw, "recovery seen", |v| {
+        backend(v, &sims[home])["kv_cache_usage"].as_f64() == Some(0.0)
+    })
+    .await;
+    assert_eq!(
+        served_by(&gw, &sims, &prefixed(1, 11)).await,
+        home,
+        "affinity is back"
+    );
+}
+
+#[tokio::test]
+async fn a_long_queue_moves_work_away() {
+    let sims = sims(2).await;
+    let gw = start_gateway(routing_config(&urls(&sims)), 2).await;
+    let home = served_by(&gw, &sims, &prefixed(2, 0)).await;
+    let mut c = sims[home].state.control();
+    c.waiting = Some(50.0);
+    sims[home].state.set_control(c);
+    until_backend(&gw, "queue seen", |v| {
+        backend(v, &sims[home])["requests_waiting"] == 50.0
+    })
+    .await;
+    assert_ne!(served_by(&gw, &sims, &prefixed(2, 1)).await, home);
+    assert!(reasons(&gw, "spill_queue").await >= 1.0);
+}
+
+#[tokio::test]
+async fn stale_metrics_are_not_trusted() {
+    let sims = sims(3).await;
+    let gw = start_gateway(routing_config(&urls(&sims)), 3).await;
+    let home = served_by(&gw, &sims, &prefixed(3, 0)).await;
+    let mut c = sims[home].state.control();
+    c.metrics = sluice::sim::MetricsMode::Hang;
+    sims[home].state.set_control(c);
+    // Its last sample ages past stale_after (1 s): the replica counts as saturated.
+    until_backend(&gw, "metrics stale", |v| {
+        backend(v, &sims[home])["metrics_age_seconds"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 1.2
+    })
+    .await;
+    assert_ne!(served_by(&gw, &sims, &prefixed(3, 1)).await, home);
+    assert!(reasons(&gw, "spill_stale").await >= 1.0);
+    let (_, m) = get_text(&format!("{}/metrics", admin(&gw))).await;
+    let age = metric(
+        &m,
+        &format!(
+            "sluice_backend_metrics_age_seconds{{backend=\"{}\"}}",
+            sims[home].addr
+        ),
+    )
+    .unwrap();
+    assert!(age > 1.0, "metrics age exported: {age}");
+}
+
+#[tokio::test]
+async fn a_failing_replica_is_ejected_and_comes_back() {
+    let sims = sims(2).await;
+    let mut config = routing_config(&urls(&sims));
+    config.routing.policy = PolicyKind::RoundRobin;
+    config.upstream.outlier.consecutive_failures = 3;
+    config.upstream.outlier.base_ejection = Duration::from_millis(800);
+    let gw = start_gateway(config, 2).await;
+    let bad = 0;
+    let mut c = sims[bad].state.control();
+    c.faults = sluice::sim::faults::Faults::parse("error=500").unwrap();
+    sims[bad].state.set_control(c.clone());
+
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let mut failures = 0;
+    for _ in 0..12 {
+        let (s, _, _) = post(&url, &chat_body(false)).await;
+        failures += usize::from(s == 500);
+    }
+    assert_eq!(failures, 3, "ejected after 3 consecutive failures");
+    until_backend(&gw, "ejected", |v| {
+        backend(v, &sims[bad])["circuit"] == "open"
+    })
+    .await;
+    let ejected = format!("sluice_backend_ejected{{backend=\"{}\"}}", sims[bad].addr);
+    assert_eq!(gateway_metric(&gw, &ejected).await, 1.0);
+
+    // Healed: after the ejection time it is tried again and stays in.
+    c.faults = Default::default();
+    sims[bad].state.set_control(c);
+    until_backend(&gw, "probation", |v| {
+        backend(v, &sims[bad])["circuit"] == "half_open"
+    })
+    .await;
+    let before = sims[bad].state.metrics.received.get();
+    for _ in 0..4 {
+        let (s, _, _) = post(&url, &chat_body(false)).await;
+        assert_eq!(s, 200);
+    }
+    assert!(
+        sims[bad].state.metrics.received.get() > before,
+        "back in rotation"
+    );
+    until_backend(&gw, "closed", |v| {
+        backend(v, &sims[bad])["circuit"] == "closed"
+    })
+    .await;
+    assert_eq!(gateway_metric(&gw, &ejected).await, 0.0);
+}
+
+/// Bind a simulator on `ip` and the given port (0: any).
+async fn sim_on(ip: Ipv4Addr, port: u16) -> Option<SimHandle> {
+    let l = tokio::net::TcpListener::bind((ip, port)).await.ok()?;
+    sluice::sim::start(l, fast_sim()).await.ok()
+}
+
+#[tokio::test]
+async fn dns_changes_are_picked_up() {
+    // Two replicas on the same port of two loopback addresses, as pods behind
+    // a headless Service.
+    let (ip_a, ip_b) = (Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3));
+    let mut pair = None;
+    for _ in 0..20 {
+        let a = sim_on(ip_a, 0).await.expect("bind 127.0.0.2");
+        if let Some(b) = sim_on(ip_b, a.addr.port()).await {
+            pair = Some((a, b));
+            break;
+        }
+    }
+    let (a, b) = pair.expect("a port free on both addresses");
+    let dns = dns::start("replicas.test.", &[ip_a]).await;
+    let mut config = routing_config(&[]);
+    config.discovery.nameserver = Some(dns.addr);
+    config.discovery.dns = vec![DnsSource {
+        name: "replicas.test.".into(),
+        port: a.addr.port(),
+        interval: Duration::from_millis(200),
+        api_key: None,
+        models: vec![],
+    }];
+    let gw = start_gateway(config, 1).await;
+    let sims = [a, b];
+    assert_eq!(gw.state.pool.replicas().len(), 1);
+    assert_eq!(served_by(&gw, &sims, &prefixed(0, 0)).await, 0);
+
+    dns.set(&[ip_a, ip_b]);
+    let pool = gw.state.pool.clone();
+    wait_until(
+        "second replica discovered and healthy",
+        Duration::from_secs(5),
+        || {
+            let pool = pool.clone();
+            async move { pool.replicas().iter().filter(|r| r.is_healthy()).count() == 2 }
+        },
+    )
+    .await;
+    let mut seen = [false; 2];
+    for p in 0..16 {
+        seen[served_by(&gw, &sims, &prefixed(p, 0)).await] = true;
+    }
+    assert_eq!(seen, [true, true], "both replicas take work");
+
+    dns.set(&[ip_b]);
+    wait_until("first replica removed", Duration::from_secs(5), || {
+        let pool = pool.clone();
+        async move { pool.replicas().len() == 1 }
+    })
+    .await;
+    for p in 0..6 {
+        assert_eq!(served_by(&gw, &sims, &prefixed(p, 1)).await, 1);
+    }
+    let (_, m) = get_text(&format!("{}/metrics", admin(&gw))).await;
+    assert!(
+        !m.contains(&format!("backend=\"{}\"", sims[0].addr)),
+        "removed replica's series dropped"
+    );
+}
+
+#[tokio::test]
+async fn a_hot_prefix_spills_to_other_replicas() {
+    let mut slow = fast_sim();
+    slow.token_delay = Duration::from_millis(100);
+    slow.output_tokens = 10;
+    let mut sims = Vec::new();
+    for _ in 0..3 {
+        sims.push(start_sim(slow.clone()).await);
+    }
+    let gw = start_gateway(routing_config(&urls(&sims)), 3).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let mut reqs = Vec::new();
+    for q in 0..12 {
+        let url = url.clone();
+        let mut body = prefixed(9, q);
+        body["max_tokens"] = 10.into();
+        reqs.push(tokio::spawn(async move { post(&url, &body).await.0 }));
+        // Let each routing decision see the previous one in flight.
+        let n = q + 1;
+        let pool = gw.state.pool.clone();
+        wait_until("request in flight", Duration::from_secs(2), || {
+            let pool = pool.clone();
+            async move {
+                pool.replicas()
+                    .iter()
+                    .map(|r| r.in_flight() as usize)
+                    .sum::<usize>()
+                    >= n
+            }
+        })
+        .await;
+    }
+    for r in reqs {
+        assert_eq!(r.await.unwrap(), 200);
+    }
+    let per: Vec<u64> = sims
+        .iter()
+        .map(|s| s.state.metrics.received.get())
+        .collect();
+    assert!(
+        per.iter().all(|&n| n <= 6),
+        "bounded share per replica: {per:?}"
+    );
+    assert!(
+        per.iter().filter(|&&n| n > 0).count() >= 2,
+        "spilled: {per:?}"
+    );
+    assert!(reasons(&gw, "spill_load").await >= 1.0);
+}
