@@ -239,7 +239,7 @@ impl Default for PrefixKvConfig {
             block_chars: 64,
             max_blocks: 4096,
             home_blocks: 8,
-            load_factor: 1.25,
+            load_factor: 2.0,
             kv_high: 0.9,
             queue_high: 8.0,
             index_capacity: 1 << 18,
@@ -249,7 +249,8 @@ impl Default for PrefixKvConfig {
 }
 
 /// The score of a candidate: `prefix x matched share + home x [is home]
-/// - kv x usage - queue x waiting/queue_high - load x in-flight/bound`.
+/// - kv x usage - queue x waiting/queue_high - load x in-flight/bound
+/// - latency x (its recent TPOT / the candidates' median - 1, at most 1)`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Weights {
@@ -258,6 +259,7 @@ pub struct Weights {
     pub kv: f64,
     pub queue: f64,
     pub load: f64,
+    pub latency: f64,
 }
 
 impl Default for Weights {
@@ -268,6 +270,7 @@ impl Default for Weights {
             kv: 0.3,
             queue: 0.5,
             load: 0.2,
+            latency: 1.0,
         }
     }
 }

@@ -17,7 +17,10 @@
 //!    longest cached prefix (binary search).
 //! 4. **Score** the unfiltered candidates:
 //!    `prefix x matched share + home x [home] - kv x usage
-//!     - queue x waiting / queue_high - load x in_flight / bound`; highest wins.
+//!     - queue x waiting / queue_high - load x in_flight / bound
+//!     - latency x slowness`; highest wins. Slowness is the replica's recent
+//!    time per output token over the candidates' median, minus one, in 0..1
+//!    (measured by this gateway; forgotten after 30 s without traffic).
 //!    A replica at or over the load bound gets no credit for its match, so a
 //!    hot prefix spreads to the next replicas (which then cache it too).
 //!    The reason is `affinity` when the winner is the preferred replica (the
@@ -68,7 +71,13 @@ struct View {
     in_flight: f64,
     matched: usize,
     rank: u64,
+    /// Recent time per output token measured here, if fresh.
+    tpot: Option<f64>,
 }
+
+/// How long a replica's recent TPOT counts: a replica that got no traffic
+/// because it was slow is tried again once its old measurement fades.
+const LATENCY_MEMORY: Duration = Duration::from_secs(30);
 
 /// A replica's rendezvous weight for a prefix key (stable across processes).
 pub fn rendezvous(key: u64, name: &str) -> u64 {
@@ -128,6 +137,7 @@ impl RoutingPolicy for PrefixKv {
                     in_flight: f64::from(r.in_flight()),
                     matched,
                     rank: rendezvous(key, &r.name),
+                    tpot: r.series.tpot_recent.fresh(LATENCY_MEMORY),
                 }
             })
             .collect();
@@ -148,6 +158,15 @@ impl RoutingPolicy for PrefixKv {
             .max_by_key(|&i| (views[i].matched, views[i].rank));
         let preferred = best_match.unwrap_or(top);
 
+        // Slowness relative to the others: decode speed is the replica's own
+        // (TTFT mostly reflects cache hits, which this policy causes).
+        let mut tpots: Vec<f64> = views.iter().filter_map(|v| v.tpot).collect();
+        tpots.sort_by(f64::total_cmp);
+        let median = tpots.get(tpots.len() / 2).copied();
+        let slowness = |v: &View| match (v.tpot, median) {
+            (Some(t), Some(m)) if m > 0.0 => (t / m - 1.0).clamp(0.0, 1.0),
+            _ => 0.0,
+        };
         let blocks = ctx.hashes.len().max(1) as f64;
         let w = &c.weights;
         let score = |i: usize| {
@@ -159,6 +178,7 @@ impl RoutingPolicy for PrefixKv {
                 - w.kv * v.kv
                 - w.queue * (v.waiting / c.queue_high.max(1.0)).min(1.0)
                 - w.load * v.in_flight / bound
+                - w.latency * slowness(v)
         };
         let chosen = (0..n)
             .filter(|&i| views[i].blocked == Blocked::No)

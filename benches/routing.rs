@@ -1,0 +1,127 @@
+//! Routing decision cost: reading the prompt into prefix hashes, and picking a
+//! replica with `prefix_kv` (warm per-replica indexes, 8 replicas), beside the
+//! naive baseline `round_robin`, at prompt sizes from 1 KB to 200 KB.
+//!
+//!     cargo bench --bench routing
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use sluice::api::request::{PrefixParams, inspect};
+use sluice::config::{BackendConfig, Config, PrefixKvConfig, UpstreamConfig};
+use sluice::routing::{PrefixKv, RoundRobin, RouteCtx, RoutingPolicy};
+use sluice::telemetry::metrics::Metrics;
+use sluice::telemetry::record::Endpoint;
+use sluice::upstream::pool::Replica;
+use sluice::upstream::scrape::{EngineKind, LoadSample};
+
+fn replicas(n: usize) -> Vec<Arc<Replica>> {
+    let m = Metrics::new(&Config::default().telemetry.buckets);
+    (0..n)
+        .map(|i| {
+            let url = format!("http://10.0.0.{i}:8000").parse().expect("url");
+            let r = Replica::from_config(
+                &BackendConfig::from_url(url),
+                None,
+                &UpstreamConfig::default(),
+                &m,
+                1 << 18,
+            );
+            r.set_load(LoadSample {
+                engine: EngineKind::Vllm,
+                kv_usage: Some(0.3),
+                waiting: Some(1.0),
+                running: Some(8.0),
+                block_size: Some(16),
+                num_blocks: Some(30_000),
+                prefix_hit_rate: None,
+                at: Instant::now() + Duration::from_secs(3600),
+            });
+            Arc::new(r)
+        })
+        .collect()
+}
+
+fn body(kb: usize) -> Bytes {
+    let doc: String = "The gateway routes each prompt to the replica that holds its prefix. "
+        .chars()
+        .cycle()
+        .take(kb * 1024)
+        .collect();
+    let v = serde_json::json!({
+        "model": "m",
+        "stream": true,
+        "messages": [
+            {"role": "system", "content": doc},
+            {"role": "user", "content": "What does it do?"},
+        ],
+    });
+    Bytes::from(serde_json::to_vec(&v).expect("json"))
+}
+
+fn decision(c: &mut Criterion) {
+    let params = PrefixParams {
+        block_chars: 64,
+        max_blocks: 4096,
+    };
+    let reps = replicas(8);
+    let prefix_kv = PrefixKv::new(PrefixKvConfig::default(), Some(Duration::from_secs(5)));
+    let rr = RoundRobin::default();
+    // Warm the indexes: 500 other prefixes spread over the replicas.
+    for k in 0..500u64 {
+        let h: Vec<u64> = (0..64).map(|i| k * 1000 + i).collect();
+        let ctx = RouteCtx {
+            model: "m",
+            hashes: &h,
+            now: Instant::now(),
+        };
+        prefix_kv.pick(&ctx, &reps);
+    }
+    let mut g = c.benchmark_group("routing_decision");
+    for kb in [1usize, 10, 50, 200] {
+        let b = body(kb);
+        g.bench_with_input(
+            BenchmarkId::new("read prompt + hash (inspect)", kb),
+            &b,
+            |bench, b| bench.iter(|| inspect(Endpoint::Chat, black_box(b.clone()), Some(params))),
+        );
+        let hashes = inspect(Endpoint::Chat, b.clone(), Some(params))
+            .map(|i| i.prefix)
+            .unwrap_or_default();
+        g.bench_with_input(
+            BenchmarkId::new("prefix_kv pick, 8 replicas", kb),
+            &hashes,
+            |bench, h| {
+                bench.iter(|| {
+                    let ctx = RouteCtx {
+                        model: "m",
+                        hashes: black_box(h),
+                        now: Instant::now(),
+                    };
+                    prefix_kv.pick(&ctx, &reps)
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("round_robin pick (baseline)", kb),
+            &hashes,
+            |bench, h| {
+                bench.iter(|| {
+                    let ctx = RouteCtx {
+                        model: "m",
+                        hashes: black_box(h),
+                        now: Instant::now(),
+                    };
+                    rr.pick(&ctx, &reps)
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decision);
+criterion_main!(benches);
