@@ -1,3 +1,4 @@
+#![expect(clippy::expect_used, reason = "a benchmark's setup may panic")]
 //! Routing decision cost: reading the prompt into prefix hashes, and picking a
 //! replica with `prefix_kv` (warm per-replica indexes, 8 replicas), beside the
 //! naive baseline `round_robin`, at prompt sizes from 1 KB to 200 KB.
