@@ -11,8 +11,9 @@ Scenarios:
   hotspot  one prefix carries half of the traffic (prefix_kv): the replicas' KV
            usage sampled every 200 ms; the claim is that no replica sits above
            95% while another is below 70%;
-  slow     one replica on a 3x slower profile (prefix_kv): its share of new
-           requests per 2 s window, which must drop within seconds.
+  slow     four equal replicas (prefix_kv); at t=10 s one starts stalling 2 s in
+           every answer (/sim/control); its share of new requests (prompt tokens
+           admitted) per 2 s window, before and after.
 
     cargo build --release
     python3 benches/e2e/routing.py [--seconds 30] [--json out.json]
@@ -190,7 +191,8 @@ def hotspot(args):
 
 
 def slow(args):
-    f = Fleet("prefix_kv", args.num_blocks, slow_one=True, extra_yaml=tuning(args))
+    """All replicas equal until t=10 s, then replica 0 stalls 2 s in every answer."""
+    f = Fleet("prefix_kv", args.num_blocks, extra_yaml=tuning(args))
     windows = []
     try:
         b = subprocess.Popen([BIN, "bench", "--url", f.url(), "--model", "sim-model",
@@ -201,18 +203,32 @@ def slow(args):
                              stdout=subprocess.DEVNULL)
         last = [0.0] * 4
         start = time.time()
+        slowed = False
         while b.poll() is None:
             time.sleep(2)
+            t = time.time() - start
+            if not slowed and t >= 10:
+                req = urllib.request.Request(f.sims[0] + "/sim/control", method="PUT",
+                                             data=json.dumps({"faults": "stall=8:2s", "fault_rate": 1.0}).encode())
+                urllib.request.urlopen(req, timeout=5).read()
+                slowed = True
+            # Prompt tokens are counted when a request is admitted: new work.
             now = [x or 0.0 for x in f.sim_metric("vllm:prompt_tokens_total")]
             got = [now[i] - last[i] for i in range(4)]
             last = now
             total = sum(got)
-            if total:
-                windows.append({"t": round(time.time() - start), "slow_share": got[0] / total})
+            if total and t <= args.seconds:
+                windows.append({"t": round(t), "slow_share": got[0] / total, "stalled": slowed})
         b.wait()
     finally:
         f.stop()
-    return {"windows": windows}
+    before = [w["slow_share"] for w in windows if w["t"] <= 10]
+    after = [w["slow_share"] for w in windows if w["t"] >= 16]
+    return {
+        "windows": windows,
+        "share_before": sum(before) / len(before) if before else None,
+        "share_from_6s_after": sum(after) / len(after) if after else None,
+    }
 
 
 def main():

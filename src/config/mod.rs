@@ -250,7 +250,7 @@ impl Default for PrefixKvConfig {
 
 /// The score of a candidate: `prefix x matched share + home x [is home]
 /// - kv x usage - queue x waiting/queue_high - load x in-flight/bound
-/// - latency x (its recent TPOT / the candidates' median - 1, at most 1)`.
+/// - latency x (its recent TPOT / the candidates' median - 1, at most 2)`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Weights {

@@ -19,7 +19,7 @@
 //!    `prefix x matched share + home x [home] - kv x usage
 //!     - queue x waiting / queue_high - load x in_flight / bound
 //!     - latency x slowness`; highest wins. Slowness is the replica's recent
-//!    time per output token over the candidates' median, minus one, in 0..1
+//!    time per output token over the candidates' median, minus one, in 0..2
 //!    (measured by this gateway; forgotten after 30 s without traffic).
 //!    A replica at or over the load bound gets no credit for its match, so a
 //!    hot prefix spreads to the next replicas (which then cache it too).
@@ -164,7 +164,9 @@ impl RoutingPolicy for PrefixKv {
         tpots.sort_by(f64::total_cmp);
         let median = tpots.get(tpots.len() / 2).copied();
         let slowness = |v: &View| match (v.tpot, median) {
-            (Some(t), Some(m)) if m > 0.0 => (t / m - 1.0).clamp(0.0, 1.0),
+            // Up to 2: a replica 3x slower than the median loses even its own
+            // cached, home prefixes (worth 1.3); a mildly slow one keeps them.
+            (Some(t), Some(m)) if m > 0.0 => (t / m - 1.0).clamp(0.0, 2.0),
             _ => 0.0,
         };
         let blocks = ctx.hashes.len().max(1) as f64;
