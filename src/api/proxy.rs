@@ -187,6 +187,7 @@ async fn forward(
             .routing
             .get(&(completion.record.model.clone(), reason.as_str()))
             .inc();
+        completion.record.route_reason = Some(reason);
         attempt += 1;
         completion.record.attempts = attempt;
         completion.set_backend(replica.name.clone(), replica.series.clone());

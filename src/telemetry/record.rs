@@ -43,6 +43,8 @@ pub struct RequestRecord {
     /// When the attempt that served the request was sent upstream.
     pub upstream_sent: Option<Instant>,
     pub backend: Option<Arc<str>>,
+    /// Why the serving replica was chosen (for the access log and traces).
+    pub route_reason: Option<crate::routing::RouteReason>,
     pub attempts: u32,
     pub first_token: Option<Instant>,
     pub last_token: Option<Instant>,
@@ -69,6 +71,7 @@ impl RequestRecord {
             arrival,
             upstream_sent: None,
             backend: None,
+            route_reason: None,
             attempts: 0,
             first_token: None,
             last_token: None,

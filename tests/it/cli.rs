@@ -53,7 +53,20 @@ async fn check_config_accepts_the_example_and_names_key_and_line() {
 }
 
 /// Spawn the binary and read the address it logs as `key=ADDR`.
-async fn spawn_and_find(args: &[&str], key: &str) -> (Child, String) {
+pub async fn spawn_and_find(args: &[&str], key: &str) -> (Child, String) {
+    let (child, line) = spawn_and_wait_for(args, key).await;
+    let pat = format!("{key}=");
+    let addr = line
+        .split(&pat)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    (child, addr)
+}
+
+/// Spawn the binary and return the first log line containing `key=`.
+pub async fn spawn_and_wait_for(args: &[&str], key: &str) -> (Child, String) {
     let mut child = Command::new(BIN)
         .args(args)
         .env("RUST_LOG", "info")
@@ -65,10 +78,10 @@ async fn spawn_and_find(args: &[&str], key: &str) -> (Child, String) {
     let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
     let pat = format!("{key}=");
-    let addr = tokio::time::timeout(Duration::from_secs(20), async {
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split(&pat).nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
+            if line.contains(&pat) {
+                return line;
             }
         }
         panic!("process exited without logging {key}");
@@ -77,7 +90,7 @@ async fn spawn_and_find(args: &[&str], key: &str) -> (Child, String) {
     .expect("no address logged");
     // Keep draining stderr so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
+    (child, found)
 }
 
 #[tokio::test]

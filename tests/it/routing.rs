@@ -17,6 +17,25 @@ fn routing_config(urls: &[String]) -> Config {
     c
 }
 
+/// Start a gateway and wait until `n` replicas are healthy and scraped, so
+/// that the first decisions already see fresh pressure signals.
+async fn start_routed(config: Config, n: usize) -> Gateway {
+    let gw = start_gateway(config, n).await;
+    let pool = gw.state.pool.clone();
+    wait_until("replica metrics scraped", Duration::from_secs(5), || {
+        let pool = pool.clone();
+        async move {
+            pool.replicas()
+                .iter()
+                .filter(|r| r.load().is_some())
+                .count()
+                >= n
+        }
+    })
+    .await;
+    gw
+}
+
 fn prefixed(prefix: usize, question: usize) -> serde_json::Value {
     serde_json::json!({
         "model": "sim-model",
@@ -87,17 +106,75 @@ async fn reasons(gw: &Gateway, reason: &str) -> f64 {
     .await
 }
 
+/// Send through a gateway given by its base URL; return the serving simulator.
+async fn served_via(url: &str, sims: &[SimHandle], body: &serde_json::Value) -> usize {
+    let before: Vec<u64> = sims
+        .iter()
+        .map(|s| s.state.metrics.received.get())
+        .collect();
+    let (status, _, text) = post(&format!("{url}/v1/chat/completions"), body).await;
+    assert_eq!(status, 200, "{text}");
+    let hit: Vec<usize> = (0..sims.len())
+        .filter(|&i| sims[i].state.metrics.received.get() > before[i])
+        .collect();
+    assert_eq!(hit.len(), 1, "exactly one replica served it: {hit:?}");
+    hit[0]
+}
+
 #[tokio::test]
-async fn two_gateways_send_the_same_prefixes_to_the_same_replicas() {
+async fn two_gateway_processes_send_the_same_prefixes_to_the_same_replicas() {
     let sims = sims(4).await;
-    let gw1 = start_gateway(routing_config(&urls(&sims)), 4).await;
-    let gw2 = start_gateway(routing_config(&urls(&sims)), 4).await;
+    let gw1 = start_routed(routing_config(&urls(&sims)), 4).await;
+    // The second gateway is a separate process: the real binary, sharing nothing.
+    let mut args = vec![
+        "serve".to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--admin-listen".into(),
+        "127.0.0.1:0".into(),
+    ];
+    for u in urls(&sims) {
+        args.push("--backend".into());
+        args.push(u);
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_child, line) = crate::cli::spawn_and_wait_for(&argv, "api").await;
+    let addr_of = |key: &str| {
+        let pat = format!("{key}=");
+        line.split(&pat)
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let (gw2, admin2) = (
+        format!("http://{}", addr_of("api")),
+        format!("http://{}/admin/backends", addr_of("admin")),
+    );
+    // Ready when all four replicas are healthy and their metrics scraped.
+    wait_until("second gateway ready", Duration::from_secs(10), || {
+        let url = admin2.clone();
+        async move {
+            let Ok(r) = client().get(&url).send().await else {
+                return false;
+            };
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            v.as_array().is_some_and(|a| {
+                a.len() == 4
+                    && a.iter()
+                        .all(|b| b["healthy"] == true && b["metrics_age_seconds"].is_number())
+            })
+        }
+    })
+    .await;
     let mut used = std::collections::HashSet::new();
     for p in 0..8 {
         let first = served_by(&gw1, &sims, &prefixed(p, 0)).await;
-        let second = served_by(&gw2, &sims, &prefixed(p, 1)).await;
+        let second = served_via(&gw2, &sims, &prefixed(p, 1)).await;
         let third = served_by(&gw1, &sims, &prefixed(p, 2)).await;
-        assert_eq!(first, second, "prefix {p}: the gateways disagree");
+        assert_eq!(first, second, "prefix {p}: the gateway processes disagree");
         assert_eq!(first, third, "prefix {p}: not sticky");
         used.insert(first);
     }
@@ -108,7 +185,7 @@ async fn two_gateways_send_the_same_prefixes_to_the_same_replicas() {
 #[tokio::test]
 async fn kv_pressure_moves_work_away_and_back() {
     let sims = sims(3).await;
-    let gw = start_gateway(routing_config(&urls(&sims)), 3).await;
+    let gw = start_routed(routing_config(&urls(&sims)), 3).await;
     let home = served_by(&gw, &sims, &prefixed(1, 0)).await;
 
     let mut c = sims[home].state.control();
@@ -143,7 +220,7 @@ async fn kv_pressure_moves_work_away_and_back() {
 #[tokio::test]
 async fn a_long_queue_moves_work_away() {
     let sims = sims(2).await;
-    let gw = start_gateway(routing_config(&urls(&sims)), 2).await;
+    let gw = start_routed(routing_config(&urls(&sims)), 2).await;
     let home = served_by(&gw, &sims, &prefixed(2, 0)).await;
     let mut c = sims[home].state.control();
     c.waiting = Some(50.0);
@@ -159,7 +236,7 @@ async fn a_long_queue_moves_work_away() {
 #[tokio::test]
 async fn stale_metrics_are_not_trusted() {
     let sims = sims(3).await;
-    let gw = start_gateway(routing_config(&urls(&sims)), 3).await;
+    let gw = start_routed(routing_config(&urls(&sims)), 3).await;
     let home = served_by(&gw, &sims, &prefixed(3, 0)).await;
     let mut c = sims[home].state.control();
     c.metrics = sluice::sim::MetricsMode::Hang;
@@ -193,7 +270,7 @@ async fn a_failing_replica_is_ejected_and_comes_back() {
     config.routing.policy = PolicyKind::RoundRobin;
     config.upstream.outlier.consecutive_failures = 3;
     config.upstream.outlier.base_ejection = Duration::from_millis(800);
-    let gw = start_gateway(config, 2).await;
+    let gw = start_routed(config, 2).await;
     let bad = 0;
     let mut c = sims[bad].state.control();
     c.faults = sluice::sim::faults::Faults::parse("error=500").unwrap();
@@ -266,7 +343,7 @@ async fn dns_changes_are_picked_up() {
         api_key: None,
         models: vec![],
     }];
-    let gw = start_gateway(config, 1).await;
+    let gw = start_routed(config, 1).await;
     let sims = [a, b];
     assert_eq!(gw.state.pool.replicas().len(), 1);
     assert_eq!(served_by(&gw, &sims, &prefixed(0, 0)).await, 0);
@@ -313,7 +390,7 @@ async fn a_hot_prefix_spills_to_other_replicas() {
     for _ in 0..3 {
         sims.push(start_sim(slow.clone()).await);
     }
-    let gw = start_gateway(routing_config(&urls(&sims)), 3).await;
+    let gw = start_routed(routing_config(&urls(&sims)), 3).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let mut reqs = Vec::new();
     for q in 0..12 {
