@@ -11,6 +11,7 @@ use axum::routing::{get, post};
 use crate::api::{admin, models, proxy};
 use crate::config::Config;
 use crate::error::GatewayError;
+use crate::limits::Limiter;
 use crate::routing::{self, RoutingPolicy};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::record::Endpoint;
@@ -24,13 +25,16 @@ pub struct AppState {
     pub client: HttpClient,
     pub policy: Arc<dyn RoutingPolicy>,
     pub metrics: Arc<Metrics>,
+    /// API keys and tier limits; `None` when the gateway is open.
+    pub limiter: Option<Arc<Limiter>>,
     /// For the `created` field of `/v1/models`.
     pub started_unix: u64,
 }
 
 impl AppState {
-    pub fn new(config: Config) -> Arc<Self> {
+    pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
         let metrics = Arc::new(Metrics::new(&config.telemetry.buckets));
+        let limiter = Limiter::from_config(&config, metrics.clone())?;
         let pool = Arc::new(Pool::new(&config, metrics.clone()));
         let client = build_client(&config.upstream);
         let policy = routing::build(&config.routing);
@@ -38,14 +42,15 @@ impl AppState {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        Arc::new(Self {
+        Ok(Arc::new(Self {
             config: Arc::new(config),
             pool,
             client,
             policy,
             metrics,
+            limiter,
             started_unix,
-        })
+        }))
     }
 }
 

@@ -40,6 +40,19 @@ pub enum GatewayError {
     Upstream { status: StatusCode, body: Bytes },
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("max_tokens is {asked}, above the {cap} your tier allows")]
+    MaxTokensOverCap { asked: u32, cap: u32 },
+    #[error("{message}")]
+    RateLimited {
+        limit: crate::limits::LimitKind,
+        message: String,
+        retry_after: std::time::Duration,
+        headers: crate::limits::RateHeaders,
+    },
+    #[error("the rate-limit store is unreachable and rate_limits.on_store_error is fail_closed")]
+    RateLimitUnavailable,
 }
 
 /// Which timeout fired; also the `kind` label of timeout errors.
@@ -83,6 +96,10 @@ impl GatewayError {
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::Upstream { status, .. } => *status,
             GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            GatewayError::MaxTokensOverCap { .. } => StatusCode::BAD_REQUEST,
+            GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::RateLimitUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -105,6 +122,14 @@ impl GatewayError {
             GatewayError::UpstreamProtocol(_) => "upstream_protocol",
             GatewayError::Upstream { .. } => "upstream_status",
             GatewayError::Internal(_) => "internal",
+            GatewayError::Unauthorized(_) => "unauthorized",
+            GatewayError::MaxTokensOverCap { .. } => "max_tokens_over_cap",
+            GatewayError::RateLimited { limit, .. } => match limit {
+                crate::limits::LimitKind::Requests => "rate_limited_requests",
+                crate::limits::LimitKind::Tokens => "rate_limited_tokens",
+                crate::limits::LimitKind::Concurrency => "rate_limited_concurrency",
+            },
+            GatewayError::RateLimitUnavailable => "ratelimit_store_unavailable",
         }
     }
 
@@ -114,13 +139,16 @@ impl GatewayError {
             | GatewayError::MissingModel
             | GatewayError::ModelNotFound(_)
             | GatewayError::PayloadTooLarge { .. }
-            | GatewayError::UnknownRoute { .. } => ErrorSource::Client,
+            | GatewayError::UnknownRoute { .. }
+            | GatewayError::Unauthorized(_)
+            | GatewayError::MaxTokensOverCap { .. }
+            | GatewayError::RateLimited { .. } => ErrorSource::Client,
             GatewayError::NoHealthyBackend(_)
             | GatewayError::UpstreamConnect(_)
             | GatewayError::UpstreamTimeout { .. }
             | GatewayError::UpstreamProtocol(_)
             | GatewayError::Upstream { .. } => ErrorSource::Upstream,
-            GatewayError::Internal(_) => ErrorSource::Internal,
+            GatewayError::Internal(_) | GatewayError::RateLimitUnavailable => ErrorSource::Internal,
         }
     }
 
@@ -156,6 +184,7 @@ impl GatewayError {
     fn param(&self) -> Option<&'static str> {
         match self {
             GatewayError::MissingModel | GatewayError::ModelNotFound(_) => Some("model"),
+            GatewayError::MaxTokensOverCap { .. } => Some("max_tokens"),
             _ => None,
         }
     }
@@ -168,11 +197,21 @@ impl GatewayError {
             GatewayError::UnknownRoute { .. } => Some("unknown_url"),
             GatewayError::InvalidRequest(_) => Some("invalid_request"),
             GatewayError::Upstream { .. } => None,
+            GatewayError::Unauthorized(_) => Some("invalid_api_key"),
+            GatewayError::RateLimited { .. } => Some("rate_limit_exceeded"),
+            GatewayError::MaxTokensOverCap { .. } => Some("max_tokens_over_cap"),
             _ => Some(self.kind()),
         }
     }
 
     fn error_type(&self) -> &'static str {
+        // OpenAI types a 429 by the limit that was hit; the SDKs read it.
+        if let GatewayError::RateLimited { limit, .. } = self {
+            return match limit {
+                crate::limits::LimitKind::Tokens => "tokens",
+                _ => "requests",
+            };
+        }
         match self.source() {
             ErrorSource::Client => "invalid_request_error",
             ErrorSource::Upstream | ErrorSource::Internal => "server_error",
@@ -303,10 +342,29 @@ pub fn normalise_upstream_error(status: StatusCode, body: &[u8]) -> Bytes {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), self.body()).into_response();
-        resp.headers_mut().insert(
+        let h = resp.headers_mut();
+        h.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let GatewayError::RateLimited {
+            retry_after,
+            headers,
+            ..
+        } = &self
+        {
+            // The real wait, in both forms the OpenAI SDKs honour.
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            h.insert(
+                "retry-after-ms",
+                HeaderValue::from(retry_after.as_millis() as u64),
+            );
+            headers.apply(h);
+        }
+        if let GatewayError::Unauthorized(_) = &self {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         resp
     }
 }

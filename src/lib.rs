@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod limits;
 pub mod routing;
 pub mod server;
 pub mod sim;

@@ -36,7 +36,7 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
                 config.server.admin_listen
             )
         })?;
-    let state = AppState::new(config);
+    let state = AppState::new(config)?;
     let (stop, stopped) = watch::channel(false);
     let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;

@@ -36,7 +36,11 @@ pub async fn handle(state: Arc<AppState>, endpoint: Endpoint, req: Request<Body>
     let rid = request_id(&parts.headers);
     let mut resp = match proxy(&state, endpoint, arrival, &parts, body, &rid).await {
         Ok(r) => r,
-        Err(Failure { recorded, error }) => {
+        Err(Failure {
+            recorded,
+            error,
+            headers,
+        }) => {
             if !recorded {
                 // Failed before the model was known: no model label to give.
                 let key = (
@@ -46,23 +50,30 @@ pub async fn handle(state: Arc<AppState>, endpoint: Endpoint, req: Request<Body>
                 );
                 state.metrics.requests.get(&key).inc();
             }
-            error.into_response()
+            let mut resp = error.into_response();
+            if let Some(h) = headers {
+                h.apply(resp.headers_mut());
+            }
+            resp
         }
     };
     resp.headers_mut().insert(X_REQUEST_ID.clone(), rid);
     resp
 }
 
-/// A failed request; `recorded` when a [`Completion`] already counted it.
+/// A failed request; `recorded` when a [`Completion`] already counted it;
+/// `headers` when a rate-limit admission had already been made.
 struct Failure {
     recorded: bool,
     error: GatewayError,
+    headers: Option<crate::limits::RateHeaders>,
 }
 
 fn unrecorded(error: GatewayError) -> Failure {
     Failure {
         recorded: false,
         error,
+        headers: None,
     }
 }
 
@@ -70,6 +81,7 @@ fn recorded(error: GatewayError) -> Failure {
     Failure {
         recorded: true,
         error,
+        headers: None,
     }
 }
 
@@ -81,6 +93,11 @@ async fn proxy(
     body: Body,
     rid: &HeaderValue,
 ) -> Result<Response, Failure> {
+    // Who is calling, before the body is read: an unknown caller costs nothing.
+    let identity = match &state.limiter {
+        Some(l) => Some(l.identify(&parts.headers).map_err(unrecorded)?),
+        None => None,
+    };
     let limit = state.config.server.max_body_bytes.as_usize();
     let bytes = request::read_body(&parts.headers, body, limit)
         .await
@@ -92,42 +109,94 @@ async fn proxy(
             max_blocks: p.max_blocks,
         }
     });
-    let mut inbound = request::inspect(endpoint, bytes, prefix).map_err(unrecorded)?;
+    let mut inbound =
+        request::inspect_with(endpoint, bytes, prefix, identity.is_some()).map_err(unrecorded)?;
+    let new_completion = |model: Arc<str>| {
+        let mut record = RequestRecord::new(endpoint, model, inbound.stream, arrival);
+        if let Some(id) = &identity {
+            record.tier = Some(id.tier.clone());
+            record.key_name = Some(id.name.clone());
+        }
+        record.prompt_estimate = inbound.prompt_estimate;
+        Completion::new(
+            record,
+            state.metrics.clone(),
+            state.config.telemetry.stall_threshold,
+        )
+    };
     let candidates = match state.pool.resolve(&inbound.model) {
         Ok(ok) => ok,
         Err(e @ GatewayError::NoHealthyBackend(_)) => {
-            let record = RequestRecord::new(
-                endpoint,
-                served_name(state, &inbound),
-                inbound.stream,
-                arrival,
-            );
-            let mut c = Completion::new(
-                record,
-                state.metrics.clone(),
-                state.config.telemetry.stall_threshold,
-            );
+            let mut c = new_completion(served_name(state, &inbound));
             c.fail(e.status().as_u16(), e.kind());
             return Err(recorded(e));
         }
         Err(e) => return Err(unrecorded(e)),
     };
     let model = candidates.model.clone();
+    let mut completion = new_completion(model.clone());
+    let fail = |c: &mut Completion, e: GatewayError| {
+        c.fail(e.status().as_u16(), e.kind());
+        recorded(e)
+    };
     if *model != *inbound.model {
-        inbound.body = request::with_model(&inbound.body, &model).map_err(unrecorded)?;
+        inbound.body =
+            request::with_model(&inbound.body, &model).map_err(|e| fail(&mut completion, e))?;
     }
     crate::routing::prefix::bind_model(&mut inbound.prefix, &model);
-    let record = RequestRecord::new(endpoint, model.clone(), inbound.stream, arrival);
-    let completion = Completion::new(
-        record,
-        state.metrics.clone(),
-        state.config.telemetry.stall_threshold,
-    );
-    forward(
+
+    let mut rate_headers = None;
+    if let (Some(limiter), Some(id)) = (&state.limiter, &identity) {
+        let generates = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+        let mut max_tokens = inbound.max_tokens;
+        if let Some(cap) = limiter.max_tokens_cap(id, &model) {
+            match inbound.max_tokens {
+                Some(asked) if asked > cap => {
+                    return Err(fail(
+                        &mut completion,
+                        GatewayError::MaxTokensOverCap { asked, cap },
+                    ));
+                }
+                None if generates => {
+                    // The tier bounds every generation, also one that set no limit.
+                    inbound.body = request::with_max_tokens(&inbound.body, cap)
+                        .map_err(|e| fail(&mut completion, e))?;
+                    max_tokens = Some(cap);
+                }
+                _ => {}
+            }
+        }
+        if endpoint == Endpoint::Embeddings {
+            max_tokens = Some(0);
+        }
+        match limiter
+            .admit(id, &model, inbound.prompt_estimate, max_tokens)
+            .await
+        {
+            Ok(admission) => {
+                rate_headers = Some(admission.headers.clone());
+                completion.admission = Some(admission);
+            }
+            Err(e) => return Err(fail(&mut completion, e)),
+        }
+    }
+    match forward(
         state, endpoint, parts, &inbound, candidates, completion, rid,
     )
     .await
-    .map_err(recorded)
+    {
+        Ok(mut resp) => {
+            if let Some(h) = &rate_headers {
+                h.apply(resp.headers_mut());
+            }
+            Ok(resp)
+        }
+        Err(e) => Err(Failure {
+            recorded: true,
+            error: e,
+            headers: rate_headers,
+        }),
+    }
 }
 
 /// The served name of a known model (for labels), never the client's string.

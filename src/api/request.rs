@@ -26,6 +26,8 @@ pub struct Inbound {
     /// Prefix block hashes of the prompt (not yet bound to the served model),
     /// when the routing policy asked for them.
     pub prefix: Vec<u64>,
+    /// Prompt tokens by the approximate tokenizer, when rate limits need it.
+    pub prompt_estimate: u32,
 }
 
 /// How to cut a prompt into prefix blocks (from `routing.prefix_kv`).
@@ -53,6 +55,19 @@ struct Lite<'a> {
     prompt: Option<PromptLite<'a>>,
     #[serde(default, borrow)]
     cache_salt: Option<Cow<'a, str>>,
+    /// Embeddings input: a string or a list of strings.
+    #[serde(default, borrow)]
+    input: Option<PromptLite<'a>>,
+}
+
+impl PromptLite<'_> {
+    fn estimate(&self) -> u32 {
+        match self {
+            PromptLite::Text(t) => crate::tokens::estimate(t),
+            PromptLite::Many(v) => v.iter().map(|t| crate::tokens::estimate(t)).sum(),
+            PromptLite::Other(_) => 0,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -150,11 +165,21 @@ pub async fn read_body(
     }
 }
 
-/// Check the body and extract what routing and timing need.
+/// Check the body and extract what routing, limits and timing need.
 pub fn inspect(
     endpoint: Endpoint,
     body: Bytes,
     prefix: Option<PrefixParams>,
+) -> Result<Inbound, GatewayError> {
+    inspect_with(endpoint, body, prefix, false)
+}
+
+/// [`inspect`], also estimating the prompt's tokens if `estimate`.
+pub fn inspect_with(
+    endpoint: Endpoint,
+    body: Bytes,
+    prefix: Option<PrefixParams>,
+    estimate: bool,
 ) -> Result<Inbound, GatewayError> {
     let lite: Lite<'_> = serde_json::from_slice(&body).map_err(|e| {
         let msg = if e.is_data() && body.trim_ascii_start().first() != Some(&b'{') {
@@ -190,6 +215,20 @@ pub fn inspect(
         }
         _ => Vec::new(),
     };
+    // The shared approximate tokenizer, counted as the simulator counts.
+    let prompt_estimate = match (&lite.messages, &lite.prompt, &lite.input) {
+        _ if !estimate => 0,
+        (Some(msgs), _, _) => crate::tokens::estimate_messages(msgs.iter().flat_map(|m| {
+            let parts: Vec<&str> = match &m.content {
+                Some(ContentLite::Text(t)) => vec![t.as_ref()],
+                Some(ContentLite::Parts(p)) => p.iter().filter_map(|p| p.text.as_deref()).collect(),
+                _ => vec![""],
+            };
+            parts
+        })),
+        (None, Some(p), _) | (None, None, Some(p)) => p.estimate(),
+        _ => 0,
+    };
     let body = if stream && asks_usage && !client_wants_usage {
         with_usage_requested(&body, has_stream_options)?
     } else {
@@ -202,6 +241,7 @@ pub fn inspect(
         max_tokens,
         body,
         prefix,
+        prompt_estimate,
     })
 }
 
@@ -214,6 +254,28 @@ pub fn with_model(body: &Bytes, model: &str) -> Result<Bytes, GatewayError> {
     serde_json::to_vec(&v)
         .map(Bytes::from)
         .map_err(|e| GatewayError::Internal(e.to_string()))
+}
+
+/// The body with `"max_tokens": n` added (the tier's cap applied to a request
+/// that set none), spliced after the opening brace.
+pub fn with_max_tokens(body: &Bytes, n: u32) -> Result<Bytes, GatewayError> {
+    let open = body
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .filter(|&i| body[i] == b'{')
+        .ok_or_else(|| {
+            GatewayError::InvalidRequest("the request body must be a JSON object".into())
+        })?;
+    let field = format!("\"max_tokens\":{n}");
+    let empty = body[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let mut out = Vec::with_capacity(body.len() + field.len() + 1);
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(field.as_bytes());
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(&body[open + 1..]);
+    Ok(Bytes::from(out))
 }
 
 /// The body with `stream_options.include_usage = true`, so that token counts are

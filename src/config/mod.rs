@@ -4,9 +4,14 @@
 //! (`30s`, `2m`), sizes accept units (`16MiB`). Decode errors carry the field path
 //! and the line; [`validate`] checks the cross-field rules after decoding.
 
+mod limits;
 mod load;
 mod types;
 
+pub use limits::{
+    ApiKey, AuthConfig, OnStoreError, RateLimitConfig, RedisConfig, StoreKind, TierConfig,
+    TierLimits,
+};
 pub use load::{ConfigError, load_file, parse_str};
 pub use types::{ByteSize, Secret};
 
@@ -29,6 +34,10 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     pub models: ModelsConfig,
     pub routing: RoutingConfig,
+    pub auth: AuthConfig,
+    /// Limits by tier name (see `auth.keys[].tier`).
+    pub tiers: BTreeMap<String, TierConfig>,
+    pub rate_limits: RateLimitConfig,
     pub telemetry: TelemetryConfig,
 }
 
@@ -505,6 +514,54 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
                 "must be greater than zero".into(),
             );
         }
+    }
+    for (i, k) in config.auth.keys.iter().enumerate() {
+        if !config.tiers.contains_key(&k.tier) {
+            bad(
+                format!("auth.keys[{i}].tier"),
+                format!("no tier `{}` in `tiers`", k.tier),
+            );
+        }
+        let h = k.sha256.expose();
+        if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            bad(
+                format!("auth.keys[{i}].sha256"),
+                "must be 64 hex digits (the SHA-256 of the key)".into(),
+            );
+        }
+    }
+    if let Some(t) = &config.auth.anonymous_tier
+        && !config.tiers.contains_key(t)
+    {
+        bad(
+            "auth.anonymous_tier".into(),
+            format!("no tier `{t}` in `tiers`"),
+        );
+    }
+    for (name, t) in &config.tiers {
+        let zero = [
+            t.requests_per_minute,
+            t.tokens_per_minute,
+            t.concurrent_requests,
+            t.max_tokens,
+        ]
+        .contains(&Some(0));
+        if zero {
+            bad(
+                format!("tiers.{name}"),
+                "limits must be greater than zero (leave one out for no limit)".into(),
+            );
+        }
+    }
+    if config.rate_limits.store == StoreKind::Redis
+        && url::Url::parse(config.rate_limits.redis.url.expose())
+            .map(|u| !matches!(u.scheme(), "redis" | "rediss"))
+            .unwrap_or(true)
+    {
+        bad(
+            "rate_limits.redis.url".into(),
+            "must be a redis:// URL".into(),
+        );
     }
     let b = &config.telemetry.buckets;
     for (name, v) in [

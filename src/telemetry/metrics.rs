@@ -170,6 +170,10 @@ pub struct Metrics {
     /// model, reason: every routing decision.
     pub routing: Family<(Arc<str>, &'static str), Counter>,
     pub backends: Family<(Arc<str>,), BackendSeries>,
+    /// tier, limit ("" when admitted), decision.
+    pub ratelimit_decisions: Family<(Arc<str>, &'static str, &'static str), Counter>,
+    pub ratelimit_store_errors: Family<(&'static str,), Counter>,
+    pub ratelimit_store_seconds: Histogram,
     pub started: Instant,
 }
 
@@ -248,6 +252,15 @@ impl Metrics {
             retries: Family::new(&["model", "reason"], Counter::default),
             routing: Family::new(&["model", "reason"], Counter::default),
             backends: Family::new(&["backend"], BackendSeries::new),
+            ratelimit_decisions: Family::new(&["tier", "limit", "decision"], Counter::default),
+            ratelimit_store_errors: Family::new(&["store"], Counter::default),
+            // Redis round trips: tens of microseconds on loopback, milliseconds
+            // across a zone; the timeout (100 ms default) caps it.
+            ratelimit_store_seconds: Histogram::seconds(Arc::from(
+                &[
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                ][..],
+            )),
             started: Instant::now(),
         }
     }
@@ -417,6 +430,24 @@ impl Metrics {
             "Age of the last successful scrape of the replica's metrics (+Inf: never).",
             &self.backends,
             |s| s.metrics_age(),
+        );
+        e.counters(
+            "sluice_ratelimit_decisions_total",
+            "Rate-limit admissions and rejections, by tier, limit hit and decision.",
+            &self.ratelimit_decisions,
+            |c| c,
+        );
+        e.counters(
+            "sluice_ratelimit_store_errors_total",
+            "Rate-limit store calls that failed (unreachable, timed out).",
+            &self.ratelimit_store_errors,
+            |c| c,
+        );
+        e.one_histogram(
+            "sluice_ratelimit_store_seconds",
+            "Round trip of one rate-limit admission to the shared store (Redis).",
+            "",
+            &self.ratelimit_store_seconds,
         );
         e.single(
             "sluice_uptime_seconds",

@@ -45,6 +45,11 @@ pub struct RequestRecord {
     pub backend: Option<Arc<str>>,
     /// Why the serving replica was chosen (for the access log and traces).
     pub route_reason: Option<crate::routing::RouteReason>,
+    /// The caller's tier and key name, when keys are configured.
+    pub tier: Option<Arc<str>>,
+    pub key_name: Option<Arc<str>>,
+    /// Prompt tokens by the approximate tokenizer (settles a cut-short stream).
+    pub prompt_estimate: u32,
     pub attempts: u32,
     pub first_token: Option<Instant>,
     pub last_token: Option<Instant>,
@@ -72,6 +77,9 @@ impl RequestRecord {
             upstream_sent: None,
             backend: None,
             route_reason: None,
+            tier: None,
+            key_name: None,
+            prompt_estimate: 0,
             attempts: 0,
             first_token: None,
             last_token: None,
@@ -113,6 +121,8 @@ pub struct Completion {
     series: Arc<ModelSeries>,
     /// The replica serving the request, for its recent-latency averages.
     backend: Option<Arc<BackendSeries>>,
+    /// The rate-limit reservation, settled with the real usage at the end.
+    pub admission: Option<crate::limits::Admission>,
     metrics: Arc<Metrics>,
     stall_threshold: Duration,
 }
@@ -125,6 +135,7 @@ impl Completion {
             record,
             series,
             backend: None,
+            admission: None,
             metrics,
             stall_threshold,
         }
@@ -179,7 +190,22 @@ impl Completion {
         &self.metrics
     }
 
+    /// Tokens the request consumed: the replica's usage, or, for a stream cut
+    /// short (no usage chunk), the prompt estimate plus the output events seen.
+    pub fn used_tokens(&self) -> u32 {
+        let r = &self.record;
+        match r.usage {
+            Some(u) => u.prompt_tokens.saturating_add(u.completion_tokens),
+            None if r.upstream_sent.is_some() => r.prompt_estimate.saturating_add(r.output_events),
+            None => 0,
+        }
+    }
+
     fn emit(&mut self) {
+        let used = self.used_tokens();
+        if let Some(mut a) = self.admission.take() {
+            a.finish(used);
+        }
         let r = &mut self.record;
         let end = *r.end.get_or_insert_with(Instant::now);
         if r.status == 0 {

@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod errors;
 mod forwarding;
+mod limits;
 mod routing;
 mod sdk;
 mod sim;
