@@ -71,12 +71,15 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
         }
         Command::CheckConfig { file } => {
             let c = config::load_file(&file)?;
-            println!(
-                "{}: OK ({} backends, policy {:?})",
+            print_out(&format!(
+                "{}: OK ({} backends, {} DNS sources, policy {}, {} keys, {} tiers)",
                 file.display(),
                 c.backends.len(),
-                c.routing.policy
-            );
+                c.discovery.dns.len(),
+                c.routing.policy.as_str(),
+                c.auth.keys.len(),
+                c.tiers.len()
+            ));
             Ok(())
         }
         Command::Sim(args) => {

@@ -209,6 +209,16 @@ pub enum PolicyKind {
     PrefixKv,
 }
 
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::LeastLoaded => "least_loaded",
+            PolicyKind::PrefixKv => "prefix_kv",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RoutingConfig {
