@@ -13,8 +13,11 @@ use crate::config::Config;
 use crate::error::GatewayError;
 use crate::limits::Limiter;
 use crate::routing::{self, RoutingPolicy};
+use crate::telemetry::Telemetry;
+use crate::telemetry::access_log::AccessLog;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::record::Endpoint;
+use crate::telemetry::traces::Traces;
 use crate::upstream::client::{HttpClient, build_client};
 use crate::upstream::pool::Pool;
 
@@ -25,6 +28,8 @@ pub struct AppState {
     pub client: HttpClient,
     pub policy: Arc<dyn RoutingPolicy>,
     pub metrics: Arc<Metrics>,
+    /// Metrics, traces and the access log, for finished requests.
+    pub telemetry: Arc<Telemetry>,
     /// API keys and tier limits; `None` when the gateway is open.
     pub limiter: Option<Arc<Limiter>>,
     /// For the `created` field of `/v1/models`.
@@ -35,6 +40,11 @@ impl AppState {
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
         let metrics = Arc::new(Metrics::new(&config.telemetry.buckets));
         let limiter = Limiter::from_config(&config, metrics.clone())?;
+        let telemetry = Arc::new(Telemetry {
+            metrics: metrics.clone(),
+            traces: Traces::start(&config.telemetry.tracing)?,
+            access_log: AccessLog::open(&config.telemetry.access_log)?,
+        });
         let pool = Arc::new(Pool::new(&config, metrics.clone()));
         let client = build_client(&config.upstream);
         let policy = routing::build(&config.routing);
@@ -48,6 +58,7 @@ impl AppState {
             client,
             policy,
             metrics,
+            telemetry,
             limiter,
             started_unix,
         }))

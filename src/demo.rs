@@ -34,6 +34,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     config.server.listen = args.listen;
     config.server.admin_listen = args.admin_listen;
     config.upstream.health_check.interval = Duration::from_secs(1);
+    // The demo prints its own summary; one JSON line per request would drown it.
+    config.telemetry.access_log.enabled = false;
     config.backends = sims
         .iter()
         .filter_map(|s| s.url().parse().ok())

@@ -25,16 +25,20 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let body = state.metrics.render();
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+/// Prometheus text by default; OpenMetrics (with exemplars linking latency
+/// buckets to traces) when the scraper asks for it.
+pub async fn metrics(State(state): State<Arc<AppState>>, headers: http::HeaderMap) -> Response {
+    let om = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    let body = state.metrics.render(om);
+    let ct = if om {
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    } else {
+        "text/plain; version=0.0.4; charset=utf-8"
+    };
+    ([(header::CONTENT_TYPE, ct)], body).into_response()
 }
 
 #[derive(Serialize)]

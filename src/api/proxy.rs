@@ -23,6 +23,7 @@ use crate::stream::body::{Mode, TimedBody};
 use crate::stream::event::chunk_info;
 use crate::telemetry::metrics::StatusLabel;
 use crate::telemetry::record::{Completion, Endpoint, RequestRecord};
+use crate::telemetry::tracecontext::TraceCtx;
 use crate::upstream::client::{X_REQUEST_ID, downstream_headers, request_id, upstream_headers};
 use crate::upstream::conn::Conn;
 use crate::upstream::pool::{Candidates, InFlight, Replica};
@@ -45,10 +46,20 @@ pub async fn handle(state: Arc<AppState>, endpoint: Endpoint, req: Request<Body>
                 // Failed before the model was known: no model label to give.
                 let key = (
                     Arc::from(""),
+                    Arc::from(""),
                     StatusLabel(error.status().as_u16()),
                     error.kind(),
                 );
                 state.metrics.requests.get(&key).inc();
+                if let Some(log) = &state.telemetry.access_log {
+                    let mut r = RequestRecord::new(endpoint, Arc::from(""), false, arrival);
+                    r.request_id = rid.to_str().unwrap_or_default().to_string();
+                    r.trace = Some(TraceCtx::from_headers(&parts.headers));
+                    r.status = error.status().as_u16();
+                    r.error_kind = Some(error.kind());
+                    r.end = Some(Instant::now());
+                    log.write(&r, None, None);
+                }
             }
             let mut resp = error.into_response();
             if let Some(h) = headers {
@@ -109,20 +120,34 @@ async fn proxy(
             max_blocks: p.max_blocks,
         }
     });
-    let mut inbound =
-        request::inspect_with(endpoint, bytes, prefix, identity.is_some()).map_err(unrecorded)?;
+    let needs = request::Needs {
+        prefix,
+        estimate: identity.is_some(),
+        text: state
+            .telemetry
+            .access_log
+            .as_ref()
+            .is_some_and(|l| l.include_prompts),
+    };
+    let mut inbound = request::inspect_with(endpoint, bytes, needs).map_err(unrecorded)?;
+    let trace = TraceCtx::from_headers(&parts.headers);
     let new_completion = |model: Arc<str>| {
         let mut record = RequestRecord::new(endpoint, model, inbound.stream, arrival);
+        record.request_id = rid.to_str().unwrap_or_default().to_string();
+        record.trace = Some(trace);
+        record.max_tokens = inbound.max_tokens;
         if let Some(id) = &identity {
             record.tier = Some(id.tier.clone());
             record.key_name = Some(id.name.clone());
         }
         record.prompt_estimate = inbound.prompt_estimate;
-        Completion::new(
+        let mut c = Completion::new(
             record,
-            state.metrics.clone(),
+            state.telemetry.clone(),
             state.config.telemetry.stall_threshold,
-        )
+        );
+        c.prompt_text = inbound.prompt_text.clone();
+        c
     };
     let candidates = match state.pool.resolve(&inbound.model) {
         Ok(ok) => ok,
@@ -222,7 +247,11 @@ async fn forward(
     let mut candidates = candidates.replicas;
     let cfg = &state.config.upstream;
     let deadline = completion.record.arrival + cfg.timeouts.total;
-    let headers = upstream_headers(&parts.headers, rid);
+    let mut headers = upstream_headers(&parts.headers, rid);
+    if let Some(t) = completion.record.trace {
+        // The replica's spans hang under the gateway's upstream span.
+        headers.insert("traceparent", t.upstream_header());
+    }
     let path = parts
         .uri
         .path_and_query()
@@ -276,6 +305,7 @@ async fn forward(
 
         let sent = Instant::now();
         completion.record.upstream_sent = Some(sent);
+        completion.record.first_sent.get_or_insert(sent);
         // Streams must show a first event within `first_token`; a non-streamed
         // answer only comes when generation is over, so only `total` bounds it.
         let headers_by = if inbound.stream {
@@ -390,6 +420,7 @@ async fn respond(
         mut conn,
         in_flight,
     } = upstream;
+    completion.record.upstream_first_byte = Some(Instant::now());
     let (parts, mut body) = resp.into_parts();
     let headers = downstream_headers(&parts.headers, rid);
     let is_sse = parts
@@ -411,7 +442,10 @@ async fn respond(
         let mut timed = TimedBody::new(body, conn, completion, in_flight, mode, idle, deadline);
         if is_sse {
             match tokio::time::timeout_at(first_by.into(), timed.first_chunk()).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => {
+                    let first = timed.frame_time();
+                    timed.completion_mut().record.upstream_first_byte = Some(first);
+                }
                 Ok(Err(e)) => return Err(fail_before_first_byte(&mut timed, e)),
                 Err(_) => {
                     let e = GatewayError::UpstreamTimeout {
@@ -421,6 +455,7 @@ async fn respond(
                 }
             }
         }
+        timed.completion_mut().record.response_ready = Some(Instant::now());
         let mut out = Response::new(Body::new(timed));
         *out.status_mut() = parts.status;
         *out.headers_mut() = headers;
@@ -463,7 +498,9 @@ async fn respond(
         completion.record.usage = info.usage;
         completion.record.finish_reason = info.finish_reason;
     }
-    completion.record.end = Some(Instant::now());
+    let now = Instant::now();
+    completion.record.end = Some(now);
+    completion.record.response_ready = Some(now);
     drop(completion);
     let mut out = (parts.status, bytes).into_response();
     *out.headers_mut() = headers;

@@ -28,6 +28,16 @@ pub struct Inbound {
     pub prefix: Vec<u64>,
     /// Prompt tokens by the approximate tokenizer, when rate limits need it.
     pub prompt_estimate: u32,
+    /// The prompt's text, when the access log includes prompts.
+    pub prompt_text: Option<String>,
+}
+
+/// What else to extract besides the fields every request needs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Needs {
+    pub prefix: Option<PrefixParams>,
+    pub estimate: bool,
+    pub text: bool,
 }
 
 /// How to cut a prompt into prefix blocks (from `routing.prefix_kv`).
@@ -171,16 +181,23 @@ pub fn inspect(
     body: Bytes,
     prefix: Option<PrefixParams>,
 ) -> Result<Inbound, GatewayError> {
-    inspect_with(endpoint, body, prefix, false)
+    inspect_with(
+        endpoint,
+        body,
+        Needs {
+            prefix,
+            ..Needs::default()
+        },
+    )
 }
 
-/// [`inspect`], also estimating the prompt's tokens if `estimate`.
+/// [`inspect`], extracting what `needs` asks for.
 pub fn inspect_with(
     endpoint: Endpoint,
     body: Bytes,
-    prefix: Option<PrefixParams>,
-    estimate: bool,
+    needs: Needs,
 ) -> Result<Inbound, GatewayError> {
+    let (prefix, estimate) = (needs.prefix, needs.estimate);
     let lite: Lite<'_> = serde_json::from_slice(&body).map_err(|e| {
         let msg = if e.is_data() && body.trim_ascii_start().first() != Some(&b'{') {
             "the request body must be a JSON object".to_string()
@@ -229,6 +246,7 @@ pub fn inspect_with(
         (None, Some(p), _) | (None, None, Some(p)) => p.estimate(),
         _ => 0,
     };
+    let prompt_text = needs.text.then(|| prompt_pieces(&lite).pieces.concat());
     let body = if stream && asks_usage && !client_wants_usage {
         with_usage_requested(&body, has_stream_options)?
     } else {
@@ -242,6 +260,7 @@ pub fn inspect_with(
         body,
         prefix,
         prompt_estimate,
+        prompt_text,
     })
 }
 

@@ -6,6 +6,7 @@
 
 mod limits;
 mod load;
+mod telemetry;
 mod types;
 
 pub use limits::{
@@ -13,6 +14,9 @@ pub use limits::{
     TierLimits,
 };
 pub use load::{ConfigError, load_file, parse_str};
+pub use telemetry::{
+    AccessLogConfig, LogTarget, OtlpProtocol, ResolvedTracing, SamplingConfig, TracingConfig,
+};
 pub use types::{ByteSize, Secret};
 
 use std::collections::BTreeMap;
@@ -378,6 +382,8 @@ pub struct TelemetryConfig {
     #[serde(with = "humantime_serde")]
     pub stall_threshold: Duration,
     pub buckets: Buckets,
+    pub tracing: TracingConfig,
+    pub access_log: AccessLogConfig,
 }
 
 impl Default for TelemetryConfig {
@@ -385,6 +391,8 @@ impl Default for TelemetryConfig {
         Self {
             stall_threshold: Duration::from_secs(2),
             buckets: Buckets::default(),
+            tracing: TracingConfig::default(),
+            access_log: AccessLogConfig::default(),
         }
     }
 }
@@ -571,6 +579,20 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
         bad(
             "rate_limits.redis.url".into(),
             "must be a redis:// URL".into(),
+        );
+    }
+    let s = &config.telemetry.tracing.sampling;
+    if !(0.0..=1.0).contains(&s.ratio) {
+        bad(
+            "telemetry.tracing.sampling.ratio".into(),
+            "must be between 0 and 1".into(),
+        );
+    }
+    let a = &config.telemetry.access_log;
+    if a.enabled && a.target == LogTarget::File && a.path.is_none() {
+        bad(
+            "telemetry.access_log.path".into(),
+            "needed when target is file".into(),
         );
     }
     let b = &config.telemetry.buckets;

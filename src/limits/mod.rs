@@ -465,6 +465,11 @@ impl Admission {
         }
     }
 
+    /// Whether this admission bypassed the limits (store down, failing open).
+    pub fn is_unlimited(&self) -> bool {
+        self.limiter.is_none()
+    }
+
     /// Settle with the tokens really used.
     pub fn finish(&mut self, used_tokens: u32) {
         if let (Some(l), Some(mut s)) = (self.limiter.take(), self.settlement.take()) {

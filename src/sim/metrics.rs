@@ -134,7 +134,7 @@ impl SimMetrics {
             "",
             self.connections.get() as f64,
         );
-        e.out
+        e.finish()
     }
 
     fn render_vllm(&self, e: &mut Encoder, m: &str, cache: CacheInfo, v: View) {

@@ -170,6 +170,11 @@ impl TimedBody {
         }
     }
 
+    /// When the latest upstream chunk arrived.
+    pub fn frame_time(&self) -> Instant {
+        self.frame_time
+    }
+
     pub fn replica(&self) -> &Arc<Replica> {
         self.in_flight.replica()
     }

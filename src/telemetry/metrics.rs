@@ -54,6 +54,7 @@ pub struct ModelSeries {
     pub tpot: Histogram,
     pub e2e: Histogram,
     pub queue: Histogram,
+    pub overhead: Histogram,
     pub max_gap: Histogram,
     pub prompt_tokens: Counter,
     pub generation_tokens: Counter,
@@ -162,8 +163,8 @@ impl BackendSeries {
 
 pub struct Metrics {
     pub models: Family<(Arc<str>,), ModelSeries>,
-    /// model, status code, error kind ("" on success).
-    pub requests: Family<(Arc<str>, StatusLabel, &'static str), Counter>,
+    /// model, tier ("" without keys), status code, error kind ("" on success).
+    pub requests: Family<(Arc<str>, Arc<str>, StatusLabel, &'static str), Counter>,
     pub finish_reasons: Family<(Arc<str>, &'static str), Counter>,
     pub upstream_errors: Family<(Arc<str>, &'static str), Counter>,
     pub retries: Family<(Arc<str>, &'static str), Counter>,
@@ -237,6 +238,7 @@ impl Metrics {
                 tpot: Histogram::seconds(tpot.clone()),
                 e2e: Histogram::seconds(e2e.clone()),
                 queue: Histogram::seconds(queue.clone()),
+                overhead: Histogram::seconds(queue.clone()),
                 max_gap: Histogram::seconds(itl.clone()),
                 prompt_tokens: Counter::default(),
                 generation_tokens: Counter::default(),
@@ -246,7 +248,7 @@ impl Metrics {
                 in_flight: Gauge::default(),
                 client_disconnects: Counter::default(),
             }),
-            requests: Family::new(&["model", "status", "error_kind"], Counter::default),
+            requests: Family::new(&["model", "tier", "status", "error_kind"], Counter::default),
             finish_reasons: Family::new(&["model", "finish_reason"], Counter::default),
             upstream_errors: Family::new(&["backend", "kind"], Counter::default),
             retries: Family::new(&["model", "reason"], Counter::default),
@@ -265,13 +267,13 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let mut e = Encoder::new();
+    /// The Prometheus text exposition, or OpenMetrics (with exemplars).
+    pub fn render(&self, openmetrics: bool) -> String {
+        let mut e = Encoder::with_format(openmetrics);
         let m = &self.models;
         e.counters(
             "sluice_requests_total",
-            "Requests finished, by model, HTTP status and error kind (empty on success).",
+            "Requests finished, by model, tier, HTTP status and error kind (empty on success).",
             &self.requests,
             |c| c,
         );
@@ -304,6 +306,12 @@ impl Metrics {
             "Arrival at the gateway to the request being sent to the replica that served it.",
             m,
             |s| &s.queue,
+        );
+        e.histograms(
+            "sluice_gateway_overhead_seconds",
+            "Time spent in the gateway itself: arrival to the first upstream send, plus the replica's first byte to the response handed to the client.",
+            m,
+            |s| &s.overhead,
         );
         e.histograms(
             "sluice_request_max_inter_token_gap_seconds",
@@ -455,6 +463,6 @@ impl Metrics {
             Kind::Gauge,
             self.started.elapsed().as_secs_f64(),
         );
-        e.out
+        e.finish()
     }
 }

@@ -1,8 +1,20 @@
 //! Metrics (registry and catalog), the per-request record, and log setup.
 
+pub mod access_log;
 pub mod metrics;
 pub mod record;
 pub mod registry;
+pub mod tracecontext;
+pub mod traces;
+
+use std::sync::Arc;
+
+/// Where a finished request is reported: metrics, traces, access log.
+pub struct Telemetry {
+    pub metrics: Arc<metrics::Metrics>,
+    pub traces: Option<Arc<traces::Traces>>,
+    pub access_log: Option<access_log::AccessLog>,
+}
 
 /// Human-readable logs on stderr; `SLUICE_LOG_FORMAT=json` for one JSON object
 /// per line. Level from `RUST_LOG` (default `info`).

@@ -34,14 +34,36 @@ impl Endpoint {
 /// Status recorded for a request the client abandoned (nginx's convention).
 pub const CLIENT_CLOSED: u16 = 499;
 
+/// A gap between tokens above the stall threshold, for the trace's events.
+#[derive(Debug, Clone, Copy)]
+pub struct StallEvent {
+    /// When the token that ended the gap arrived.
+    pub at: Instant,
+    pub gap: Duration,
+}
+
+/// Stall events kept per request (the count has no limit).
+const MAX_STALL_EVENTS: usize = 8;
+
 #[derive(Debug, Clone)]
 pub struct RequestRecord {
+    pub request_id: String,
+    /// W3C trace context (ids for the spans this request may export).
+    pub trace: Option<super::tracecontext::TraceCtx>,
+    /// Wall-clock time of `arrival`, for span and log timestamps.
+    pub wall_arrival: std::time::SystemTime,
     pub endpoint: Endpoint,
     pub model: Arc<str>,
     pub stream: bool,
     pub arrival: Instant,
     /// When the attempt that served the request was sent upstream.
     pub upstream_sent: Option<Instant>,
+    /// When the first attempt was sent (gateway overhead ends there).
+    pub first_sent: Option<Instant>,
+    /// When the replica's answer (first chunk, or whole body) arrived.
+    pub upstream_first_byte: Option<Instant>,
+    /// When the response was handed to the client connection.
+    pub response_ready: Option<Instant>,
     pub backend: Option<Arc<str>>,
     /// Why the serving replica was chosen (for the access log and traces).
     pub route_reason: Option<crate::routing::RouteReason>,
@@ -50,6 +72,11 @@ pub struct RequestRecord {
     pub key_name: Option<Arc<str>>,
     /// Prompt tokens by the approximate tokenizer (settles a cut-short stream).
     pub prompt_estimate: u32,
+    /// `max_tokens` as sent upstream.
+    pub max_tokens: Option<u32>,
+    /// `admitted`, `rejected_<limit>`, `admitted_store_down`, when limits apply.
+    pub ratelimit: Option<&'static str>,
+    pub stall_events: Vec<StallEvent>,
     pub attempts: u32,
     pub first_token: Option<Instant>,
     pub last_token: Option<Instant>,
@@ -69,17 +96,27 @@ pub struct RequestRecord {
 
 impl RequestRecord {
     pub fn new(endpoint: Endpoint, model: Arc<str>, stream: bool, arrival: Instant) -> Self {
+        let wall_arrival = std::time::SystemTime::now() - arrival.elapsed();
         Self {
+            request_id: String::new(),
+            trace: None,
+            wall_arrival,
             endpoint,
             model,
             stream,
             arrival,
             upstream_sent: None,
+            first_sent: None,
+            upstream_first_byte: None,
+            response_ready: None,
             backend: None,
             route_reason: None,
             tier: None,
             key_name: None,
             prompt_estimate: 0,
+            max_tokens: None,
+            ratelimit: None,
+            stall_events: Vec::new(),
             attempts: 0,
             first_token: None,
             last_token: None,
@@ -110,6 +147,17 @@ impl RequestRecord {
         (n > 1).then(|| (last - first) / (n - 1))
     }
 
+    /// Time spent in the gateway itself: arrival to the first upstream send,
+    /// plus the replica's first byte to the response handed to the client.
+    pub fn gateway_overhead(&self) -> Option<Duration> {
+        let before = self.first_sent?.saturating_duration_since(self.arrival);
+        let after = match (self.upstream_first_byte, self.response_ready) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a),
+            _ => Duration::ZERO,
+        };
+        Some(before + after)
+    }
+
     pub fn succeeded(&self) -> bool {
         self.error_kind.is_none() && !self.disconnected && (200..300).contains(&self.status)
     }
@@ -123,21 +171,28 @@ pub struct Completion {
     backend: Option<Arc<BackendSeries>>,
     /// The rate-limit reservation, settled with the real usage at the end.
     pub admission: Option<crate::limits::Admission>,
-    metrics: Arc<Metrics>,
+    tele: Arc<super::Telemetry>,
     stall_threshold: Duration,
+    /// The prompt's text, only when the access log is to include prompts.
+    pub prompt_text: Option<String>,
 }
 
 impl Completion {
-    pub fn new(record: RequestRecord, metrics: Arc<Metrics>, stall_threshold: Duration) -> Self {
-        let series = metrics.models.get(&(record.model.clone(),));
+    pub fn new(
+        record: RequestRecord,
+        tele: Arc<super::Telemetry>,
+        stall_threshold: Duration,
+    ) -> Self {
+        let series = tele.metrics.models.get(&(record.model.clone(),));
         series.in_flight.inc();
         Self {
             record,
             series,
             backend: None,
             admission: None,
-            metrics,
+            tele,
             stall_threshold,
+            prompt_text: None,
         }
     }
 
@@ -160,6 +215,9 @@ impl Completion {
                 if gap > self.stall_threshold {
                     r.stalls += 1;
                     self.series.stalls.inc();
+                    if r.stall_events.len() < MAX_STALL_EVENTS {
+                        r.stall_events.push(StallEvent { at: now, gap });
+                    }
                 }
             }
         }
@@ -182,12 +240,16 @@ impl Completion {
     /// Count a failed attempt or broken stream against the replica.
     pub fn upstream_error(&self, kind: &'static str) {
         if let Some(b) = &self.record.backend {
-            self.metrics.upstream_errors.get(&(b.clone(), kind)).inc();
+            self.tele
+                .metrics
+                .upstream_errors
+                .get(&(b.clone(), kind))
+                .inc();
         }
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
+        &self.tele.metrics
     }
 
     /// Tokens the request consumed: the replica's usage, or, for a stream cut
@@ -222,6 +284,9 @@ impl Completion {
             s.queue
                 .observe_duration(sent.saturating_duration_since(r.arrival));
         }
+        if let Some(o) = r.gateway_overhead() {
+            s.overhead.observe_duration(o);
+        }
         if let Some(u) = r.usage {
             s.prompt_tokens.add(u64::from(u.prompt_tokens));
             s.generation_tokens.add(u64::from(u.completion_tokens));
@@ -249,20 +314,40 @@ impl Completion {
                 s.max_gap.observe_duration(r.max_gap);
             }
         }
+        let m = &self.tele.metrics;
         if let Some(f) = r.finish_reason {
-            self.metrics
-                .finish_reasons
-                .get(&(r.model.clone(), f.as_str()))
-                .inc();
+            m.finish_reasons.get(&(r.model.clone(), f.as_str())).inc();
         }
-        self.metrics
-            .requests
+        let tier = r.tier.clone().unwrap_or_else(|| Arc::from(""));
+        m.requests
             .get(&(
                 r.model.clone(),
+                tier,
                 StatusLabel(r.status),
                 r.error_kind.unwrap_or(""),
             ))
             .inc();
+        // Tail sampling: decided now that the request is over.
+        let kept = self.tele.traces.as_ref().and_then(|t| t.finish(r));
+        if let (Some(_), Some(t)) = (kept, r.trace) {
+            // Exemplars point from a latency bucket to a trace that exists.
+            let id = t.trace_id_hex();
+            if let Some(v) = r.ttft() {
+                s.ttft.exemplar(v.as_secs_f64(), &id);
+            }
+            if r.succeeded() {
+                s.e2e.exemplar((end - r.arrival).as_secs_f64(), &id);
+                if let Some(v) = r.tpot() {
+                    s.tpot.exemplar(v.as_secs_f64(), &id);
+                }
+                if r.output_events >= 2 {
+                    s.max_gap.exemplar(r.max_gap.as_secs_f64(), &id);
+                }
+            }
+        }
+        if let Some(log) = &self.tele.access_log {
+            log.write(r, kept.map(|k| k.as_str()), self.prompt_text.as_deref());
+        }
     }
 }
 

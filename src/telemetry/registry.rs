@@ -62,6 +62,15 @@ impl FloatGauge {
     }
 }
 
+/// The latest traced observation that fell in a bucket (OpenMetrics exemplar).
+#[derive(Debug)]
+pub struct Exemplar {
+    pub trace_id: String,
+    pub value: f64,
+    /// Unix seconds.
+    pub timestamp: f64,
+}
+
 /// Fixed-bucket histogram. `scale` turns observed values into the integer unit
 /// its sum is kept in (1e9 for seconds, so the sum is exact nanoseconds).
 #[derive(Debug)]
@@ -72,17 +81,24 @@ pub struct Histogram {
     sum_scaled: AtomicU64,
     count: AtomicU64,
     scale: f64,
+    /// Per bucket, the last exemplar; written only for kept traces, never on
+    /// the per-token path.
+    exemplars: Box<[arc_swap::ArcSwapOption<Exemplar>]>,
 }
 
 impl Histogram {
     pub fn new(bounds: Arc<[f64]>, scale: f64) -> Self {
         let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        let exemplars = (0..=bounds.len())
+            .map(|_| arc_swap::ArcSwapOption::empty())
+            .collect();
         Self {
             bounds,
             counts,
             sum_scaled: AtomicU64::new(0),
             count: AtomicU64::new(0),
             scale,
+            exemplars,
         }
     }
 
@@ -107,6 +123,20 @@ impl Histogram {
     #[inline]
     pub fn observe_duration(&self, d: std::time::Duration) {
         self.observe(d.as_secs_f64());
+    }
+
+    /// Attach a trace to the bucket `v` falls in (the value was observed already).
+    pub fn exemplar(&self, v: f64, trace_id: &str) {
+        let idx = self.bounds.partition_point(|b| *b < v);
+        let timestamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.exemplars[idx].store(Some(Arc::new(Exemplar {
+            trace_id: trace_id.to_string(),
+            value: v,
+            timestamp,
+        })));
     }
 
     pub fn count(&self) -> u64 {
@@ -141,19 +171,27 @@ impl Histogram {
         self.bounds.last().copied()
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
+    fn render(&self, out: &mut String, name: &str, labels: &str, om: bool) {
         let mut cum = 0u64;
         let sep = if labels.is_empty() { "" } else { "," };
         for (i, c) in self.counts.iter().enumerate() {
             cum += c.load(Relaxed);
             match self.bounds.get(i) {
                 Some(b) => {
-                    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b:?}\"}} {cum}");
+                    let _ = write!(out, "{name}_bucket{{{labels}{sep}le=\"{b:?}\"}} {cum}");
                 }
                 None => {
-                    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cum}");
+                    let _ = write!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cum}");
                 }
             }
+            if om && let Some(x) = self.exemplars[i].load().as_ref() {
+                let _ = write!(
+                    out,
+                    " # {{trace_id=\"{}\"}} {} {:.3}",
+                    x.trace_id, x.value, x.timestamp
+                );
+            }
+            out.push('\n');
         }
         let braces = |s: &str| {
             if s.is_empty() {
@@ -212,6 +250,27 @@ where
 {
     fn write_values(&self, names: &[&str], out: &mut String) {
         write_pairs(out, names, &[self.0.as_ref(), self.1.as_ref()]);
+    }
+}
+
+impl<A, B, C, D> LabelKey for (A, B, C, D)
+where
+    A: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    B: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    C: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    D: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn write_values(&self, names: &[&str], out: &mut String) {
+        write_pairs(
+            out,
+            names,
+            &[
+                self.0.as_ref(),
+                self.1.as_ref(),
+                self.2.as_ref(),
+                self.3.as_ref(),
+            ],
+        );
     }
 }
 
@@ -292,9 +351,11 @@ impl<K: LabelKey, M> Family<K, M> {
     }
 }
 
-/// Writes one metric family in the Prometheus text format.
+/// Writes metric families in the Prometheus text format, or OpenMetrics
+/// (counter families named without `_total`, exemplars, `# EOF`).
 pub struct Encoder {
     pub out: String,
+    pub openmetrics: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -306,8 +367,13 @@ pub enum Kind {
 
 impl Encoder {
     pub fn new() -> Self {
+        Self::with_format(false)
+    }
+
+    pub fn with_format(openmetrics: bool) -> Self {
         Self {
             out: String::with_capacity(16 * 1024),
+            openmetrics,
         }
     }
 
@@ -317,8 +383,20 @@ impl Encoder {
             Kind::Gauge => "gauge",
             Kind::Histogram => "histogram",
         };
-        let _ = writeln!(self.out, "# HELP {name} {help}");
-        let _ = writeln!(self.out, "# TYPE {name} {t}");
+        let family = match kind {
+            Kind::Counter if self.openmetrics => name.strip_suffix("_total").unwrap_or(name),
+            _ => name,
+        };
+        let _ = writeln!(self.out, "# HELP {family} {help}");
+        let _ = writeln!(self.out, "# TYPE {family} {t}");
+    }
+
+    /// The finished exposition.
+    pub fn finish(mut self) -> String {
+        if self.openmetrics {
+            self.out.push_str("# EOF\n");
+        }
+        self.out
     }
 
     /// A family whose series hold a bundle `M`; `pick` selects the metric from it.
@@ -356,8 +434,9 @@ impl Encoder {
         pick: impl Fn(&M) -> &Histogram,
     ) {
         self.header(name, help, Kind::Histogram);
+        let om = self.openmetrics;
         for (labels, m) in fam.snapshot() {
-            pick(&m).render(&mut self.out, name, &labels);
+            pick(&m).render(&mut self.out, name, &labels, om);
         }
     }
 
@@ -376,7 +455,7 @@ impl Encoder {
     /// One histogram series with a preformatted label set.
     pub fn one_histogram(&mut self, name: &str, help: &str, labels: &str, h: &Histogram) {
         self.header(name, help, Kind::Histogram);
-        h.render(&mut self.out, name, labels);
+        h.render(&mut self.out, name, labels, self.openmetrics);
     }
 }
 
@@ -418,12 +497,40 @@ mod tests {
         h.observe(0.5);
         h.observe(5.0);
         let mut out = String::new();
-        h.render(&mut out, "x", "m=\"a\"");
+        h.render(&mut out, "x", "m=\"a\"", false);
         assert!(out.contains("x_bucket{m=\"a\",le=\"0.1\"} 1\n"), "{out}");
         assert!(out.contains("x_bucket{m=\"a\",le=\"1.0\"} 2\n"), "{out}");
         assert!(out.contains("x_bucket{m=\"a\",le=\"+Inf\"} 3\n"), "{out}");
         assert!(out.contains("x_sum{m=\"a\"} 5.6\n"), "{out}");
         assert!(out.contains("x_count{m=\"a\"} 3\n"), "{out}");
+    }
+
+    #[test]
+    fn openmetrics_has_exemplars_and_eof() {
+        let fam: Family<(String,), Histogram> =
+            Family::new(&["model"], || Histogram::seconds(Arc::from(vec![0.1, 1.0])));
+        let h = fam.get(&("m".to_string(),));
+        h.observe(0.5);
+        h.exemplar(0.5, "4bf92f3577b34da6a3ce929d0e0e4736");
+        let c: Family<(String,), Counter> = Family::new(&["model"], Counter::default);
+        c.get(&("m".to_string(),)).inc();
+        let mut e = Encoder::with_format(true);
+        e.histograms("lat_seconds", "h", &fam, |h| h);
+        e.counters("reqs_total", "c", &c, |c| c);
+        let text = e.finish();
+        assert!(text.contains("# TYPE reqs counter"), "{text}");
+        assert!(text.contains("reqs_total{model=\"m\"} 1"), "{text}");
+        assert!(
+            text.contains("lat_seconds_bucket{model=\"m\",le=\"1.0\"} 1 # {trace_id=\"4bf92f3577b34da6a3ce929d0e0e4736\"} 0.5 "),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+        let mut plain = Encoder::new();
+        plain.histograms("lat_seconds", "h", &fam, |h| h);
+        assert!(
+            !plain.finish().contains("trace_id"),
+            "no exemplars in the classic format"
+        );
     }
 
     #[test]

@@ -54,7 +54,7 @@ async fn client_errors_are_400_404_405_413() {
     assert_eq!(
         gateway_metric(
             &gw,
-            "sluice_requests_total{model=\"\",status=\"404\",error_kind=\"model_not_found\"}"
+            "sluice_requests_total{model=\"\",tier=\"\",status=\"404\",error_kind=\"model_not_found\"}"
         )
         .await,
         1.0

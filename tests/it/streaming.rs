@@ -180,7 +180,7 @@ async fn client_disconnect_mid_stream_cancels_upstream() {
     assert_eq!(
         gateway_metric(
             &gw,
-            "sluice_requests_total{model=\"sim-model\",status=\"499\",error_kind=\"client_disconnect\"}"
+            "sluice_requests_total{model=\"sim-model\",tier=\"\",status=\"499\",error_kind=\"client_disconnect\"}"
         )
         .await,
         1.0
@@ -226,7 +226,7 @@ async fn backend_dropping_mid_stream_gives_an_error_event_and_a_closed_stream() 
     assert_eq!(
         gateway_metric(
             &gw,
-            "sluice_requests_total{model=\"sim-model\",status=\"200\",error_kind=\"upstream_protocol\"}"
+            "sluice_requests_total{model=\"sim-model\",tier=\"\",status=\"200\",error_kind=\"upstream_protocol\"}"
         )
         .await,
         1.0
@@ -265,7 +265,7 @@ async fn malformed_events_and_engine_errors_end_the_stream_cleanly() {
     assert_eq!(
         gateway_metric(
             &gw,
-            "sluice_requests_total{model=\"sim-model\",status=\"200\",error_kind=\"upstream_stream_error\"}"
+            "sluice_requests_total{model=\"sim-model\",tier=\"\",status=\"200\",error_kind=\"upstream_stream_error\"}"
         )
         .await,
         1.0
@@ -360,7 +360,8 @@ async fn metrics_agree_with_what_clients_received() {
         async move { gateway_metric(gw, s).await }
     };
     assert_eq!(
-        m("sluice_requests_total{model=\"sim-model\",status=\"200\",error_kind=\"\"}").await,
+        m("sluice_requests_total{model=\"sim-model\",tier=\"\",status=\"200\",error_kind=\"\"}")
+            .await,
         6.0
     );
     assert_eq!(

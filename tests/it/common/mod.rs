@@ -37,6 +37,8 @@ pub fn config_for(urls: &[String]) -> Config {
     c.server.listen = "127.0.0.1:0".parse().unwrap();
     c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
     c.upstream.health_check.interval = Duration::from_millis(200);
+    // Tests that read the access log turn it on, into a file.
+    c.telemetry.access_log.enabled = false;
     c.backends = urls
         .iter()
         .map(|u| BackendConfig::from_url(u.parse().unwrap()))

@@ -1,0 +1,164 @@
+//! The access log: one JSON object per line per request, written when the
+//! request's record is emitted. Timings in milliseconds, tokens from the
+//! replica's usage, the replica and why it was chosen, the tier and key name
+//! (never the key), the finish reason, status, and the trace id (so a line
+//! leads to its trace when the trace was kept). Prompts only if configured;
+//! completions never.
+
+use std::fs::OpenOptions;
+use std::io::{LineWriter, Write};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::record::RequestRecord;
+use crate::config::{AccessLogConfig, LogTarget};
+
+pub struct AccessLog {
+    out: Mutex<Box<dyn Write + Send>>,
+    pub include_prompts: bool,
+}
+
+#[derive(Serialize)]
+struct Line<'a> {
+    ts: String,
+    request_id: &'a str,
+    trace_id: Option<String>,
+    trace_kept: Option<&'static str>,
+    endpoint: &'static str,
+    model: &'a str,
+    stream: bool,
+    status: u16,
+    error_kind: Option<&'static str>,
+    client_disconnected: bool,
+    backend: Option<&'a str>,
+    route_reason: Option<&'static str>,
+    attempts: u32,
+    tier: Option<&'a str>,
+    key_name: Option<&'a str>,
+    ratelimit: Option<&'static str>,
+    finish_reason: Option<&'static str>,
+    prompt_tokens: Option<u32>,
+    completion_tokens: Option<u32>,
+    queue_ms: Option<f64>,
+    ttft_ms: Option<f64>,
+    tpot_ms: Option<f64>,
+    e2e_ms: Option<f64>,
+    max_gap_ms: Option<f64>,
+    stalls: u32,
+    output_events: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt: Option<&'a str>,
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// RFC 3339 UTC with milliseconds, from a `SystemTime`.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+impl AccessLog {
+    pub fn open(cfg: &AccessLogConfig) -> anyhow::Result<Option<Self>> {
+        if !cfg.enabled {
+            return Ok(None);
+        }
+        let out: Box<dyn Write + Send> = match cfg.target {
+            LogTarget::Stdout => Box::new(LineWriter::new(std::io::stdout())),
+            LogTarget::Stderr => Box::new(LineWriter::new(std::io::stderr())),
+            LogTarget::File => {
+                let path = cfg
+                    .path
+                    .as_ref()
+                    .ok_or_else(|| anyhow::anyhow!("telemetry.access_log.path is needed"))?;
+                let f = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| {
+                        anyhow::anyhow!("telemetry.access_log.path {}: {e}", path.display())
+                    })?;
+                Box::new(LineWriter::new(f))
+            }
+        };
+        Ok(Some(Self {
+            out: Mutex::new(out),
+            include_prompts: cfg.include_prompts,
+        }))
+    }
+
+    pub fn write(&self, r: &RequestRecord, trace_kept: Option<&'static str>, prompt: Option<&str>) {
+        let line = Line {
+            ts: rfc3339(r.wall_arrival),
+            request_id: &r.request_id,
+            trace_id: r.trace.map(|t| t.trace_id_hex()),
+            trace_kept,
+            endpoint: r.endpoint.as_str(),
+            model: &r.model,
+            stream: r.stream,
+            status: r.status,
+            error_kind: r.error_kind,
+            client_disconnected: r.disconnected,
+            backend: r.backend.as_deref(),
+            route_reason: r.route_reason.map(|x| x.as_str()),
+            attempts: r.attempts,
+            tier: r.tier.as_deref(),
+            key_name: r.key_name.as_deref(),
+            ratelimit: r.ratelimit,
+            finish_reason: r.finish_reason.map(|f| f.as_str()),
+            prompt_tokens: r.usage.map(|u| u.prompt_tokens),
+            completion_tokens: r.usage.map(|u| u.completion_tokens),
+            queue_ms: r
+                .upstream_sent
+                .map(|s| ms(s.saturating_duration_since(r.arrival))),
+            ttft_ms: r.ttft().map(ms),
+            tpot_ms: r.tpot().map(ms),
+            e2e_ms: r.e2e().map(ms),
+            max_gap_ms: (r.output_events >= 2).then(|| ms(r.max_gap)),
+            stalls: r.stalls,
+            output_events: r.output_events,
+            prompt: prompt.filter(|_| self.include_prompts),
+        };
+        let Ok(mut buf) = serde_json::to_vec(&line) else {
+            return;
+        };
+        buf.push(b'\n');
+        if let Ok(mut out) = self.out.lock() {
+            let _ = out.write_all(&buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_795_299_051_123);
+        assert_eq!(rfc3339(t), "2026-11-21T22:10:51.123Z");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+    }
+}

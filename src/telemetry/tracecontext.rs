@@ -1,0 +1,135 @@
+//! W3C Trace Context: the request's trace id taken from the client's
+//! `traceparent` (or made up), and the `traceparent` sent to the replica.
+//!
+//! The gateway's own spans get their ids here, at arrival, so that the id it
+//! hands the replica as parent is the id of the span it may export later
+//! (tail sampling decides only when the request ends).
+
+use http::{HeaderMap, HeaderValue};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceCtx {
+    pub trace_id: u128,
+    /// The gateway's server span (the whole request).
+    pub span_id: u64,
+    /// The client span of the call to the replica (parent of the replica's spans).
+    pub upstream_span_id: u64,
+    /// The client's span, when it sent a `traceparent`.
+    pub parent_span_id: Option<u64>,
+    /// The client's sampled flag (sent on to the replica).
+    pub sampled: bool,
+}
+
+fn nonzero_u64() -> u64 {
+    loop {
+        let v = fastrand::u64(..);
+        if v != 0 {
+            return v;
+        }
+    }
+}
+
+impl TraceCtx {
+    /// From the client's `traceparent` if valid, else a new trace.
+    pub fn from_headers(h: &HeaderMap) -> Self {
+        let parsed = h
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_traceparent);
+        match parsed {
+            Some((trace_id, parent, flags)) => Self {
+                trace_id,
+                span_id: nonzero_u64(),
+                upstream_span_id: nonzero_u64(),
+                parent_span_id: Some(parent),
+                sampled: flags & 1 == 1,
+            },
+            None => Self {
+                trace_id: loop {
+                    let v = fastrand::u128(..);
+                    if v != 0 {
+                        break v;
+                    }
+                },
+                span_id: nonzero_u64(),
+                upstream_span_id: nonzero_u64(),
+                parent_span_id: None,
+                sampled: false,
+            },
+        }
+    }
+
+    /// `traceparent` for the replica: this trace, the upstream span as parent.
+    /// The sampled flag is the client's: the gateway decides to keep a trace
+    /// only at the end, which a replica cannot wait for.
+    pub fn upstream_header(&self) -> HeaderValue {
+        let v = format!(
+            "00-{:032x}-{:016x}-{:02x}",
+            self.trace_id,
+            self.upstream_span_id,
+            u8::from(self.sampled)
+        );
+        HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+
+    pub fn trace_id_hex(&self) -> String {
+        format!("{:032x}", self.trace_id)
+    }
+}
+
+/// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`; zero ids are invalid.
+fn parse_traceparent(v: &str) -> Option<(u128, u64, u8)> {
+    let mut it = v.trim().split('-');
+    let (version, trace, parent, flags) = (it.next()?, it.next()?, it.next()?, it.next()?);
+    if version.len() != 2
+        || version == "ff"
+        || trace.len() != 32
+        || parent.len() != 16
+        || flags.len() != 2
+    {
+        return None;
+    }
+    if version == "00" && it.next().is_some() {
+        return None;
+    }
+    let trace = u128::from_str_radix(trace, 16).ok().filter(|t| *t != 0)?;
+    let parent = u64::from_str_radix(parent, 16).ok().filter(|p| *p != 0)?;
+    let flags = u8::from_str_radix(flags, 16).ok()?;
+    Some((trace, parent, flags))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continues_a_valid_trace_and_starts_one_otherwise() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "traceparent",
+            HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        );
+        let t = TraceCtx::from_headers(&h);
+        assert_eq!(t.trace_id_hex(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(t.parent_span_id, Some(0xb7ad6b7169203331));
+        assert!(t.sampled);
+        let up = t.upstream_header();
+        let up = up.to_str().unwrap_or_default();
+        assert!(up.starts_with("00-0af7651916cd43dd8448eb211c80319c-"));
+        assert!(up.ends_with("-01"));
+        assert!(
+            !up.contains("b7ad6b7169203331"),
+            "the replica's parent is the gateway's span"
+        );
+
+        for bad in [
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "garbage",
+        ] {
+            h.insert("traceparent", HeaderValue::from_static(bad));
+            assert_eq!(TraceCtx::from_headers(&h).parent_span_id, None, "{bad}");
+        }
+    }
+}
