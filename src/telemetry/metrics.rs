@@ -163,8 +163,7 @@ impl BackendSeries {
 
 pub struct Metrics {
     pub models: Family<(Arc<str>,), ModelSeries>,
-    /// model, tier ("" without keys), status code, error kind ("" on success).
-    pub requests: Family<(Arc<str>, Arc<str>, StatusLabel, &'static str), Counter>,
+    pub requests: Family<RequestKey, Counter>,
     pub finish_reasons: Family<(Arc<str>, &'static str), Counter>,
     pub upstream_errors: Family<(Arc<str>, &'static str), Counter>,
     pub retries: Family<(Arc<str>, &'static str), Counter>,
@@ -177,6 +176,9 @@ pub struct Metrics {
     pub ratelimit_store_seconds: Histogram,
     pub started: Instant,
 }
+
+/// model, tier ("" without keys), status code, error kind ("" on success).
+pub type RequestKey = (Arc<str>, Arc<str>, StatusLabel, &'static str);
 
 /// A status code as a label value without formatting per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
