@@ -8,6 +8,7 @@ mod common;
 mod errors;
 mod forwarding;
 mod limits;
+mod observability;
 mod routing;
 mod sdk;
 mod sim;

@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod dns;
+pub mod otlp;
 pub mod redis;
 pub mod scripted;
 
