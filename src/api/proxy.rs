@@ -429,6 +429,10 @@ async fn respond(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     completion.record.status = parts.status.as_u16();
+    if parts.status.is_server_error() {
+        // Passed through as-is (passthrough routes): still a server-side error.
+        completion.record.error_kind = Some("upstream_status");
+    }
 
     if is_sse || endpoint == Endpoint::Passthrough {
         let mode = if is_sse && endpoint != Endpoint::Passthrough {

@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod alerting;
 mod bench;
 mod cli;
 mod common;
