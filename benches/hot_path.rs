@@ -1,14 +1,22 @@
 //! Micro-benchmarks of the per-event hot path, each beside its naive baseline:
 //! reading a chunk (fast scanner vs the serde reader vs a full `serde_json::Value`)
-//! and splitting a stream into events.
+//! and splitting a stream into events; and the metrics cost of one whole
+//! streamed request (64 output events, then every histogram and counter at its end).
 //!
 //!     cargo bench --bench hot_path
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
+use sluice::config::Config;
+use sluice::stream::event::{FinishReason, Usage};
 use sluice::stream::event::{chunk_info, chunk_info_serde, classify};
 use sluice::stream::sse::SseSplitter;
+use sluice::telemetry::Telemetry;
+use sluice::telemetry::metrics::Metrics;
+use sluice::telemetry::record::{Completion, Endpoint, RequestRecord};
 use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const CHUNK: &str = r#"{"id":"chatcmpl-9f1c2d3e4b5a6978","object":"chat.completion.chunk","created":1795299051,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" gateway"},"logprobs":null,"finish_reason":null}]}"#;
 
@@ -81,5 +89,39 @@ fn splitting(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, chunk_reading, splitting);
+/// Metrics recording for one streamed request: what `/metrics` costs per
+/// request on the hot path (tracing and the access log are off here; the
+/// end-to-end benchmark `benches/e2e/telemetry_overhead.py` measures them).
+fn request_metrics(c: &mut Criterion) {
+    let config = Config::default();
+    let tele = Arc::new(Telemetry {
+        metrics: Arc::new(Metrics::new(&config.telemetry.buckets)),
+        traces: None,
+        access_log: None,
+    });
+    let model: Arc<str> = Arc::from("meta-llama/Llama-3.1-8B-Instruct");
+    let mut g = c.benchmark_group("metrics");
+    g.bench_function("one request, 64 output events", |b| {
+        b.iter(|| {
+            let start = Instant::now();
+            let mut record = RequestRecord::new(Endpoint::Chat, model.clone(), true, start);
+            record.upstream_sent = Some(start);
+            record.first_sent = Some(start);
+            let mut done = Completion::new(record, tele.clone(), Duration::from_secs(2));
+            done.record.status = 200;
+            for _ in 0..64 {
+                done.on_output(Instant::now());
+            }
+            done.record.usage = Some(Usage {
+                prompt_tokens: 50,
+                completion_tokens: 64,
+            });
+            done.record.finish_reason = Some(FinishReason::Length);
+            drop(black_box(done));
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, chunk_reading, splitting, request_metrics);
 criterion_main!(benches);

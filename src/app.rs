@@ -42,7 +42,7 @@ impl AppState {
         let limiter = Limiter::from_config(&config, metrics.clone())?;
         let telemetry = Arc::new(Telemetry {
             metrics: metrics.clone(),
-            traces: Traces::start(&config.telemetry.tracing)?,
+            traces: Traces::start(&config.telemetry.tracing, &metrics)?,
             access_log: AccessLog::open(&config.telemetry.access_log)?,
         });
         let pool = Arc::new(Pool::new(&config, metrics.clone()));

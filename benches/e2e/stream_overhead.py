@@ -144,8 +144,13 @@ def main():
                  "--token-delay", delay, "--output-tokens", str(tokens)],
                 stderr=subprocess.DEVNULL)
             procs.append(sim)
+            # Like nginx's `access_log off`: the access log is measured separately
+            # (benches/e2e/telemetry_overhead.py).
+            gw_conf = os.path.join(tmp, "sluice.yaml")
+            with open(gw_conf, "w") as f:
+                f.write("telemetry:\n  access_log:\n    enabled: false\n")
             gw = subprocess.Popen(
-                [BIN, "serve", "--backend", f"http://127.0.0.1:{sim_port}",
+                [BIN, "serve", "--config", gw_conf, "--backend", f"http://127.0.0.1:{sim_port}",
                  "--listen", f"127.0.0.1:{gw_port}", "--admin-listen", f"127.0.0.1:{admin_port}"],
                 stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
             procs.append(gw)

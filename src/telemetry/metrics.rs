@@ -174,6 +174,11 @@ pub struct Metrics {
     pub ratelimit_decisions: Family<(Arc<str>, &'static str, &'static str), Counter>,
     pub ratelimit_store_errors: Family<(&'static str,), Counter>,
     pub ratelimit_store_seconds: Histogram,
+    /// Tail-sampling decisions: reason kept, and `kept` or `capped` (over
+    /// `max_per_second`).
+    pub traces: Family<(&'static str, &'static str), Counter>,
+    /// Spans by outcome: `exported`, `export_failed`, `queue_full`.
+    pub trace_spans: Family<(&'static str,), Counter>,
     pub started: Instant,
 }
 
@@ -265,6 +270,8 @@ impl Metrics {
                     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                 ][..],
             )),
+            traces: Family::new(&["reason", "decision"], Counter::default),
+            trace_spans: Family::new(&["outcome"], Counter::default),
             started: Instant::now(),
         }
     }
@@ -458,6 +465,18 @@ impl Metrics {
             "Round trip of one rate-limit admission to the shared store (Redis).",
             "",
             &self.ratelimit_store_seconds,
+        );
+        e.counters(
+            "sluice_traces_sampled_total",
+            "Requests whose trace qualified for tail sampling, by reason, and whether it was kept or capped (telemetry.tracing.sampling.max_per_second).",
+            &self.traces,
+            |c| c,
+        );
+        e.counters(
+            "sluice_trace_spans_total",
+            "Spans of kept traces by outcome: exported, export_failed (collector unreachable), queue_full (dropped).",
+            &self.trace_spans,
+            |c| c,
         );
         e.single(
             "sluice_uptime_seconds",

@@ -21,7 +21,9 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter, SpanLinks};
 use tokio::sync::mpsc;
 
+use super::metrics::Metrics;
 use super::record::{Endpoint, RequestRecord};
+use super::registry::Counter;
 use crate::config::{OtlpProtocol, TracingConfig};
 
 /// Why a trace was kept (also its `sluice.sampling.reason` attribute).
@@ -63,14 +65,15 @@ impl Sampler {
         }
     }
 
-    /// Whether to keep this request's trace, and why.
+    /// Whether this request's trace qualifies to be kept, and why (before
+    /// the per-second cap, `budget`).
     pub fn decide(&self, r: &RequestRecord) -> Option<Keep> {
         let c = &self.cfg;
         // Errors are the gateway's and the replicas' (5xx, or a stream that
         // broke after its 200): client errors (4xx) are sampled like successes.
         let failed =
             !r.disconnected && (r.status >= 500 || (r.status < 400 && r.error_kind.is_some()));
-        let why = if c.keep_errors && failed {
+        if c.keep_errors && failed {
             Some(Keep::Error)
         } else if r.ttft().is_some_and(|t| t >= c.ttft_threshold) {
             Some(Keep::SlowTtft)
@@ -82,12 +85,11 @@ impl Sampler {
             Some(Keep::Sampled)
         } else {
             None
-        };
-        why.filter(|_| self.budget())
+        }
     }
 
     /// One trace from the per-second budget (burst: one second's worth).
-    fn budget(&self) -> bool {
+    pub fn budget(&self) -> bool {
         let max = self.cfg.max_per_second;
         if max == 0 {
             return true;
@@ -108,8 +110,9 @@ pub struct Traces {
     sampler: Sampler,
     tx: mpsc::Sender<SpanData>,
     scope: InstrumentationScope,
-    pub dropped: AtomicU64,
-    pub exported: AtomicU64,
+    metrics: Arc<Metrics>,
+    /// Spans that found the export queue full.
+    queue_full: Arc<Counter>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -119,7 +122,7 @@ const BATCH: usize = 512;
 
 impl Traces {
     /// Start the exporter task. `None` when tracing is off.
-    pub fn start(cfg: &TracingConfig) -> anyhow::Result<Option<Arc<Self>>> {
+    pub fn start(cfg: &TracingConfig, metrics: &Arc<Metrics>) -> anyhow::Result<Option<Arc<Self>>> {
         let Some(resolved) = cfg.resolve() else {
             return Ok(None);
         };
@@ -152,7 +155,9 @@ impl Traces {
                 .build(),
         );
         let (tx, rx) = mpsc::channel(QUEUE);
-        let task = tokio::spawn(export_loop(exporter, rx));
+        let spans = &metrics.trace_spans;
+        let (exported, failed) = (spans.get(&("exported",)), spans.get(&("export_failed",)));
+        let task = tokio::spawn(export_loop(exporter, rx, exported, failed));
         tracing::info!(
             protocol = ?resolved.protocol,
             endpoint = resolved.endpoint.as_deref().unwrap_or("(OTEL_EXPORTER_OTLP_* or default)"),
@@ -165,8 +170,8 @@ impl Traces {
             scope: InstrumentationScope::builder("sluice")
                 .with_version(env!("CARGO_PKG_VERSION"))
                 .build(),
-            dropped: AtomicU64::new(0),
-            exported: AtomicU64::new(0),
+            metrics: metrics.clone(),
+            queue_full: spans.get(&("queue_full",)),
             task,
         })))
     }
@@ -175,9 +180,15 @@ impl Traces {
     /// Returns the reason when kept (so exemplars can point to the trace).
     pub fn finish(&self, r: &RequestRecord) -> Option<Keep> {
         let keep = self.sampler.decide(r)?;
+        let capped = !self.sampler.budget();
+        let decision = if capped { "capped" } else { "kept" };
+        self.metrics.traces.get(&(keep.as_str(), decision)).inc();
+        if capped {
+            return None;
+        }
         for span in spans(r, keep, &self.scope) {
             if self.tx.try_send(span).is_err() {
-                self.dropped.fetch_add(1, Relaxed);
+                self.queue_full.inc();
             }
         }
         Some(keep)
@@ -190,7 +201,12 @@ impl Drop for Traces {
     }
 }
 
-async fn export_loop(exporter: opentelemetry_otlp::SpanExporter, mut rx: mpsc::Receiver<SpanData>) {
+async fn export_loop(
+    exporter: opentelemetry_otlp::SpanExporter,
+    mut rx: mpsc::Receiver<SpanData>,
+    exported: Arc<Counter>,
+    failed: Arc<Counter>,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     loop {
         // Wait for the first span, then take what else is queued (up to a
@@ -204,8 +220,13 @@ async fn export_loop(exporter: opentelemetry_otlp::SpanExporter, mut rx: mpsc::R
                 Ok(None) | Err(_) => break,
             }
         }
-        if let Err(e) = exporter.export(std::mem::take(&mut batch)).await {
-            tracing::warn!(error = %e, "OTLP export failed");
+        let n = batch.len() as u64;
+        match exporter.export(std::mem::take(&mut batch)).await {
+            Ok(()) => exported.add(n),
+            Err(e) => {
+                failed.add(n);
+                tracing::warn!(error = %e, spans = n, "OTLP export failed");
+            }
         }
     }
 }

@@ -208,15 +208,24 @@ async fn fast_successes_are_kept_at_the_configured_share_under_a_cap() {
         assert_eq!(s, 200);
     }
     // Binomial(160, 0.25): mean 40, sd 5.5; the range is mean +- 3.6 sd.
-    wait_spans(&rx.store, 20).await;
-    let settle = Instant::now() + Duration::from_millis(600);
-    while Instant::now() < settle {
-        tokio::task::yield_now().await;
-    }
-    let kept = rx.store.requests().len();
+    // Every decision is counted when its request ends; every kept trace arrives.
+    let ok = r#"sluice_requests_total{model="sim-model",tier="",status="200",error_kind=""}"#;
+    wait_until("all requests recorded", Duration::from_secs(10), || async {
+        gateway_metric(&gw, ok).await == 160.0
+    })
+    .await;
+    let decided = r#"sluice_traces_sampled_total{reason="sampled",decision="kept"}"#;
+    let kept = gateway_metric(&gw, decided).await as usize;
     assert!((20..=60).contains(&kept), "kept {kept} of 160 at 25%");
+    wait_spans(&rx.store, kept).await;
+    assert_eq!(rx.store.requests().len(), kept);
+    let exported = r#"sluice_trace_spans_total{outcome="exported"}"#;
+    wait_until("exports counted", Duration::from_secs(10), || async {
+        gateway_metric(&gw, exported).await == rx.store.spans().len() as f64
+    })
+    .await;
 
-    // The per-second cap holds even for errors.
+    // The per-second cap holds even for errors, and what it cuts is counted.
     let rx2 = otlp::grpc().await;
     let mut cfg = traced(
         &[sim.url()],
@@ -230,9 +239,19 @@ async fn fast_successes_are_kept_at_the_configured_share_under_a_cap() {
         assert_eq!(chat(&gw2, Some("error=500"), None).await, 500);
     }
     let allowed = 3 + 3 * started.elapsed().as_secs() as usize + 1;
-    wait_spans(&rx2.store, 3).await;
-    let kept = rx2.store.requests().len();
-    assert!(kept <= allowed, "cap: {kept} > {allowed}");
+    let kept = r#"sluice_traces_sampled_total{reason="error",decision="kept"}"#;
+    let capped = r#"sluice_traces_sampled_total{reason="error",decision="capped"}"#;
+    wait_until("all decisions counted", Duration::from_secs(10), || async {
+        gateway_metric(&gw2, kept).await + gateway_metric(&gw2, capped).await == 40.0
+    })
+    .await;
+    let kept = gateway_metric(&gw2, kept).await as usize;
+    assert!(
+        (3..=allowed).contains(&kept),
+        "cap: kept {kept}, allowed {allowed}"
+    );
+    wait_spans(&rx2.store, kept).await;
+    assert_eq!(rx2.store.requests().len(), kept);
 }
 
 #[tokio::test]
