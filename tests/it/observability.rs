@@ -331,12 +331,15 @@ async fn gateway_ttft_agrees_with_what_the_client_saw() {
     let sim = start_sim(slow_prefill).await;
     let gw = start_gateway(config_for(&[sim.url()]), 1).await;
     let mut client_ttft = Duration::ZERO;
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
     let n = 6;
+    let mut body = chat_body(true);
+    body["stream_options"] = serde_json::json!({"include_usage": true});
     for _ in 0..n {
         let start = Instant::now();
         let resp = client()
             .post(format!("{}/v1/chat/completions", api(&gw)))
-            .json(&chat_body(true))
+            .json(&body)
             .send()
             .await
             .unwrap();
@@ -350,7 +353,33 @@ async fn gateway_ttft_agrees_with_what_the_client_saw() {
             }
         }
         client_ttft += first.unwrap();
+        let usage = data_payloads(&seen)
+            .iter()
+            .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            .find(|v| v["usage"].is_object())
+            .expect("a usage chunk")["usage"]
+            .clone();
+        prompt_tokens += usage["prompt_tokens"].as_u64().unwrap();
+        completion_tokens += usage["completion_tokens"].as_u64().unwrap();
     }
+    // Counts agree exactly with what the client was told.
+    let ok = r#"sluice_requests_total{model="sim-model",tier="",status="200",error_kind=""}"#;
+    wait_until(
+        "every request recorded",
+        Duration::from_secs(10),
+        || async { gateway_metric(&gw, ok).await == n as f64 },
+    )
+    .await;
+    let m = |name: &str| format!("{name}{{model=\"sim-model\"}}");
+    assert!(completion_tokens > 0);
+    assert_eq!(
+        gateway_metric(&gw, &m("sluice_generation_tokens_total")).await,
+        completion_tokens as f64
+    );
+    assert_eq!(
+        gateway_metric(&gw, &m("sluice_prompt_tokens_total")).await,
+        prompt_tokens as f64
+    );
     let client_mean = client_ttft.as_secs_f64() / n as f64;
     let sum = gateway_metric(
         &gw,
