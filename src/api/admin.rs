@@ -32,6 +32,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>, headers: http::HeaderMa
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("application/openmetrics-text"));
+    state.pool.refresh_metrics();
     let body = state.metrics.render(om);
     let ct = if om {
         "application/openmetrics-text; version=1.0.0; charset=utf-8"

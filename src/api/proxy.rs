@@ -165,6 +165,7 @@ async fn proxy(
         recorded(e)
     };
     if *model != *inbound.model {
+        completion.record.requested_model = Some(Arc::from(inbound.model.as_str()));
         inbound.body =
             request::with_model(&inbound.body, &model).map_err(|e| fail(&mut completion, e))?;
     }
@@ -199,10 +200,21 @@ async fn proxy(
             .await
         {
             Ok(admission) => {
+                completion.record.ratelimit = Some(if admission.is_unlimited() {
+                    "admitted_store_down"
+                } else {
+                    "admitted"
+                });
                 rate_headers = Some(admission.headers.clone());
                 completion.admission = Some(admission);
             }
-            Err(e) => return Err(fail(&mut completion, e)),
+            Err(e) => {
+                completion.record.ratelimit = Some(match e {
+                    GatewayError::RateLimitUnavailable => "rejected_store_down",
+                    _ => "rejected",
+                });
+                return Err(fail(&mut completion, e));
+            }
         }
     }
     match forward(
@@ -429,10 +441,6 @@ async fn respond(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     completion.record.status = parts.status.as_u16();
-    if parts.status.is_server_error() {
-        // Passed through as-is (passthrough routes): still a server-side error.
-        completion.record.error_kind = Some("upstream_status");
-    }
 
     if is_sse || endpoint == Endpoint::Passthrough {
         let mode = if is_sse && endpoint != Endpoint::Passthrough {

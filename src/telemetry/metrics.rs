@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use super::registry::{Counter, Encoder, Family, FloatGauge, Gauge, Histogram, Kind};
 use crate::config::Buckets;
@@ -179,6 +179,13 @@ pub struct Metrics {
     pub traces: Family<(&'static str, &'static str), Counter>,
     /// Spans by outcome: `exported`, `export_failed`, `queue_full`.
     pub trace_spans: Family<(&'static str,), Counter>,
+    /// Replicas passing health checks, in all and per model (set when
+    /// `/metrics` is rendered, from the pool).
+    pub backends_healthy: Gauge,
+    pub model_replicas_healthy: Family<(Arc<str>,), Gauge>,
+    /// Whether replicas' metrics are scraped (`routing.metrics.enabled`);
+    /// without scraping their metrics age is NaN, not +Inf (nothing is stale).
+    pub scraping: AtomicBool,
     pub started: Instant,
 }
 
@@ -272,6 +279,9 @@ impl Metrics {
             )),
             traces: Family::new(&["reason", "decision"], Counter::default),
             trace_spans: Family::new(&["outcome"], Counter::default),
+            backends_healthy: Gauge::default(),
+            model_replicas_healthy: Family::new(&["model"], Gauge::default),
+            scraping: AtomicBool::new(true),
             started: Instant::now(),
         }
     }
@@ -446,7 +456,13 @@ impl Metrics {
             "sluice_backend_metrics_age_seconds",
             "Age of the last successful scrape of the replica's metrics (+Inf: never).",
             &self.backends,
-            |s| s.metrics_age(),
+            |s| {
+                if self.scraping.load(Relaxed) {
+                    s.metrics_age()
+                } else {
+                    f64::NAN
+                }
+            },
         );
         e.counters(
             "sluice_ratelimit_decisions_total",
@@ -465,6 +481,18 @@ impl Metrics {
             "Round trip of one rate-limit admission to the shared store (Redis).",
             "",
             &self.ratelimit_store_seconds,
+        );
+        e.single(
+            "sluice_backends_healthy",
+            "Replicas passing health checks, over all models (0: every request gets 503).",
+            Kind::Gauge,
+            self.backends_healthy.get() as f64,
+        );
+        e.gauges(
+            "sluice_model_replicas_healthy",
+            "Replicas passing health checks per served model (0: that model's requests get 503).",
+            &self.model_replicas_healthy,
+            |g| g.get() as f64,
         );
         e.counters(
             "sluice_traces_sampled_total",

@@ -53,7 +53,10 @@ pub struct RequestRecord {
     /// Wall-clock time of `arrival`, for span and log timestamps.
     pub wall_arrival: std::time::SystemTime,
     pub endpoint: Endpoint,
+    /// The served model name (aliases resolved): the label on metrics.
     pub model: Arc<str>,
+    /// The client's name for it, when that was an alias.
+    pub requested_model: Option<Arc<str>>,
     pub stream: bool,
     pub arrival: Instant,
     /// When the attempt that served the request was sent upstream.
@@ -103,6 +106,7 @@ impl RequestRecord {
             wall_arrival,
             endpoint,
             model,
+            requested_model: None,
             stream,
             arrival,
             upstream_sent: None,

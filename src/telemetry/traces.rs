@@ -186,12 +186,15 @@ impl Traces {
         if capped {
             return None;
         }
+        let mut complete = true;
         for span in spans(r, keep, &self.scope) {
             if self.tx.try_send(span).is_err() {
                 self.queue_full.inc();
+                complete = false;
             }
         }
-        Some(keep)
+        // Exemplars and the access log point only to traces that will exist.
+        complete.then_some(keep)
     }
 }
 
@@ -265,7 +268,12 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
     let op = operation(r.endpoint);
     let mut attrs = vec![
         KeyValue::new("gen_ai.operation.name", op),
-        KeyValue::new("gen_ai.request.model", r.model.to_string()),
+        KeyValue::new(
+            "gen_ai.request.model",
+            r.requested_model.as_deref().unwrap_or(&r.model).to_string(),
+        ),
+        // The served name (aliases resolved), which the replica reports as
+        // the response's `model`.
         KeyValue::new("gen_ai.response.model", r.model.to_string()),
         KeyValue::new("http.response.status_code", i64::from(r.status)),
         KeyValue::new("sluice.request_id", r.request_id.clone()),
@@ -323,10 +331,17 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
     if r.disconnected {
         attrs.push(KeyValue::new("sluice.client_disconnected", true));
     }
+    // `error.type` on every failure; span status Error only for the
+    // server's own (5xx, or a stream broken after its 200): a 4xx is the
+    // client's, Unset per the HTTP semantic conventions for server spans.
     let status = match r.error_kind {
         Some(kind) if !r.disconnected => {
             attrs.push(KeyValue::new("error.type", kind));
-            Status::error(kind)
+            if r.status >= 500 || r.status < 400 {
+                Status::error(kind)
+            } else {
+                Status::Unset
+            }
         }
         _ => Status::Unset,
     };

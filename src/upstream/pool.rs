@@ -275,6 +275,9 @@ pub struct Pool {
 impl Pool {
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Self {
         let cap = config.routing.prefix_kv.index_capacity;
+        metrics
+            .scraping
+            .store(config.routing.metrics.enabled, Relaxed);
         let replicas: Vec<Arc<Replica>> = config
             .backends
             .iter()
@@ -413,6 +416,29 @@ impl Pool {
             .collect();
         out.extend(aliases);
         out.into_iter().collect()
+    }
+
+    /// Gauges that depend on time or on the whole pool, brought up to date
+    /// before `/metrics` is rendered: ejections that expired, healthy counts.
+    pub fn refresh_metrics(&self) {
+        let replicas = self.replicas();
+        let mut healthy = 0;
+        for r in replicas.iter() {
+            r.series
+                .ejected
+                .set(i64::from(r.circuit() == Circuit::Open));
+            healthy += i64::from(r.is_healthy());
+        }
+        self.metrics.backends_healthy.set(healthy);
+        let index = self.index.load();
+        let per_model = &self.metrics.model_replicas_healthy;
+        per_model.retain(|(m,)| index.by_model.contains_key(m));
+        for (model, rs) in &index.by_model {
+            let n = rs.iter().filter(|r| r.is_healthy()).count();
+            per_model
+                .get(&(model.clone(),))
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn any_healthy(&self) -> bool {

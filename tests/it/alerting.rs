@@ -17,21 +17,23 @@ fn read(rel: &str) -> String {
 }
 
 fn promtool(args: &[&str]) -> String {
-    let out = Command::new("promtool")
+    tool("promtool", "prometheus", args)
+}
+
+fn tool(bin: &str, package: &str, args: &[&str]) -> String {
+    let out = Command::new(bin)
         .args(args)
         .current_dir(repo(""))
         .output()
         .unwrap_or_else(|e| {
-            panic!(
-                "promtool not runnable ({e}); install Debian package `prometheus` (.ci/run does)"
-            )
+            panic!("{bin} not runnable ({e}); install Debian package `{package}` (.ci/run does)")
         });
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "promtool {args:?} failed:\n{text}");
+    assert!(out.status.success(), "{bin} {args:?} failed:\n{text}");
     text
 }
 
@@ -109,6 +111,27 @@ fn every_alert_is_tested_firing_and_has_a_runbook_section() {
     }
 }
 
+#[test]
+fn inhibit_rules_load_in_alertmanager() {
+    // The shipped file is the `inhibit_rules:` part of an alertmanager.yml:
+    // put it in a minimal one and let the real amtool parse it.
+    let inhibit = read("charts/sluice/files/alertmanager-inhibit.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("alertmanager.yml");
+    let config = format!(
+        "route:\n  receiver: pager\n  group_by: [alertname, cause]\nreceivers:\n  - name: pager\n{inhibit}"
+    );
+    std::fs::write(&path, config).unwrap();
+    let out = tool(
+        "amtool",
+        "prometheus-alertmanager",
+        &["check-config", path.to_str().unwrap()],
+    );
+    let rules = inhibit.matches("- source_matchers:").count();
+    assert!(rules >= 5, "{inhibit}");
+    assert!(out.contains(&format!("{rules} inhibit rules")), "{out}");
+}
+
 #[tokio::test]
 async fn dashboard_alerts_and_runbook_use_only_exported_metrics() {
     let sim = start_sim(fast_sim()).await;
@@ -128,6 +151,14 @@ async fn dashboard_alerts_and_runbook_use_only_exported_metrics() {
     assert!(
         exported.contains("sluice_time_to_first_token_seconds"),
         "{exported:?}"
+    );
+    assert_eq!(metric(&exposition, "sluice_backends_healthy"), Some(1.0));
+    assert_eq!(
+        metric(
+            &exposition,
+            r#"sluice_model_replicas_healthy{model="sim-model"}"#
+        ),
+        Some(1.0)
     );
 
     let dashboard: serde_json::Value =

@@ -93,6 +93,11 @@ async fn no_healthy_backend_is_503_and_not_ready() {
     .await;
     assert_eq!(s, 503);
     assert_eq!(error_of(&b)["code"], "no_healthy_backend");
+    // What SluiceNoHealthyReplica alerts on: the fleet and the model at 0.
+    assert_eq!(gateway_metric(&gw, "sluice_backends_healthy").await, 0.0);
+    let per_model = r#"sluice_model_replicas_healthy{model="sim-model"}"#;
+    let (_, text) = get_text(&format!("{}/metrics", admin(&gw))).await;
+    assert_eq!(metric(&text, per_model), Some(0.0), "{text}");
     let (s, _) = get_text(&format!("{}/healthz", admin(&gw))).await;
     assert_eq!(s, 200, "alive even when not ready");
 }

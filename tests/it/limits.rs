@@ -121,7 +121,13 @@ async fn requests_per_minute_with_headers_and_a_real_retry_after() {
         requests_per_minute: Some(3),
         ..Default::default()
     };
-    let gw = start_gateway(limited(&[sim.url()], tier), 1).await;
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("access.log");
+    let mut cfg = limited(&[sim.url()], tier);
+    cfg.telemetry.access_log.enabled = true;
+    cfg.telemetry.access_log.target = sluice::config::LogTarget::File;
+    cfg.telemetry.access_log.path = Some(log.clone());
+    let gw = start_gateway(cfg, 1).await;
     let base = api(&gw);
     for (i, stream) in [false, true, false].into_iter().enumerate() {
         let r = call(&base, Some(KEY_A), &chat_body(stream)).await;
@@ -156,6 +162,35 @@ async fn requests_per_minute_with_headers_and_a_real_retry_after() {
         .await,
         1.0
     );
+    // The access log says who was admitted and who was not.
+    let log_ref = &log;
+    wait_until("five log lines", Duration::from_secs(5), || async move {
+        std::fs::read_to_string(log_ref)
+            .unwrap_or_default()
+            .lines()
+            .count()
+            >= 5
+    })
+    .await;
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let outcome = |key: &str, ratelimit: &str, status: u16| {
+        lines
+            .iter()
+            .filter(|l| {
+                l["key_name"] == key
+                    && l["tier"] == "t"
+                    && l["ratelimit"] == ratelimit
+                    && l["status"] == status
+            })
+            .count()
+    };
+    assert_eq!(outcome("team-a", "admitted", 200), 3, "{lines:?}");
+    assert_eq!(outcome("team-a", "rejected", 429), 1, "{lines:?}");
+    assert_eq!(outcome("team-b", "admitted", 200), 1, "{lines:?}");
 }
 
 #[tokio::test]

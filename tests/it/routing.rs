@@ -297,6 +297,8 @@ async fn a_failing_replica_is_ejected_and_comes_back() {
         backend(v, &sims[bad])["circuit"] == "half_open"
     })
     .await;
+    // On probation it is in rotation again: no longer reported as ejected.
+    assert_eq!(gateway_metric(&gw, &ejected).await, 0.0);
     let before = sims[bad].state.metrics.received.get();
     for _ in 0..4 {
         let (s, _, _) = post(&url, &chat_body(false)).await;
