@@ -12,8 +12,6 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, header};
-use http_body_util::Full;
-use hyper::body::Incoming;
 
 use super::request::{self, Inbound};
 use crate::app::AppState;
@@ -25,7 +23,7 @@ use crate::telemetry::metrics::StatusLabel;
 use crate::telemetry::record::{Completion, Endpoint, RequestRecord};
 use crate::telemetry::tracecontext::TraceCtx;
 use crate::upstream::client::{X_REQUEST_ID, downstream_headers, request_id, upstream_headers};
-use crate::upstream::conn::Conn;
+use crate::upstream::conn::{Conn, SendError};
 use crate::upstream::pool::{Candidates, InFlight, Replica};
 
 /// Largest error body read from a replica before giving up on it.
@@ -306,7 +304,7 @@ async fn forward(
         let mut req = Request::builder()
             .method(parts.method.clone())
             .uri(format!("{}{}", replica.path_prefix, path))
-            .body(Full::new(inbound.body.clone()))
+            .body(inbound.body.clone())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         *req.headers_mut() = headers.clone();
         req.headers_mut()
@@ -360,7 +358,7 @@ async fn forward(
 /// A replica's answer: its head and body, the connection it arrives on, and
 /// the in-flight count it holds on the replica.
 struct Upstream {
-    resp: http::Response<Incoming>,
+    resp: http::Response<()>,
     conn: Conn,
     in_flight: InFlight,
 }
@@ -369,10 +367,10 @@ struct Upstream {
 /// carrying the replica's (normalised) body.
 async fn send(
     replica: &Replica,
-    req: Request<Full<Bytes>>,
+    req: Request<Bytes>,
     headers_by: Instant,
     stream: bool,
-) -> Result<(http::Response<Incoming>, Conn), GatewayError> {
+) -> Result<(http::Response<()>, Conn), GatewayError> {
     let phase = if stream {
         TimeoutPhase::FirstToken
     } else {
@@ -380,14 +378,19 @@ async fn send(
     };
     let attempt = async {
         let mut conn = replica.conns.checkout().await?;
-        let resp = conn.send(req).await.map_err(|e| {
-            if e.is_canceled() {
-                // Never written: the connection died first. Safe to retry.
-                GatewayError::UpstreamConnect(error_chain(&e))
-            } else {
-                GatewayError::UpstreamProtocol(error_chain(&e))
+        let resp = match conn.send(&req).await {
+            // The replica closed a kept-alive connection just as it was reused
+            // (servers time idle connections out: uvicorn after 5 s): the
+            // request never reached it. Once more on a fresh connection.
+            Err(SendError::NotSent(_)) if conn.reused() => {
+                conn = replica.conns.connect().await?;
+                conn.send(&req).await
             }
-        })?;
+            r => r,
+        };
+        // A request that could not have reached the replica (the connection
+        // died first) is a connect error: safe to retry on another replica.
+        let resp = resp.map_err(SendError::into_gateway)?;
         Ok::<_, GatewayError>((resp, conn))
     };
     let (resp, mut conn) = match tokio::time::timeout_at(headers_by.into(), attempt).await {
@@ -398,8 +401,7 @@ async fn send(
     if status.is_success() {
         return Ok((resp, conn));
     }
-    let mut body = resp.into_body();
-    let read = tokio::time::timeout_at(headers_by.into(), conn.collect(&mut body, MAX_ERROR_BODY));
+    let read = tokio::time::timeout_at(headers_by.into(), conn.collect(MAX_ERROR_BODY));
     let body = match read.await {
         Ok(Ok(b)) => {
             replica.conns.checkin(conn);
@@ -433,7 +435,7 @@ async fn respond(
         in_flight,
     } = upstream;
     completion.record.upstream_first_byte = Some(Instant::now());
-    let (parts, mut body) = resp.into_parts();
+    let (parts, ()) = resp.into_parts();
     let headers = downstream_headers(&parts.headers, rid);
     let is_sse = parts
         .headers
@@ -451,7 +453,7 @@ async fn respond(
             Mode::Raw
         };
         let idle = state.config.upstream.timeouts.idle;
-        let mut timed = TimedBody::new(body, conn, completion, in_flight, mode, idle, deadline);
+        let mut timed = TimedBody::new(conn, completion, in_flight, mode, idle, deadline);
         if is_sse {
             match tokio::time::timeout_at(first_by.into(), timed.first_chunk()).await {
                 Ok(Ok(())) => {
@@ -481,7 +483,7 @@ async fn respond(
 
     // Non-streamed JSON: read it whole (bounded), take usage and finish reason.
     let limit = state.config.upstream.max_response_bytes.as_usize();
-    let collected = tokio::time::timeout_at(deadline.into(), conn.collect(&mut body, limit)).await;
+    let collected = tokio::time::timeout_at(deadline.into(), conn.collect(limit)).await;
     let bytes = match collected {
         Err(_) => {
             let e = GatewayError::UpstreamTimeout {
@@ -527,19 +529,6 @@ fn fail_before_first_byte(timed: &mut TimedBody, e: GatewayError) -> GatewayErro
     c.upstream_error(e.kind());
     c.fail(e.status().as_u16(), e.kind());
     e
-}
-
-/// The cause chain of a client error, for messages ("connection refused" is
-/// three levels down in hyper's errors).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// 404 for anything that is not an API route.

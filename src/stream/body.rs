@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use super::event::{Event, classify};
@@ -46,11 +45,10 @@ pub enum Mode {
 }
 
 pub struct TimedBody {
-    /// `None` once the stream is over; dropping it mid-body closes the upstream
-    /// connection, which cancels the request on the replica.
-    upstream: Option<Incoming>,
-    /// The connection the body arrives on, driven from `poll_frame` (see
-    /// `upstream::conn`); back to the pool after a clean end.
+    /// The connection the body arrives on, read from `poll_frame` (see
+    /// `upstream::conn`); `None` once the stream is over: back to the pool
+    /// after a clean end, dropped mid-body to close the connection, which
+    /// cancels the request on the replica.
     conn: Option<Conn>,
     splitter: SseSplitter,
     /// The first chunk, read before the response headers were sent.
@@ -79,7 +77,6 @@ enum State {
 
 impl TimedBody {
     pub fn new(
-        upstream: Incoming,
         conn: Conn,
         completion: Completion,
         in_flight: InFlight,
@@ -90,7 +87,6 @@ impl TimedBody {
         let now = Instant::now();
         let first_alarm = deadline.min(now + idle);
         Self {
-            upstream: Some(upstream),
             conn: Some(conn),
             splitter: SseSplitter::new(MAX_EVENT_BYTES),
             primed: None,
@@ -115,47 +111,32 @@ impl TimedBody {
 
     fn poll_first_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         loop {
-            self.drive(cx);
-            let Some(up) = self.upstream.as_mut() else {
+            let Some(up) = self.conn.as_mut() else {
                 return Poll::Ready(Err(GatewayError::UpstreamProtocol(
                     "stream already closed".into(),
                 )));
             };
-            match ready!(Pin::new(up).poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data()
-                        && !data.is_empty()
-                    {
+            match ready!(up.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    if !data.is_empty() {
                         self.frame_time = Instant::now();
                         self.primed = Some(data);
                         return Poll::Ready(Ok(()));
                     }
                 }
                 Some(Err(e)) => {
-                    self.upstream = None;
                     self.conn = None;
                     return Poll::Ready(Err(GatewayError::UpstreamProtocol(format!(
                         "connection lost before the first event: {e}"
                     ))));
                 }
                 None => {
-                    self.upstream = None;
                     self.conn = None;
                     return Poll::Ready(Err(GatewayError::UpstreamProtocol(
                         "the replica closed the stream without sending anything".into(),
                     )));
                 }
             }
-        }
-    }
-
-    /// Progress on the connection before reading the body (same task, no wake-up
-    /// hop). Its errors surface through the body too, so they are only logged.
-    fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(c) = self.conn.as_mut()
-            && let Some(e) = c.drive(cx)
-        {
-            tracing::debug!(error = %e, "upstream connection ended with an error");
         }
     }
 
@@ -185,7 +166,6 @@ impl TimedBody {
 
     /// End the stream with an OpenAI error event; cancels the upstream request.
     fn fail(&mut self, err: GatewayError) -> Bytes {
-        self.upstream = None;
         self.conn = None;
         if err.blames_replica() {
             self.in_flight.replica().record_failure();
@@ -236,7 +216,6 @@ impl TimedBody {
 
     /// Upstream ended cleanly; an OpenAI stream must have finished properly.
     fn on_upstream_end(&mut self) -> Option<Bytes> {
-        self.upstream = None;
         if let Mode::Raw = self.mode {
             self.completion.record.end.get_or_insert(self.frame_time);
             self.state = State::Finished;
@@ -390,19 +369,16 @@ impl Body for TimedBody {
                 this.state = State::Finished;
                 return Poll::Ready(None);
             }
-            this.drive(cx);
-            let Some(up) = this.upstream.as_mut() else {
+            let Some(up) = this.conn.as_mut() else {
                 this.state = State::Finished;
                 continue;
             };
-            match Pin::new(up).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
-                        this.frame_time = Instant::now();
-                        match this.mode {
-                            Mode::Raw => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                            Mode::OpenAi { .. } => this.ingest(data),
-                        }
+            match up.poll_data(cx) {
+                Poll::Ready(Some(Ok(data))) => {
+                    this.frame_time = Instant::now();
+                    match this.mode {
+                        Mode::Raw => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                        Mode::OpenAi { .. } => this.ingest(data),
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -448,7 +424,7 @@ impl Drop for TimedBody {
             // Dropped mid-stream: hyper gave up on the client connection.
             self.completion.record.disconnected = true;
         }
-        // Fields drop next: `upstream` closes the replica connection (cancel),
+        // Fields drop next: `conn` closes the replica connection (cancel),
         // `completion` records the request, `in_flight` releases the replica.
     }
 }

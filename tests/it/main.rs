@@ -14,3 +14,4 @@ mod routing;
 mod sdk;
 mod sim;
 mod streaming;
+mod wire;

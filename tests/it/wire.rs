@@ -1,0 +1,165 @@
+//! The upstream HTTP/1.1 client against replicas writing raw bytes: every way a
+//! response body can be delimited, interim responses, trailers, kept-alive
+//! connections closed under it, and malformed or truncated answers.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::common::raw::{self, Reply, SSE};
+use crate::common::*;
+
+fn sized(body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn chat(model: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// A gateway in front of these replicas (health-checked once, at start).
+async fn gateway(replicas: &[&raw::Raw]) -> sluice::server::Gateway {
+    let urls: Vec<String> = replicas.iter().map(|r| r.url()).collect();
+    let mut config = config_for(&urls);
+    config.upstream.health_check.interval = Duration::from_secs(3600);
+    start_gateway(config, replicas.len()).await
+}
+
+#[tokio::test]
+async fn streams_delimited_by_length_or_by_close_pass_through() {
+    let sized_replica = raw::start("sized", |_| Reply::KeepAlive(sized(SSE))).await;
+    let close_replica = raw::start("close", |_| {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+        Reply::Close(format!("{head}{SSE}").into_bytes())
+    })
+    .await;
+    let gw = gateway(&[&sized_replica, &close_replica]).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    for model in ["sized", "close", "sized", "close"] {
+        let (status, _, body) = post(&url, &chat(model, true)).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body, SSE, "{model}");
+    }
+    assert_eq!(
+        sized_replica.connections.load(Ordering::SeqCst),
+        1,
+        "a sized body read to its end leaves the connection reusable"
+    );
+    assert_eq!(
+        close_replica.connections.load(Ordering::SeqCst),
+        2,
+        "a close-delimited body ends its connection"
+    );
+    assert_eq!(
+        gateway_metric(
+            &gw,
+            "sluice_request_finish_reasons_total{model=\"close\",finish_reason=\"stop\"}"
+        )
+        .await,
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn interim_responses_chunk_extensions_and_trailers_are_understood() {
+    let replica = raw::start("chunked", |_| {
+        let (a, b) = SSE.split_at(40);
+        let wire = format!(
+            "HTTP/1.1 100 Continue\r\n\r\n\
+             HTTP/1.1 103 Early Hints\r\nlink: </hint>; rel=preload\r\n\r\n\
+             HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n\
+             {:x};name=value\r\n{a}\r\n{:X}\r\n{b}\r\n0\r\nx-checksum: 1\r\n\r\n",
+            a.len(),
+            b.len()
+        );
+        Reply::KeepAlive(wire.into_bytes())
+    })
+    .await;
+    let gw = gateway(&[&replica]).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    for _ in 0..3 {
+        let (status, headers, body) = post(&url, &chat("chunked", true)).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(!headers.contains_key("link"), "an interim head leaked");
+        assert_eq!(body, SSE);
+    }
+    assert_eq!(
+        replica.connections.load(Ordering::SeqCst),
+        1,
+        "trailers read to the end leave the connection reusable"
+    );
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_closed_as_it_is_reused_is_retried_on_a_fresh_one() {
+    // The race every pooled client meets: the replica's idle timeout closes the
+    // connection just as the next request goes out on it. The request never
+    // reached the replica, so it is sent again on a new connection and the
+    // client never sees the failure.
+    let replica = raw::start("m", |i| {
+        if i == 0 {
+            Reply::KeepAlive(sized(SSE))
+        } else {
+            Reply::Hangup
+        }
+    })
+    .await;
+    let gw = gateway(&[&replica]).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    for round in 0..3 {
+        let (status, _, body) = post(&url, &chat("m", true)).await;
+        assert_eq!(status, 200, "round {round}: {body}");
+        assert_eq!(body, SSE, "round {round}");
+    }
+    assert_eq!(
+        replica.requests.load(Ordering::SeqCst),
+        5,
+        "first request, then twice a hang-up followed by its resend"
+    );
+}
+
+#[tokio::test]
+async fn malformed_or_truncated_answers_are_clean_errors() {
+    let bad_head = raw::start("bad-head", |_| {
+        Reply::KeepAlive(b"HTTP/1.1 200 OK\r\ncontent-length: zz\r\n\r\n{}".to_vec())
+    })
+    .await;
+    let truncated = raw::start("truncated", |_| {
+        Reply::Close(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{\"id\":"
+                .to_vec(),
+        )
+    })
+    .await;
+    let bad_chunk = raw::start("bad-chunk", |_| {
+        let first = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n";
+        let wire = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n\
+             {:x}\r\n{first}\r\nzz\r\nnot a chunk\r\n",
+            first.len()
+        );
+        Reply::KeepAlive(wire.into_bytes())
+    })
+    .await;
+    let gw = gateway(&[&bad_head, &truncated, &bad_chunk]).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+
+    for model in ["bad-head", "truncated"] {
+        let (status, _, body) = post(&url, &chat(model, false)).await;
+        assert_eq!(status, 502, "{model}: {body}");
+        let err = error_of(&body);
+        assert_eq!(err["code"], "upstream_protocol", "{model}: {body}");
+    }
+
+    let (status, _, body) = post(&url, &chat("bad-chunk", true)).await;
+    assert_eq!(status, 200, "headers went out with the first event");
+    let payloads = data_payloads(&body);
+    assert_eq!(payloads.len(), 3, "{body}");
+    assert!(payloads[0].contains("Hel"));
+    let err: serde_json::Value = serde_json::from_str(&payloads[1]).unwrap();
+    assert_eq!(err["error"]["code"], "upstream_protocol", "{body}");
+    assert_eq!(payloads[2], "[DONE]");
+}
