@@ -11,6 +11,7 @@ the CPU-seconds each proxy process used per 1,000 streamed requests (from
     cargo build --release
     python3 benches/e2e/stream_overhead.py            # prints a Markdown table
     python3 benches/e2e/stream_overhead.py --json out.json
+    python3 benches/e2e/stream_overhead.py --pin      # proxy alone on its own core
 
 Needs nginx on PATH (Debian: apt-get install nginx-light). Everything listens on
 127.0.0.1 only and every process is stopped at the end.
@@ -111,12 +112,41 @@ def wait_http(url, timeout=15):
     raise SystemExit(f"{url} did not come up")
 
 
-def bench(url, concurrency, tokens, requests):
+def overhead_buckets(admin_url):
+    """Sluice's own `sluice_gateway_overhead_seconds` histogram: {le: cumulative count}."""
+    with urllib.request.urlopen(f"{admin_url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("sluice_gateway_overhead_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(le)] = out.get(float(le), 0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bucket_quantile(before, after, q):
+    """The upper bound of the bucket holding quantile q of the observations between two scrapes."""
+    delta = sorted((le, after.get(le, 0) - before.get(le, 0)) for le in after)
+    total = delta[-1][1] if delta else 0
+    for le, n in delta:
+        if total and n >= q * total:
+            return le
+    return None
+
+
+def on_cpu(cpu):
+    """A preexec_fn pinning the child to one CPU (None: leave it to the scheduler)."""
+    if cpu is None:
+        return None
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+def bench(url, concurrency, tokens, requests, cpu=None):
     out = subprocess.run(
         [BIN, "bench", "--url", url, "--model", "sim-model", "--concurrency", str(concurrency),
          "--requests", str(requests), "--max-tokens", str(tokens), "--workload", "fixed", "--prompt-tokens", "50",
          "--json", "-", "--quiet"],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, preexec_fn=on_cpu(cpu),
     ).stdout
     return json.loads(out)
 
@@ -125,7 +155,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply request counts (e.g. 0.1 for a smoke run)")
+    ap.add_argument("--pin", action="store_true",
+                    help="client and replica on CPU 0, each proxy alone on CPU 1 (one nginx worker, one "
+                         "Sluice worker thread): the added latency is the proxy's own, not contention "
+                         "with the load generator")
     args = ap.parse_args()
+    if args.pin and os.cpu_count() < 2:
+        raise SystemExit("--pin needs two CPUs")
+    load_cpu, proxy_cpu = (0, 1) if args.pin else (None, None)
     if not os.path.exists(BIN):
         raise SystemExit("build first: cargo build --release")
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -142,7 +179,7 @@ def main():
             sim = subprocess.Popen(
                 [BIN, "sim", "--listen", f"127.0.0.1:{sim_port}", "--profile", "fixed", "--prefill-delay", "0ms",
                  "--token-delay", delay, "--output-tokens", str(tokens)],
-                stderr=subprocess.DEVNULL)
+                stderr=subprocess.DEVNULL, preexec_fn=on_cpu(load_cpu))
             procs.append(sim)
             # Like nginx's `access_log off`: the access log is measured separately
             # (benches/e2e/telemetry_overhead.py).
@@ -152,12 +189,14 @@ def main():
             gw = subprocess.Popen(
                 [BIN, "serve", "--config", gw_conf, "--backend", f"http://127.0.0.1:{sim_port}",
                  "--listen", f"127.0.0.1:{gw_port}", "--admin-listen", f"127.0.0.1:{admin_port}"],
-                stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+                stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"}, preexec_fn=on_cpu(proxy_cpu))
             procs.append(gw)
             conf = os.path.join(tmp, "nginx.conf")
             with open(conf, "w") as f:
-                f.write(NGINX_CONF.format(workers=os.cpu_count(), dir=tmp, sim_port=sim_port, port=ngx_port))
-            ngx = subprocess.Popen([nginx, "-c", conf, "-p", tmp], stderr=subprocess.DEVNULL)
+                workers = 1 if args.pin else os.cpu_count()
+                f.write(NGINX_CONF.format(workers=workers, dir=tmp, sim_port=sim_port, port=ngx_port))
+            ngx = subprocess.Popen([nginx, "-c", conf, "-p", tmp], stderr=subprocess.DEVNULL,
+                                   preexec_fn=on_cpu(proxy_cpu))
             procs.append(ngx)
             wait_http(f"http://127.0.0.1:{sim_port}/health")
             wait_http(f"http://127.0.0.1:{admin_port}/readyz")
@@ -172,10 +211,18 @@ def main():
                 ("sluice", f"http://127.0.0.1:{gw_port}", [gw.pid]),
                 ("nginx", f"http://127.0.0.1:{ngx_port}", [ngx.pid] + children(ngx.pid)),
             ]:
-                bench(url, conc, tokens, conc)
+                bench(url, conc, tokens, conc, load_cpu)
+                admin_url = f"http://127.0.0.1:{admin_port}"
+                own_before = overhead_buckets(admin_url) if label == "sluice" else None
                 before = cpu_seconds(pids)
-                rep = bench(url, conc, tokens, requests)
+                rep = bench(url, conc, tokens, requests, load_cpu)
                 cpu = cpu_seconds(pids) - before
+                if own_before is not None:
+                    own_after = overhead_buckets(admin_url)
+                    row["sluice_own_overhead_ms"] = {
+                        "p50_at_most": bucket_quantile(own_before, own_after, 0.5) * 1e3,
+                        "p99_at_most": bucket_quantile(own_before, own_after, 0.99) * 1e3,
+                    }
                 row[label] = {
                     "ok": rep["ok"], "errors": rep["errors"],
                     "ttft_p50_ms": rep["ttft_seconds"]["p50"] * 1e3,
@@ -204,6 +251,7 @@ def main():
         "git": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True).stdout.strip(),
         "nginx": subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip(),
+        "pinned": args.pin,
     }
     if args.json:
         with open(args.json, "w") as f:
@@ -226,7 +274,8 @@ def machine():
 
 
 def report(meta, results):
-    lines = [f"Run {meta['date']} on {meta['machine']}, commit {meta['git']}, {meta['nginx']}.", ""]
+    pinned = " Pinned: client and replica on CPU 0, proxy on CPU 1." if meta.get("pinned") else ""
+    lines = [f"Run {meta['date']} on {meta['machine']}, commit {meta['git']}, {meta['nginx']}.{pinned}", ""]
     for r in results:
         d, s, n = r["direct"], r["sluice"], r["nginx"]
         lines += [
@@ -247,6 +296,13 @@ def report(meta, results):
             f"nginx TTFT p50 {n['ttft_p50_ms'] - d['ttft_p50_ms']:+.2f} ms, p99 {n['ttft_p99_ms'] - d['ttft_p99_ms']:+.2f} ms, "
             f"ITL p99 {n['itl_p99_ms'] - d['itl_p99_ms']:+.2f} ms. "
             f"CPU ratio Sluice/nginx: {s['cpu_s_per_1000'] / n['cpu_s_per_1000']:.2f}x.",
+        ]
+        own = r.get("sluice_own_overhead_ms")
+        if own:
+            lines.append(
+                f"Sluice's own time per request (its `sluice_gateway_overhead_seconds`, bucket bounds): "
+                f"p50 <= {own['p50_at_most']:g} ms, p99 <= {own['p99_at_most']:g} ms.")
+        lines += [
             "",
         ]
     return "\n".join(lines)
