@@ -8,7 +8,10 @@
 //! close-delimited) straight from the socket inside its own `poll_frame`. A
 //! burst already in the read buffer is forwarded in one go, and nothing but the
 //! request's own task is ever woken. The pool is a short critical section per
-//! request (checkout and check-in), never per event.
+//! request (checkout and check-in), never per event. Idle connections are
+//! checked with a non-blocking peek when taken, and swept with the health
+//! checks; a connection goes back only when its response was read exactly to
+//! its end and its framing was unambiguous.
 //!
 //! Only what the gateway sends is supported: one request at a time per
 //! connection (no pipelining), a body with `Content-Length`, no
@@ -32,6 +35,10 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 const MAX_LINE_BYTES: usize = 4 * 1024;
 /// Headers per response head.
 const MAX_HEADERS: usize = 128;
+/// Interim (1xx) responses skipped before the real one.
+const MAX_INTERIM: usize = 8;
+/// Trailer section of a chunked body.
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
 /// Read granularity: a burst of events fits, an idle stream does not hold much.
 const READ_BYTES: usize = 16 * 1024;
 
@@ -92,8 +99,8 @@ enum Chunk {
     Data(u64),
     /// The CRLF after a chunk's data.
     DataEnd,
-    /// Trailer lines until an empty one.
-    Trailers,
+    /// Trailer lines until an empty one (bytes read so far).
+    Trailers(usize),
 }
 
 /// Why a request got no response.
@@ -137,17 +144,34 @@ impl ConnPool {
     /// A live idle connection, or a new one.
     pub async fn checkout(&self) -> Result<Conn, GatewayError> {
         while let Some(c) = self.take_idle() {
-            // A replica that closed an idle connection has sent FIN by now: a
-            // non-blocking read notices, so the request does not go down a dead
-            // socket. Anything but "nothing to read" means the connection is over.
-            let mut probe = [0u8; 1];
-            let quiet = matches!(c.conn.io.try_read(&mut probe),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
-            if quiet && c.since.elapsed() < self.idle_timeout {
+            if c.since.elapsed() < self.idle_timeout && c.conn.is_quiet() {
                 return Ok(c.conn);
             }
         }
         self.connect().await
+    }
+
+    /// Drop idle connections past the idle timeout or closed by the replica.
+    /// Run periodically (with the health checks), so a pool that stops being
+    /// used does not hold half-closed sockets until its next request.
+    pub fn sweep(&self) {
+        let stale: Vec<Idle> = match self.idle.lock() {
+            Ok(mut idle) => {
+                let (keep, stale) = std::mem::take(&mut *idle)
+                    .into_iter()
+                    .partition(|i| i.since.elapsed() < self.idle_timeout && i.conn.is_quiet());
+                *idle = keep;
+                stale
+            }
+            Err(_) => return,
+        };
+        // Closed outside the lock.
+        drop(stale);
+    }
+
+    /// Idle connections held now.
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().map_or(0, |i| i.len())
     }
 
     fn take_idle(&self) -> Option<Idle> {
@@ -214,6 +238,16 @@ impl Conn {
         self.reused
     }
 
+    /// An idle connection has nothing to read: a replica that closed it has
+    /// sent FIN (or RST) by now, and unsolicited bytes mean it is out of step.
+    /// A peek is a direct non-blocking syscall, so it sees a close the
+    /// runtime's reactor has not processed yet.
+    fn is_quiet(&self) -> bool {
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        matches!(socket2::SockRef::from(&self.io).peek(&mut probe),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
     /// Send the request and read the response head. The body follows through
     /// [`poll_data`](Self::poll_data).
     pub async fn send(&mut self, req: &Request<Bytes>) -> Result<Response<()>, SendError> {
@@ -222,7 +256,11 @@ impl Conn {
         if let Err(e) = self.io.write_all(&wire).await {
             return Err(SendError::NotSent(format!("writing the request: {e}")));
         }
-        loop {
+        // Whether the replica answered anything (an interim response counts):
+        // only a reused connection that closes with no answer at all is taken
+        // for one the replica had already closed.
+        let mut answered = false;
+        for _ in 0..=MAX_INTERIM {
             let (resp, head_len) = loop {
                 if let Some(parsed) = parse_head(&self.wire.rbuf).map_err(SendError::Failed)? {
                     break parsed;
@@ -233,8 +271,9 @@ impl Conn {
                     )));
                 }
                 let got = std::future::poll_fn(|cx| self.poll_fill(cx)).await;
+                answered |= matches!(got, Ok(n) if n > 0);
                 match got {
-                    Ok(0) if self.wire.rbuf.is_empty() && self.reused => {
+                    Ok(0) if !answered && self.reused => {
                         return Err(SendError::NotSent(
                             "the replica closed the kept-alive connection".into(),
                         ));
@@ -247,7 +286,7 @@ impl Conn {
                     Ok(_) => {}
                     Err(e) => {
                         let msg = format!("reading the response: {e}");
-                        return Err(if self.wire.rbuf.is_empty() && self.reused {
+                        return Err(if !answered && self.reused {
                             SendError::NotSent(msg)
                         } else {
                             SendError::Failed(msg)
@@ -257,17 +296,23 @@ impl Conn {
             };
             self.wire.rbuf.advance(head_len);
             let status = resp.status();
+            if status == StatusCode::SWITCHING_PROTOCOLS {
+                return Err(SendError::Failed(
+                    "the replica switched protocols unasked (101)".into(),
+                ));
+            }
             if status.is_informational() {
                 // 100 Continue, 103 Early Hints: the real answer follows.
                 continue;
             }
-            self.keep_alive = keeps_alive(&resp);
-            self.wire.body = body_kind(&resp, head_only).map_err(SendError::Failed)?;
-            if self.wire.body == BodyState::UntilClose {
-                self.keep_alive = false;
-            }
+            let framing = body_kind(&resp, head_only).map_err(SendError::Failed)?;
+            self.wire.body = framing.body;
+            self.keep_alive = keeps_alive(&resp) && framing.reusable;
             return Ok(resp);
         }
+        Err(SendError::Failed(format!(
+            "more than {MAX_INTERIM} interim (1xx) responses"
+        )))
     }
 
     /// The next piece of the response body: `None` at its end.
@@ -364,7 +409,7 @@ impl Wire {
                     };
                     let size = chunk_size(&line)?;
                     self.body = BodyState::Chunked(if size == 0 {
-                        Chunk::Trailers
+                        Chunk::Trailers(0)
                     } else {
                         Chunk::Data(size)
                     });
@@ -391,7 +436,7 @@ impl Wire {
                     }
                     self.body = BodyState::Chunked(Chunk::Size);
                 }
-                BodyState::Chunked(Chunk::Trailers) => {
+                BodyState::Chunked(Chunk::Trailers(seen)) => {
                     let Some(line) = self.line()? else {
                         return Ok(None);
                     };
@@ -399,6 +444,11 @@ impl Wire {
                         self.body = BodyState::Done;
                         return Ok(None);
                     }
+                    let seen = seen + line.len() + 2;
+                    if seen > MAX_TRAILER_BYTES {
+                        return Err(format!("trailers larger than {MAX_TRAILER_BYTES} bytes"));
+                    }
+                    self.body = BodyState::Chunked(Chunk::Trailers(seen));
                 }
             }
         }
@@ -504,53 +554,106 @@ fn keeps_alive(resp: &Response<()>) -> bool {
     }
 }
 
-/// How the body of this response is delimited (RFC 9112 section 6.3).
-fn body_kind(resp: &Response<()>, head_only: bool) -> Result<BodyState, String> {
-    let status = resp.status();
-    if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        return Ok(BodyState::Done);
-    }
-    let headers = resp.headers();
-    if let Some(te) = headers.get(http::header::TRANSFER_ENCODING) {
-        let last = te
-            .to_str()
-            .ok()
-            .and_then(|v| v.rsplit(',').next())
-            .map(str::trim);
-        return if last.is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
-            Ok(BodyState::Chunked(Chunk::Size))
-        } else {
-            Ok(BodyState::UntilClose)
-        };
-    }
-    match headers.get(http::header::CONTENT_LENGTH) {
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .map(BodyState::Length)
-            .ok_or_else(|| "malformed Content-Length".to_string()),
-        None => Ok(BodyState::UntilClose),
-    }
+/// How a response body is delimited, and whether that framing allows the
+/// connection to carry another request.
+#[derive(Debug, PartialEq, Eq)]
+struct Framing {
+    body: BodyState,
+    reusable: bool,
 }
 
-/// The size in a chunk-size line (hex, extensions ignored).
+/// How the body of this response is delimited (RFC 9112 section 6.3). Framing
+/// that a request smuggling attack would use (both `Transfer-Encoding` and
+/// `Content-Length`, `Transfer-Encoding` in HTTP/1.0) is decoded by the
+/// transfer coding and the connection is closed after it; conflicting lengths
+/// are an error.
+fn body_kind(resp: &Response<()>, head_only: bool) -> Result<Framing, String> {
+    let status = resp.status();
+    if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing {
+            body: BodyState::Done,
+            reusable: true,
+        });
+    }
+    let headers = resp.headers();
+    let mut codings = headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+        .peekable();
+    if codings.peek().is_some() {
+        let chunked = codings
+            .last()
+            .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
+        let clean = !headers.contains_key(http::header::CONTENT_LENGTH)
+            && resp.version() == Version::HTTP_11;
+        return Ok(Framing {
+            body: if chunked {
+                BodyState::Chunked(Chunk::Size)
+            } else {
+                BodyState::UntilClose
+            },
+            reusable: chunked && clean,
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(http::header::CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|b| *b == b',') {
+            let n = parse_length(part.trim_ascii()).ok_or("malformed Content-Length")?;
+            if length.is_some_and(|l| l != n) {
+                return Err("conflicting Content-Length values".into());
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => Framing {
+            body: BodyState::Length(n),
+            reusable: true,
+        },
+        None => Framing {
+            body: BodyState::UntilClose,
+            reusable: false,
+        },
+    })
+}
+
+/// A decimal length: digits only (no sign, no spaces), at most 19 of them.
+fn parse_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// The size in a chunk-size line: hex digits, then optional whitespace and
+/// `;` extensions (ignored).
 fn chunk_size(line: &[u8]) -> Result<u64, String> {
     let end = line
         .iter()
-        .position(|b| *b == b';' || *b == b' ' || *b == b'\t')
+        .position(|b| !b.is_ascii_hexdigit())
         .unwrap_or(line.len());
-    let digits = &line[..end];
-    if digits.is_empty() || digits.len() > 15 {
+    let (digits, rest) = line.split_at(end);
+    let rest = rest.trim_ascii_start();
+    if !(rest.is_empty() || rest.starts_with(b";")) {
         return Err("malformed chunk size".into());
     }
+    let significant = match digits.iter().position(|d| *d != b'0') {
+        Some(i) => &digits[i..],
+        None if digits.is_empty() => return Err("malformed chunk size".into()),
+        None => return Ok(0),
+    };
+    if significant.len() > 15 {
+        return Err("chunk size too large".into());
+    }
     let mut n: u64 = 0;
-    for d in digits {
+    for d in significant {
         let v = match d {
             b'0'..=b'9' => d - b'0',
             b'a'..=b'f' => d - b'a' + 10,
-            b'A'..=b'F' => d - b'A' + 10,
-            _ => return Err("malformed chunk size".into()),
+            _ => d - b'A' + 10,
         };
         n = n * 16 + u64::from(v);
     }
@@ -627,19 +730,105 @@ mod tests {
         assert_eq!(&wire[n..], b"rest");
         assert_eq!(r.status(), 200);
         assert!(keeps_alive(&r));
-        assert_eq!(body_kind(&r, false), Ok(BodyState::Chunked(Chunk::Size)));
+        assert_eq!(
+            body_kind(&r, false),
+            Ok(Framing {
+                body: BodyState::Chunked(Chunk::Size),
+                reusable: true
+            })
+        );
         let (r, _) = head(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\nconnection: close\r\n\r\n");
         assert!(!keeps_alive(&r));
-        assert_eq!(body_kind(&r, false), Ok(BodyState::Length(12)));
-        assert_eq!(body_kind(&r, true), Ok(BodyState::Done));
+        assert_eq!(
+            body_kind(&r, false).map(|f| f.body),
+            Ok(BodyState::Length(12))
+        );
+        assert_eq!(body_kind(&r, true).map(|f| f.body), Ok(BodyState::Done));
         let (r, _) = head(b"HTTP/1.0 200 OK\r\n\r\n");
         assert!(!keeps_alive(&r));
-        assert_eq!(body_kind(&r, false), Ok(BodyState::UntilClose));
+        assert_eq!(
+            body_kind(&r, false),
+            Ok(Framing {
+                body: BodyState::UntilClose,
+                reusable: false
+            })
+        );
         assert!(matches!(
             parse_head(b"HTTP/1.1 200 OK\r\ncontent-le"),
             Ok(None)
         ));
         assert!(parse_head(b"garbage\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn ambiguous_framing_is_refused_or_ends_the_connection() {
+        let kind = |wire: &[u8]| body_kind(&head(wire).0, false);
+        // Two different lengths: which one ends the body is anyone's guess.
+        assert!(
+            kind(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 10\r\n\r\n").is_err()
+        );
+        assert!(kind(b"HTTP/1.1 200 OK\r\ncontent-length: 5, 10\r\n\r\n").is_err());
+        assert!(kind(b"HTTP/1.1 200 OK\r\ncontent-length: +5\r\n\r\n").is_err());
+        // Repeated equal lengths are one length.
+        assert_eq!(
+            kind(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n"),
+            Ok(Framing {
+                body: BodyState::Length(5),
+                reusable: true
+            })
+        );
+        // Transfer-Encoding wins over Content-Length, and the connection is not reused.
+        assert_eq!(
+            kind(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n"),
+            Ok(Framing {
+                body: BodyState::Chunked(Chunk::Size),
+                reusable: false
+            })
+        );
+        // The last coding decides, across repeated fields.
+        assert_eq!(
+            kind(
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: gzip\r\n\r\n"
+            ),
+            Ok(Framing {
+                body: BodyState::UntilClose,
+                reusable: false
+            })
+        );
+        assert_eq!(
+            kind(
+                b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n"
+            ),
+            Ok(Framing {
+                body: BodyState::Chunked(Chunk::Size),
+                reusable: false
+            })
+        );
+    }
+
+    #[test]
+    fn chunk_sizes_are_strict_hex() {
+        assert_eq!(chunk_size(b"1f"), Ok(31));
+        assert_eq!(chunk_size(b"0000000000000000000a"), Ok(10));
+        assert_eq!(chunk_size(b"5 ;name=value"), Ok(5));
+        assert_eq!(chunk_size(b"000"), Ok(0));
+        for bad in [&b""[..], b"5 junk", b"-5", b"0x5", b"1000000000000000"] {
+            assert!(
+                chunk_size(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn trailers_are_bounded() {
+        let mut wire = b"0\r\n".to_vec();
+        for _ in 0..1000 {
+            wire.extend_from_slice(b"x-trailer: 0123456789\r\n");
+        }
+        let mut c = conn_state(BodyState::Chunked(Chunk::Size), &wire);
+        assert!(drain(&mut c).is_err());
     }
 
     #[test]

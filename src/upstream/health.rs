@@ -62,6 +62,9 @@ pub async fn run(pool: Arc<Pool>, client: HttpClient, cfg: HealthCheckConfig) {
     loop {
         tick.tick().await;
         check_all(&pool, &client, &cfg).await;
+        for r in pool.replicas().iter() {
+            r.conns.sweep();
+        }
     }
 }
 

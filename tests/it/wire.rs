@@ -48,11 +48,7 @@ async fn streams_delimited_by_length_or_by_close_pass_through() {
         1,
         "a sized body read to its end leaves the connection reusable"
     );
-    assert_eq!(
-        close_replica.connections.load(Ordering::SeqCst),
-        2,
-        "a close-delimited body ends its connection"
-    );
+    assert_eq!(close_replica.connections.load(Ordering::SeqCst), 2);
     assert_eq!(
         gateway_metric(
             &gw,
@@ -94,11 +90,82 @@ async fn interim_responses_chunk_extensions_and_trailers_are_understood() {
 }
 
 #[tokio::test]
-async fn a_kept_alive_connection_closed_as_it_is_reused_is_retried_on_a_fresh_one() {
+async fn connection_close_and_leftover_bytes_keep_a_connection_out_of_the_pool() {
+    // Both replicas keep their side open: only the gateway's reading of the
+    // answer can decide not to reuse the connection.
+    let says_close = raw::start("says-close", |_| {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n";
+        Reply::KeepAlive(format!("{head}content-length: {}\r\n\r\n{SSE}", SSE.len()).into_bytes())
+    })
+    .await;
+    let overlong = raw::start("overlong", |_| {
+        let mut wire = sized(SSE);
+        wire.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}");
+        Reply::KeepAlive(wire)
+    })
+    .await;
+    let gw = gateway(&[&says_close, &overlong]).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    for model in ["says-close", "overlong", "says-close", "overlong"] {
+        let (status, _, body) = post(&url, &chat(model, true)).await;
+        assert_eq!(status, 200, "{model}: {body}");
+        assert_eq!(body, SSE, "{model}");
+    }
+    assert_eq!(says_close.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        overlong.connections.load(Ordering::SeqCst),
+        2,
+        "bytes after the end of a response must not be read as the next one's"
+    );
+}
+
+#[tokio::test]
+async fn idle_connections_the_replica_closed_are_swept() {
+    // `closes` answers with keep-alive framing and then closes its side, as a
+    // server's idle timeout does; the gateway's sweep (with the health checks)
+    // must drop that connection from its pool and keep the live one.
+    let keeps = raw::start("keeps", |_| Reply::KeepAlive(sized(SSE))).await;
+    let closes = raw::start("closes", |_| Reply::Close(sized(SSE))).await;
+    let mut config = config_for(&[keeps.url(), closes.url()]);
+    config.upstream.health_check.interval = Duration::from_millis(100);
+    let gw = start_gateway(config, 2).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    for model in ["keeps", "closes"] {
+        let (status, _, body) = post(&url, &chat(model, true)).await;
+        assert_eq!(status, 200, "{model}: {body}");
+    }
+    let idle = |addr: std::net::SocketAddr| {
+        let replicas = gw.state.pool.replicas();
+        replicas
+            .iter()
+            .find(|r| *r.name == *addr.to_string())
+            .map(|r| r.conns.idle_count())
+            .unwrap()
+    };
+    wait_until(
+        "the closed connection swept",
+        Duration::from_secs(5),
+        || {
+            let n = idle(closes.addr);
+            async move { n == 0 }
+        },
+    )
+    .await;
+    assert_eq!(idle(keeps.addr), 1, "a live idle connection is kept");
+    // And the next request to the closed replica simply opens a new connection.
+    let (status, _, body) = post(&url, &chat("closes", true)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(closes.requests.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_closed_without_an_answer_is_resent_on_a_fresh_one() {
     // The race every pooled client meets: the replica's idle timeout closes the
-    // connection just as the next request goes out on it. The request never
-    // reached the replica, so it is sent again on a new connection and the
-    // client never sees the failure.
+    // connection just as the next request goes out on it. Here the replica
+    // even reads the request before hanging up, the worst case: the gateway
+    // cannot tell, and resends once on a new connection (OpenAI endpoints are
+    // free of side effects; the client would otherwise get a 502 and, with the
+    // OpenAI SDK, resend it itself).
     let replica = raw::start("m", |i| {
         if i == 0 {
             Reply::KeepAlive(sized(SSE))
@@ -119,6 +186,28 @@ async fn a_kept_alive_connection_closed_as_it_is_reused_is_retried_on_a_fresh_on
         5,
         "first request, then twice a hang-up followed by its resend"
     );
+}
+
+#[tokio::test]
+async fn a_replica_that_answered_something_is_not_sent_the_request_again() {
+    // An interim `100 Continue` proves the replica has the request: a hang-up
+    // after it is a failure, not a dead idle connection.
+    let replica = raw::start("m", |i| {
+        if i == 0 {
+            Reply::KeepAlive(sized(SSE))
+        } else {
+            Reply::Close(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
+        }
+    })
+    .await;
+    let gw = gateway(&[&replica]).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let (status, _, _) = post(&url, &chat("m", true)).await;
+    assert_eq!(status, 200);
+    let (status, _, body) = post(&url, &chat("m", true)).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(error_of(&body)["code"], "upstream_protocol");
+    assert_eq!(replica.requests.load(Ordering::SeqCst), 2, "not resent");
 }
 
 #[tokio::test]
@@ -144,10 +233,16 @@ async fn malformed_or_truncated_answers_are_clean_errors() {
         Reply::KeepAlive(wire.into_bytes())
     })
     .await;
-    let gw = gateway(&[&bad_head, &truncated, &bad_chunk]).await;
+    let two_lengths = raw::start("two-lengths", |_| {
+        Reply::KeepAlive(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 12\r\n\r\n{}".to_vec(),
+        )
+    })
+    .await;
+    let gw = gateway(&[&bad_head, &truncated, &bad_chunk, &two_lengths]).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
 
-    for model in ["bad-head", "truncated"] {
+    for model in ["bad-head", "truncated", "two-lengths"] {
         let (status, _, body) = post(&url, &chat(model, false)).await;
         assert_eq!(status, 502, "{model}: {body}");
         let err = error_of(&body);
