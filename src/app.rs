@@ -101,7 +101,9 @@ pub fn build_app(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models::list))
-        .route("/v1/{*rest}", post(passthrough))
+        // Other `/v1/*` routes: POSTs naming a model go through; any other
+        // method there is an unknown URL (404), not a wrong method (405).
+        .route("/v1/{*rest}", post(passthrough).fallback(proxy::not_found))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(proxy::not_found)
         .with_state(state)

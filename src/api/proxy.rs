@@ -127,7 +127,17 @@ async fn proxy(
             .as_ref()
             .is_some_and(|l| l.include_prompts),
     };
-    let mut inbound = request::inspect_with(endpoint, bytes, needs).map_err(unrecorded)?;
+    let mut inbound = match request::inspect_with(endpoint, bytes, needs) {
+        // Other `/v1/*` routes are forwarded only when they name a model;
+        // without one there is nothing to route by: an unknown URL.
+        Err(GatewayError::MissingModel) if endpoint == Endpoint::Passthrough => {
+            return Err(unrecorded(GatewayError::UnknownRoute {
+                method: parts.method.to_string(),
+                path: parts.uri.path().to_string(),
+            }));
+        }
+        r => r.map_err(unrecorded)?,
+    };
     let trace = TraceCtx::from_headers(&parts.headers);
     let new_completion = |model: Arc<str>| {
         let mut record = RequestRecord::new(endpoint, model, inbound.stream, arrival);

@@ -1,5 +1,6 @@
 //! `least_loaded`: the candidate with the least work: requests waiting in its
-//! queue (from its fresh metrics) plus requests in flight from this gateway.
+//! queue (from its fresh metrics) plus requests in flight from this gateway;
+//! a replica whose metrics are stale counts as saturated.
 //! Ties are broken by a rotating start so equal replicas share work.
 //! Cost: one pass over the candidates, O(n), no allocation.
 
@@ -24,15 +25,27 @@ impl LeastLoaded {
     }
 }
 
-/// In-flight from this gateway plus the replica's own queue when its metrics
-/// are fresh (stale or missing metrics add nothing: in-flight still counts).
+/// Work counted for a replica whose metrics are stale or missing while
+/// scraping is on: more than any real queue, so it is treated as saturated
+/// (its silence may be an overloaded engine) and only chosen when every
+/// candidate is stale, then by its in-flight count.
+const STALE_WORK: f64 = 1e9;
+
+/// In-flight from this gateway plus the replica's own queue from its fresh
+/// metrics; stale or missing metrics count as saturated ([`STALE_WORK`]).
+/// With scraping off (`stale_after` unset) in-flight alone decides.
 pub fn work(r: &Replica, ctx: &RouteCtx<'_>, stale_after: Option<Duration>) -> f64 {
-    let waiting = r
+    let in_flight = f64::from(r.in_flight());
+    let Some(d) = stale_after else {
+        return in_flight;
+    };
+    match r
         .load()
-        .filter(|s| stale_after.is_some_and(|d| ctx.now.saturating_duration_since(s.at) <= d))
-        .and_then(|s| s.waiting)
-        .unwrap_or(0.0);
-    f64::from(r.in_flight()) + waiting
+        .filter(|s| ctx.now.saturating_duration_since(s.at) <= d)
+    {
+        Some(s) => in_flight + s.waiting.unwrap_or(0.0),
+        None => in_flight + STALE_WORK,
+    }
 }
 
 impl RoutingPolicy for LeastLoaded {

@@ -226,6 +226,7 @@ mod tests {
 
     use super::*;
     use crate::config::{BackendConfig, PrefixKvConfig, UpstreamConfig};
+    use crate::routing::least_loaded::LeastLoaded;
     use crate::telemetry::metrics::Metrics;
     use crate::upstream::pool::InFlight;
     use crate::upstream::scrape::{EngineKind, LoadSample};
@@ -314,6 +315,31 @@ mod tests {
             r.set_load(sample(0.99, 0.0));
         }
         assert_eq!(pick(&p, &reps, &h).reason, RouteReason::Fallback);
+    }
+
+    #[test]
+    fn stale_metrics_count_as_saturated_for_least_loaded() {
+        let reps = replicas(2);
+        let ll = LeastLoaded::new(Some(Duration::from_secs(5)));
+        let ctx = RouteCtx {
+            model: "m",
+            hashes: &[],
+            now: Instant::now(),
+        };
+        // Replica 0 is silent (stale) and idle; replica 1 is fresh with a queue.
+        let mut old = sample(0.1, 0.0);
+        old.at = Instant::now() - Duration::from_secs(60);
+        reps[0].set_load(old);
+        reps[1].set_load(sample(0.5, 30.0));
+        for _ in 0..4 {
+            assert_eq!(ll.pick(&ctx, &reps).map(|d| d.index), Some(1));
+        }
+        // Everything stale: in-flight decides.
+        let mut old1 = sample(0.1, 0.0);
+        old1.at = Instant::now() - Duration::from_secs(60);
+        reps[1].set_load(old1);
+        let _busy = InFlight::new(reps[1].clone());
+        assert_eq!(ll.pick(&ctx, &reps).map(|d| d.index), Some(0));
     }
 
     #[test]

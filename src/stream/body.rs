@@ -171,6 +171,7 @@ impl TimedBody {
             self.in_flight.replica().record_failure();
         }
         self.state = State::Closing;
+        self.completion.on_cut(Instant::now());
         self.completion.upstream_error(err.kind());
         let status = self.completion.record.status;
         self.completion.fail(status, err.kind());
@@ -423,6 +424,7 @@ impl Drop for TimedBody {
         if self.state == State::Streaming {
             // Dropped mid-stream: hyper gave up on the client connection.
             self.completion.record.disconnected = true;
+            self.completion.on_cut(Instant::now());
         }
         // Fields drop next: `conn` closes the replica connection (cancel),
         // `completion` records the request, `in_flight` releases the replica.

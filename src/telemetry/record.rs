@@ -229,6 +229,29 @@ impl Completion {
         r.output_events += 1;
     }
 
+    /// The stream ended at `now` without another output event (timeout,
+    /// broken replica, client gone): the silence since the last token is a
+    /// gap too. It counts toward the largest gap and as a stall when over the
+    /// threshold (a stall cut by the idle timeout is the clearest stall of
+    /// all); it is not an inter-token latency, as no token ended it.
+    pub fn on_cut(&mut self, now: Instant) {
+        let r = &mut self.record;
+        let Some(prev) = r.last_token else {
+            return;
+        };
+        let gap = now.saturating_duration_since(prev);
+        if gap > r.max_gap {
+            r.max_gap = gap;
+        }
+        if gap > self.stall_threshold {
+            r.stalls += 1;
+            self.series.stalls.inc();
+            if r.stall_events.len() < MAX_STALL_EVENTS {
+                r.stall_events.push(StallEvent { at: now, gap });
+            }
+        }
+    }
+
     /// Mark the request failed with a closed-set kind and status.
     pub fn fail(&mut self, status: u16, kind: &'static str) {
         self.record.status = status;

@@ -49,6 +49,15 @@ async fn client_errors_are_400_404_405_413() {
     assert_eq!(s, 404);
     assert_eq!(error_of(&b)["code"], "unknown_url");
 
+    // Under /v1: any method but POST on an unknown route, and a POST that
+    // names no model (nothing to route it by), are unknown URLs too.
+    let (s, b) = get_text(&format!("{}/v1/files", api(&gw))).await;
+    assert_eq!(s, 404, "{b}");
+    assert_eq!(error_of(&b)["code"], "unknown_url");
+    let (s, b) = send_raw(&format!("{}/v1/files", api(&gw)), r#"{"purpose":"x"}"#).await;
+    assert_eq!(s, 404, "{b}");
+    assert_eq!(error_of(&b)["message"], "Invalid URL (POST /v1/files)");
+
     // None of these reached the replica.
     assert_eq!(sim.state.metrics.received.get(), 0);
     assert_eq!(

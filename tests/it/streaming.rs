@@ -291,6 +291,7 @@ async fn idle_and_total_timeouts_end_streams_with_an_error_event() {
     let sim = start_sim(fast_sim()).await;
     let mut config = config_for(&[sim.url()]);
     config.upstream.timeouts.idle = Duration::from_millis(300);
+    config.telemetry.stall_threshold = Duration::from_millis(200);
     let gw = start_gateway(config, 1).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let start = Instant::now();
@@ -302,6 +303,11 @@ async fn idle_and_total_timeouts_end_streams_with_an_error_event() {
         async move { n == 1 }
     })
     .await;
+    // The silence the idle timeout cut is a stall, though no token ended it.
+    assert_eq!(
+        gateway_metric(&gw, "sluice_stream_stalls_total{model=\"sim-model\"}").await,
+        1.0
+    );
 
     let mut slow = fast_sim();
     slow.token_delay = Duration::from_millis(100);
