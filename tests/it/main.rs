@@ -6,6 +6,7 @@ mod alerting;
 mod bench;
 mod cli;
 mod common;
+mod deploy;
 mod errors;
 mod forwarding;
 mod limits;

@@ -1,0 +1,72 @@
+{{/* The chart name, or nameOverride. */}}
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release-qualified name for every object. */}}
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "sluice.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "sluice.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The gateway pods (not the optional Redis). */}}
+{{- define "sluice.gatewaySelectorLabels" -}}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/component: gateway
+{{- end }}
+
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "sluice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sluice.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.redisName" -}}
+{{- printf "%s-redis" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The gateway's sluice.yaml: the user's `config`, with what the chart owns set
+from the values (listeners, drain, Redis when the chart runs it, keys file).
+*/}}
+{{- define "sluice.config" -}}
+{{- $cfg := deepCopy (default (dict) .Values.config) -}}
+{{- $server := deepCopy (default (dict) $cfg.server) -}}
+{{- $_ := set $server "listen" (printf "0.0.0.0:%d" (int .Values.ports.api)) -}}
+{{- $_ := set $server "admin_listen" (printf "0.0.0.0:%d" (int .Values.ports.admin)) -}}
+{{- $_ := set $server "drain_timeout" (printf "%ds" (int .Values.drainTimeoutSeconds)) -}}
+{{- $_ := set $cfg "server" $server -}}
+{{- if .Values.redis.enabled -}}
+{{- $rl := deepCopy (default (dict) $cfg.rate_limits) -}}
+{{- $redis := deepCopy (default (dict) $rl.redis) -}}
+{{- $_ := set $rl "store" "redis" -}}
+{{- $_ := set $redis "url" (printf "redis://%s:6379" (include "sluice.redisName" .)) -}}
+{{- $_ := set $rl "redis" $redis -}}
+{{- $_ := set $cfg "rate_limits" $rl -}}
+{{- end -}}
+{{- if .Values.apiKeys.existingSecret -}}
+{{- $auth := deepCopy (default (dict) $cfg.auth) -}}
+{{- $_ := set $auth "keys_file" (printf "/etc/sluice/keys/%s" .Values.apiKeys.key) -}}
+{{- $_ := set $cfg "auth" $auth -}}
+{{- end -}}
+{{- toYaml $cfg -}}
+{{- end }}

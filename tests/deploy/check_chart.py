@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Check the Helm chart and the Dockerfile without a cluster or a Docker engine.
+
+    python3 tests/deploy/check_chart.py target/debug/sluice
+
+Renders charts/sluice with Helm v4's own engine (PyPI helm-python-sdk, no helm
+binary), lints it strictly, validates every manifest against the Kubernetes API
+schemas (kubernetes-validate, strict: unknown fields fail), and checks what the
+chart promises: the public Service carries only the API port, the pods run as
+non-root on a read-only filesystem, a config change rolls the pods, streams get
+their drain time, the rendered sluice.yaml passes the real binary's
+`check-config`, the PrometheusRule holds exactly files/alerts.yaml (and passes
+`promtool check rules`), the dashboard ConfigMap holds files/dashboard.json, the
+optional Redis is wired into the config. Then hadolint lints the Dockerfile.
+Exits non-zero with a message on the first failure.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import helm_python as helm
+import kubernetes_validate
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHART = os.path.join(ROOT, "charts", "sluice")
+KUBE_VERSION = "1.30.0"
+# Prometheus Operator CRDs: not in the Kubernetes schemas, checked by content below.
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+ALL_ON = {
+    "autoscaling": {"enabled": False},
+    "replicaCount": 3,
+    "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "prometheusRule": {"enabled": True, "runbookUrl": "https://runbooks.example.com/sluice.md"},
+    "dashboard": {"enabled": True},
+    "redis": {"enabled": True},
+    "apiKeys": {"existingSecret": "sluice-keys"},
+    "service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8"]},
+    "env": [{"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel:4317"}],
+    "config": {
+        "backends": [{"url": "http://vllm-0.vllm:8000"}],
+        "tiers": {"pro": {"requests_per_minute": 600, "tokens_per_minute": 400000}},
+        "rate_limits": {"on_store_error": "fail_closed"},
+    },
+}
+
+
+def fail(msg):
+    print(f"FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def render(values):
+    chart = helm.Chart.load(CHART)
+    out = chart.render(values, name="gw", namespace="llm", is_install=True)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                docs.append(doc)
+    return docs
+
+
+def by_kind(docs, kind, name=None):
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    check(found, f"no {kind} {name or ''} rendered")
+    return found
+
+
+def validate(docs, label):
+    for d in docs:
+        if d["kind"] in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            fail(f"{label}: {d['kind']} {d['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+def check_config(sluice_bin, docs, label):
+    cm = by_kind(docs, "ConfigMap", "gw-sluice")[0]
+    text = cm["data"]["sluice.yaml"]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(text)
+    try:
+        r = subprocess.run([sluice_bin, "check-config", f.name], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    check(r.returncode == 0, f"{label}: the rendered sluice.yaml is refused by check-config:\n{r.stdout}{r.stderr}\n{text}")
+    return yaml.safe_load(text)
+
+
+def gateway_pod(docs):
+    dep = by_kind(docs, "Deployment", "gw-sluice")[0]
+    return dep, dep["spec"]["template"]
+
+
+def main():
+    if len(sys.argv) != 2:
+        fail("usage: check_chart.py PATH_TO_SLUICE_BINARY")
+    sluice_bin = sys.argv[1]
+
+    # Lint, strictly: warnings fail too (an INFO about the icon is allowed).
+    for label, values in (("defaults", None), ("all on", ALL_ON)):
+        report = helm.lint(CHART, values, strict=True, kube_version="v" + KUBE_VERSION)
+        bad = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+        check(not bad, f"helm lint ({label}): {bad}")
+
+    # Defaults: gateway behind a public Service, HPA, PDB; no CRDs, no Redis.
+    docs = render(None)
+    validate(docs, "defaults")
+    kinds = sorted(d["kind"] for d in docs)
+    check(kinds == sorted(["ConfigMap", "Deployment", "HorizontalPodAutoscaler",
+                           "PodDisruptionBudget", "Service", "Service", "ServiceAccount"]),
+          f"defaults render {kinds}")
+    cfg = check_config(sluice_bin, docs, "defaults")
+    check(cfg["server"]["listen"] == "0.0.0.0:8080" and cfg["server"]["admin_listen"] == "0.0.0.0:9090",
+          f"listeners in the config: {cfg['server']}")
+    dep, pod = gateway_pod(docs)
+    check("replicas" not in dep["spec"], "replicas must be left to the HPA")
+    hpa = by_kind(docs, "HorizontalPodAutoscaler")[0]
+    check(hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"], "HPA targets the Deployment")
+
+    # The public Service exposes the API only; the admin Service carries /metrics.
+    public = by_kind(docs, "Service", "gw-sluice")[0]
+    ports = public["spec"]["ports"]
+    check([p["targetPort"] for p in ports] == ["api"], f"public Service ports: {ports}")
+    check(all(p["port"] != 9090 for p in ports), "the admin port must not be public")
+    admin = by_kind(docs, "Service", "gw-sluice-admin")[0]
+    check(admin["spec"]["type"] == "ClusterIP", "the admin Service stays in the cluster")
+    container = pod["spec"]["containers"][0]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    check(named == {"api": 8080, "admin": 9090}, f"container ports {named}")
+    for probe in ("readinessProbe", "livenessProbe"):
+        check(container[probe]["httpGet"]["port"] == "admin", f"{probe} on the admin port")
+    check(container["readinessProbe"]["httpGet"]["path"] == "/readyz", "readiness is /readyz")
+
+    # Non-root, read-only, no privileges.
+    psc, csc = pod["spec"]["securityContext"], container["securityContext"]
+    check(psc["runAsNonRoot"] and psc["runAsUser"] != 0, f"pod security context {psc}")
+    check(csc["readOnlyRootFilesystem"] and not csc["allowPrivilegeEscalation"]
+          and csc["capabilities"]["drop"] == ["ALL"], f"container security context {csc}")
+
+    # Streams drain: grace period covers the preStop sleep and the drain timeout;
+    # updates surge before they remove a pod.
+    grace = pod["spec"]["terminationGracePeriodSeconds"]
+    sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    check(cfg["server"]["drain_timeout"] == "60s", f"drain_timeout {cfg['server']['drain_timeout']}")
+    check(grace > 60 + sleep, f"terminationGracePeriodSeconds {grace} must exceed drain + preStop")
+    check(dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0, "rolling updates keep capacity")
+    pdb = by_kind(docs, "PodDisruptionBudget")[0]
+    check(pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"],
+          "the PDB covers exactly the gateway pods")
+
+    # A config change changes the pod template (so the pods roll); nothing else does.
+    checksum = pod["metadata"]["annotations"]["checksum/config"]
+    changed = render({"config": {"routing": {"policy": "least_loaded"}}})
+    check(gateway_pod(changed)[1]["metadata"]["annotations"]["checksum/config"] != checksum,
+          "a config change must change checksum/config")
+    same = render({"service": {"port": 8000}})
+    check(gateway_pod(same)[1]["metadata"]["annotations"]["checksum/config"] == checksum,
+          "checksum/config must depend on the config only")
+
+    # Everything on.
+    docs = render(ALL_ON)
+    validate(docs, "all on")
+    cfg = check_config(sluice_bin, docs, "all on")
+    dep, pod = gateway_pod(docs)
+    check(dep["spec"]["replicas"] == 3, "replicaCount without the HPA")
+    check(not [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"], "no HPA when disabled")
+    check(cfg["rate_limits"]["store"] == "redis"
+          and cfg["rate_limits"]["redis"]["url"] == "redis://gw-sluice-redis:6379"
+          and cfg["rate_limits"]["on_store_error"] == "fail_closed",
+          f"Redis wiring keeps the user's settings: {cfg['rate_limits']}")
+    by_kind(docs, "Service", "gw-sluice-redis")
+    redis_dep = by_kind(docs, "Deployment", "gw-sluice-redis")[0]
+    check(redis_dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"], "Redis runs as non-root")
+    gw_sel = dep["spec"]["selector"]["matchLabels"]
+    redis_labels = redis_dep["spec"]["template"]["metadata"]["labels"]
+    check(not all(redis_labels.get(k) == v for k, v in gw_sel.items()),
+          "the gateway's selector must not select the Redis pod")
+    check(cfg["auth"]["keys_file"] == "/etc/sluice/keys/keys.yaml", f"keys file {cfg.get('auth')}")
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    check(mounts.get("keys") == "/etc/sluice/keys", f"keys Secret mounted: {mounts}")
+    secret_vol = [v for v in pod["spec"]["volumes"] if v["name"] == "keys"][0]
+    check(secret_vol["secret"]["secretName"] == "sluice-keys", "keys volume is the named Secret")
+
+    sm = by_kind(docs, "ServiceMonitor")[0]
+    admin = by_kind(docs, "Service", "gw-sluice-admin")[0]
+    check(all(admin["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items()),
+          "the ServiceMonitor selects the admin Service")
+    check(not all(by_kind(docs, "Service", "gw-sluice")[0]["metadata"]["labels"].get(k) == v
+                  for k, v in sm["spec"]["selector"]["matchLabels"].items()),
+          "the ServiceMonitor must not select the public Service")
+    check(sm["spec"]["endpoints"][0]["port"] == "admin" and sm["metadata"]["labels"]["release"] == "prometheus",
+          f"ServiceMonitor {sm['spec']}")
+
+    rule = by_kind(docs, "PrometheusRule")[0]
+    with open(os.path.join(CHART, "files", "alerts.yaml")) as f:
+        alerts_text = f.read()
+    want = yaml.safe_load(alerts_text.replace("https://github.com/sluice/sluice/blob/main/docs/RUNBOOK.md",
+                                              "https://runbooks.example.com/sluice.md"))
+    check(rule["spec"] == want, "the PrometheusRule must hold files/alerts.yaml with the runbook URL rewritten")
+    urls = [a["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for a in g["rules"] if "alert" in a]
+    check(urls and all(u.startswith("https://runbooks.example.com/sluice.md#") for u in urls), f"runbook URLs {urls[:2]}")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(rule["spec"], f)
+    try:
+        r = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    check(r.returncode == 0, f"promtool check rules on the PrometheusRule:\n{r.stdout}{r.stderr}")
+
+    dash = by_kind(docs, "ConfigMap", "gw-sluice-dashboard")[0]
+    with open(os.path.join(CHART, "files", "dashboard.json")) as f:
+        check(json.loads(dash["data"]["sluice.json"]) == json.load(f), "dashboard ConfigMap holds dashboard.json")
+    check(dash["metadata"]["labels"].get("grafana_dashboard") == "1", "dashboard sidecar label")
+
+    # A value that breaks the gateway's config is caught before a rollout.
+    bad = render({"config": {"routing": {"policy": "fastest"}}})
+    cm = by_kind(bad, "ConfigMap", "gw-sluice")[0]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(cm["data"]["sluice.yaml"])
+    try:
+        r = subprocess.run([sluice_bin, "check-config", f.name], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    check(r.returncode != 0 and "routing.policy" in r.stderr, f"a bad policy must be refused: {r.stderr}")
+
+    # The Dockerfile: hadolint, every rule, no finding.
+    r = subprocess.run(["hadolint", os.path.join(ROOT, "Dockerfile")], capture_output=True, text=True)
+    check(r.returncode == 0, f"hadolint Dockerfile:\n{r.stdout}{r.stderr}")
+
+    print("chart and Dockerfile OK")
+
+
+if __name__ == "__main__":
+    main()
