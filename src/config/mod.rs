@@ -307,7 +307,7 @@ pub struct ScrapeConfig {
     /// A sample older than this is not trusted: the replica counts as saturated.
     #[serde(with = "humantime_serde")]
     pub stale_after: Duration,
-    /// Metric names to read: auto, vllm, sglang, llamacpp, trtllm.
+    /// Metric names to read: auto, vllm, sglang, llamacpp, trtllm, tgi.
     pub engine: crate::upstream::scrape::EngineKind,
 }
 

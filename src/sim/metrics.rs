@@ -9,6 +9,9 @@
 //! - `llamacpp`: llama.cpp `llama-server --metrics` names (`llamacpp:*`, no labels):
 //!   `requests_processing`, `requests_deferred`, `kv_cache_usage_ratio`,
 //!   `kv_cache_tokens`, `prompt_tokens_total`, `tokens_predicted_total`.
+//! - `tgi`: Hugging Face TGI's router names (`tgi_*`, no labels, per its metrics
+//!   reference): `tgi_queue_size`, `tgi_batch_current_size`, `tgi_request_count`.
+//!   TGI exports no KV-cache usage.
 
 use std::sync::Arc;
 
@@ -21,6 +24,7 @@ pub enum Dialect {
     Vllm,
     Sglang,
     Llamacpp,
+    Tgi,
 }
 
 // vLLM's own bucket bounds, so a dashboard built for vLLM reads the simulator alike.
@@ -126,6 +130,7 @@ impl SimMetrics {
             Dialect::Vllm => self.render_vllm(&mut e, &m, cache, view),
             Dialect::Sglang => self.render_sglang(&mut e, &m, view),
             Dialect::Llamacpp => self.render_llamacpp(&mut e, cache, view),
+            Dialect::Tgi => self.render_tgi(&mut e, view),
         }
         e.one(
             "sluice_sim_connections_total",
@@ -333,6 +338,26 @@ impl SimMetrics {
             "Histogram of End-to-end request latency in seconds",
             m,
             &self.e2e,
+        );
+    }
+
+    /// TGI's router metrics (`tgi_*`, no labels): queue and batch, no KV usage.
+    fn render_tgi(&self, e: &mut Encoder, v: View) {
+        use Kind::{Counter as C, Gauge as G};
+        e.one("tgi_queue_size", "Current queue size", G, "", v.waiting);
+        e.one(
+            "tgi_batch_current_size",
+            "Current batch size",
+            G,
+            "",
+            self.running.get() as f64,
+        );
+        e.one(
+            "tgi_request_count",
+            "Total number of requests",
+            C,
+            "",
+            self.received.get() as f64,
         );
     }
 

@@ -31,6 +31,9 @@ pub enum EngineKind {
     /// TensorRT-LLM behind Triton (`nv_trt_llm_*`); names per the Triton
     /// TensorRT-LLM backend, not yet checked against a live server.
     Trtllm,
+    /// Hugging Face TGI (`tgi_*`): queue and batch size; TGI exports no KV-cache
+    /// usage, so only queue pressure steers work away from it.
+    Tgi,
 }
 
 impl EngineKind {
@@ -41,6 +44,7 @@ impl EngineKind {
             EngineKind::Sglang => "sglang",
             EngineKind::Llamacpp => "llamacpp",
             EngineKind::Trtllm => "trtllm",
+            EngineKind::Tgi => "tgi",
         }
     }
 }
@@ -120,6 +124,7 @@ pub fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
         let (prefix, family) = match name.split_once(':') {
             Some(x) => x,
             None if name.starts_with("nv_trt_llm_") => ("trtllm", name),
+            None if name.starts_with("tgi_") => ("tgi", name),
             None => continue,
         };
         let kind = match prefix {
@@ -127,6 +132,7 @@ pub fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
             "sglang" => EngineKind::Sglang,
             "llamacpp" => EngineKind::Llamacpp,
             "trtllm" => EngineKind::Trtllm,
+            "tgi" => EngineKind::Tgi,
             _ => continue,
         };
         if detected == EngineKind::Auto {
@@ -172,6 +178,8 @@ pub fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
                     _ => {}
                 }
             }
+            (EngineKind::Tgi, "tgi_queue_size") => a.waiting = sum(a.waiting, v),
+            (EngineKind::Tgi, "tgi_batch_current_size") => a.running = sum(a.running, v),
             _ => {}
         }
     }
@@ -300,6 +308,17 @@ mod tests {
         assert_eq!(
             (s.engine, s.kv_usage, s.running),
             (EngineKind::Trtllm, Some(0.25), Some(5.0))
+        );
+    }
+
+    #[test]
+    fn reads_tgi_queue_and_batch() {
+        let tgi = "# TYPE tgi_queue_size gauge\ntgi_queue_size 6\ntgi_batch_current_size 24\n\
+            tgi_batch_current_max_tokens 9000\ntgi_request_count 120\n";
+        let s = parse(tgi, EngineKind::Auto, Instant::now());
+        assert_eq!(
+            (s.engine, s.waiting, s.running, s.kv_usage),
+            (EngineKind::Tgi, Some(6.0), Some(24.0), None)
         );
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sluice::config::{Config, DnsSource, PolicyKind};
 use sluice::server::Gateway;
-use sluice::sim::SimHandle;
+use sluice::sim::{Dialect, SimConfig, SimHandle};
 
 use crate::common::*;
 
@@ -219,18 +219,35 @@ async fn kv_pressure_moves_work_away_and_back() {
 
 #[tokio::test]
 async fn a_long_queue_moves_work_away() {
-    let sims = sims(2).await;
-    let gw = start_routed(routing_config(&urls(&sims)), 2).await;
-    let home = served_by(&gw, &sims, &prefixed(2, 0)).await;
-    let mut c = sims[home].state.control();
-    c.waiting = Some(50.0);
-    sims[home].state.set_control(c);
-    until_backend(&gw, "queue seen", |v| {
-        backend(v, &sims[home])["requests_waiting"] == 50.0
-    })
-    .await;
-    assert_ne!(served_by(&gw, &sims, &prefixed(2, 1)).await, home);
-    assert!(reasons(&gw, "spill_queue").await >= 1.0);
+    // vLLM's names, and TGI's (which reports a queue but no KV usage).
+    for (dialect, engine) in [(Dialect::Vllm, "vllm"), (Dialect::Tgi, "tgi")] {
+        let mut sims = Vec::new();
+        for _ in 0..2 {
+            sims.push(
+                start_sim(SimConfig {
+                    dialect,
+                    ..fast_sim()
+                })
+                .await,
+            );
+        }
+        let gw = start_routed(routing_config(&urls(&sims)), 2).await;
+        let home = served_by(&gw, &sims, &prefixed(2, 0)).await;
+        let mut c = sims[home].state.control();
+        c.waiting = Some(50.0);
+        sims[home].state.set_control(c);
+        until_backend(&gw, "queue seen", |v| {
+            let b = backend(v, &sims[home]);
+            b["requests_waiting"] == 50.0 && b["engine"] == engine
+        })
+        .await;
+        assert_ne!(
+            served_by(&gw, &sims, &prefixed(2, 1)).await,
+            home,
+            "{engine}"
+        );
+        assert!(reasons(&gw, "spill_queue").await >= 1.0, "{engine}");
+    }
 }
 
 #[tokio::test]

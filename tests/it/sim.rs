@@ -268,6 +268,14 @@ async fn dialects_use_each_engines_names() {
                 "llamacpp:kv_cache_usage_ratio",
             ][..],
         ),
+        (
+            Dialect::Tgi,
+            &[
+                "tgi_queue_size",
+                "tgi_batch_current_size",
+                "tgi_request_count",
+            ][..],
+        ),
     ] {
         let sim = start_sim(SimConfig {
             dialect,
