@@ -115,7 +115,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 async fn wait_ready(gw: &server::Gateway) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !gw.state.pool.any_healthy() {
+    while !gw.state().pool.any_healthy() {
         anyhow::ensure!(
             Instant::now() < deadline,
             "no simulated replica became healthy"
@@ -126,7 +126,8 @@ async fn wait_ready(gw: &server::Gateway) -> anyhow::Result<()> {
 }
 
 fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> String {
-    let m = &gw.state.metrics;
+    let state = gw.state();
+    let m = &state.metrics;
     let series = m.models.get(&(MODEL.into(),));
     let secs = started.elapsed().as_secs_f64().max(0.001);
     let q = |h: &crate::telemetry::registry::Histogram, p: f64| {
@@ -151,7 +152,7 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
         q(&series.inter_token, 0.99),
         reasons.join(", "),
     );
-    for (r, s) in gw.state.pool.replicas().iter().zip(sims) {
+    for (r, s) in gw.state().pool.replicas().iter().zip(sims) {
         let sm = &s.state.metrics;
         out.push_str(&format!(
             "        {:<16} served {:>5}  running {:>3}  waiting {:>3}  KV {:>5.1}%  prefix hits {:>5.1}%\n",

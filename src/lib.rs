@@ -28,43 +28,68 @@ pub fn print_out(text: &str) {
     let _ = writeln!(std::io::stdout(), "{text}");
 }
 
+/// The config `sluice serve` runs with: the file (or defaults), then the
+/// command-line overrides, validated. Read again on SIGHUP.
+fn serve_config(args: &cli::ServeArgs) -> anyhow::Result<config::Config> {
+    let mut config = match &args.config {
+        Some(path) => config::load_file(path)?,
+        None => config::Config::default(),
+    };
+    if !args.backends.is_empty() {
+        config.backends = args
+            .backends
+            .iter()
+            .cloned()
+            .map(config::BackendConfig::from_url)
+            .collect();
+    }
+    if let Some(a) = args.listen {
+        config.server.listen = a;
+    }
+    if let Some(a) = args.admin_listen {
+        config.server.admin_listen = a;
+    }
+    if let Some(p) = args.policy {
+        config.routing.policy = p;
+    }
+    anyhow::ensure!(
+        !config.backends.is_empty() || !config.discovery.dns.is_empty(),
+        "no backends: give --backend URL, or list `backends` or `discovery.dns` in --config FILE"
+    );
+    let problems = config::validate(&config);
+    if let Some(p) = problems.first() {
+        anyhow::bail!("`{}`: {}", p.path, p.message);
+    }
+    Ok(config)
+}
+
 /// Run one command of the CLI to completion.
 pub async fn run(command: cli::Command) -> anyhow::Result<()> {
     use cli::Command;
     match command {
         Command::Serve(args) => {
-            let mut config = match &args.config {
-                Some(path) => config::load_file(path)?,
-                None => config::Config::default(),
-            };
-            if !args.backends.is_empty() {
-                config.backends = args
-                    .backends
-                    .into_iter()
-                    .map(config::BackendConfig::from_url)
-                    .collect();
-            }
-            if let Some(a) = args.listen {
-                config.server.listen = a;
-            }
-            if let Some(a) = args.admin_listen {
-                config.server.admin_listen = a;
-            }
-            if let Some(p) = args.policy {
-                config.routing.policy = p;
-            }
-            anyhow::ensure!(
-                !config.backends.is_empty() || !config.discovery.dns.is_empty(),
-                "no backends: give --backend URL, or list `backends` or `discovery.dns` in --config FILE"
-            );
-            let problems = config::validate(&config);
-            if let Some(p) = problems.first() {
-                anyhow::bail!("`{}`: {}", p.path, p.message);
-            }
+            let config = serve_config(&args)?;
             let drain = config.server.drain_timeout;
             let gw = server::start(config).await?;
             tracing::info!(api = %gw.api_addr, admin = %gw.admin_addr, "sluice is serving");
-            server::shutdown_signal().await;
+            let shutdown = server::shutdown_signal();
+            tokio::pin!(shutdown);
+            let mut hangup = server::Hangups::new();
+            loop {
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    () = hangup.recv() => {
+                        // The same file and flags as at start, read again.
+                        match gw.reload_with(|| serve_config(&args)) {
+                            Ok(()) => tracing::info!("config reloaded (SIGHUP)"),
+                            Err(e) => tracing::error!(
+                                error = %format!("{e:#}"),
+                                "config reload failed; the running config stays"
+                            ),
+                        }
+                    }
+                }
+            }
             tracing::info!("shutting down: draining open requests");
             gw.shutdown(drain).await;
             Ok(())

@@ -1,7 +1,7 @@
 //! Listeners, background tasks, and graceful shutdown with a drain deadline.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::app::{AppState, build_admin, build_app};
+use crate::app::{AppState, Live, build_admin, build_app};
 use crate::config::Config;
 use crate::upstream::{discovery, health, scrape};
 
@@ -17,10 +17,11 @@ use crate::upstream::{discovery, health, scrape};
 pub struct Gateway {
     pub api_addr: SocketAddr,
     pub admin_addr: SocketAddr,
-    pub state: Arc<AppState>,
+    live: Arc<Live>,
     stop: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
-    background: Vec<JoinHandle<()>>,
+    /// Health checks, scrapes and discovery of the current state.
+    background: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// Bind both listeners (port 0 picks a free one) and start serving.
@@ -40,7 +41,24 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
     let (stop, stopped) = watch::channel(false);
     let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;
+    let background = spawn_background(&state)?;
+    let live = Live::new(state);
+    let servers = vec![
+        tokio::spawn(serve(api, build_app(live.clone()), stopped.clone())),
+        tokio::spawn(serve(admin, build_admin(live.clone()), stopped)),
+    ];
+    Ok(Gateway {
+        api_addr,
+        admin_addr,
+        live,
+        stop,
+        servers,
+        background: Mutex::new(background),
+    })
+}
 
+/// The tasks that keep a state's view of the replicas current.
+fn spawn_background(state: &Arc<AppState>) -> anyhow::Result<Vec<JoinHandle<()>>> {
     let mut background = vec![tokio::spawn(health::run(
         state.pool.clone(),
         state.client.clone(),
@@ -70,18 +88,7 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
             )));
         }
     }
-    let servers = vec![
-        tokio::spawn(serve(api, build_app(state.clone()), stopped.clone())),
-        tokio::spawn(serve(admin, build_admin(state.clone()), stopped)),
-    ];
-    Ok(Gateway {
-        api_addr,
-        admin_addr,
-        state,
-        stop,
-        servers,
-        background,
-    })
+    Ok(background)
 }
 
 async fn serve(listener: TcpListener, app: axum::Router, mut stopped: watch::Receiver<bool>) {
@@ -102,11 +109,74 @@ async fn serve(listener: TcpListener, app: axum::Router, mut stopped: watch::Rec
 }
 
 impl Gateway {
+    /// The state serving new requests now.
+    pub fn state(&self) -> Arc<AppState> {
+        self.live.load()
+    }
+
+    /// Serve new requests with `config` from now on; requests already running
+    /// finish on the state they started with (streams are never cut). Replicas,
+    /// connections, health, prefix indexes and rate-limit counters carry over
+    /// where their settings did not change. The listeners and the histogram
+    /// buckets cannot change without a restart. On any error the running
+    /// config stays and the error says why.
+    pub fn reload(&self, config: Config) -> anyhow::Result<()> {
+        self.reload_with(|| Ok(config))
+    }
+
+    /// [`reload`](Self::reload) with the config read by `load` (a file that
+    /// no longer parses counts as a failed reload too).
+    pub fn reload_with(&self, load: impl FnOnce() -> anyhow::Result<Config>) -> anyhow::Result<()> {
+        let result = load().and_then(|c| self.try_reload(c));
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        self.live
+            .load()
+            .metrics
+            .config_reloads
+            .get(&(outcome,))
+            .inc();
+        result
+    }
+
+    fn try_reload(&self, config: Config) -> anyhow::Result<()> {
+        let old = self.live.load();
+        let was = &old.config;
+        anyhow::ensure!(
+            config.server.listen == was.server.listen
+                && config.server.admin_listen == was.server.admin_listen,
+            "`server.listen` and `server.admin_listen` cannot change on a reload: restart"
+        );
+        let buckets = |c: &Config| serde_json::to_string(&c.telemetry.buckets).ok();
+        anyhow::ensure!(
+            buckets(&config) == buckets(was),
+            "`telemetry.buckets` cannot change on a reload: restart"
+        );
+        anyhow::ensure!(
+            !config.backends.is_empty() || !config.discovery.dns.is_empty(),
+            "no backends: list `backends` or `discovery.dns`"
+        );
+        if let Some(p) = crate::config::validate(&config).first() {
+            anyhow::bail!("`{}`: {}", p.path, p.message);
+        }
+        let state = AppState::build(config, Some(&old))?;
+        let tasks = spawn_background(&state)?;
+        if let Ok(mut background) = self.background.lock() {
+            for t in background.drain(..) {
+                t.abort();
+            }
+            *background = tasks;
+        }
+        self.live.store(state);
+        Ok(())
+    }
+
     /// Stop accepting, let open requests finish for up to `drain`, then cut them.
     pub async fn shutdown(self, drain: Duration) {
         let _ = self.stop.send(true);
-        for t in &self.background {
-            t.abort();
+        if let Ok(background) = self.background.lock() {
+            for t in background.iter() {
+                t.abort();
+            }
         }
         let mut servers = self.servers;
         let all = async {
@@ -123,6 +193,38 @@ impl Gateway {
                 s.abort();
             }
         }
+    }
+}
+
+/// SIGHUP, the conventional "reload your config" signal.
+pub struct Hangups {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    pub fn new() -> Self {
+        Self {
+            #[cfg(unix)]
+            signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+        }
+    }
+
+    /// The next SIGHUP (never, where there are no signals).
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(s) = &mut self.signal
+            && s.recv().await.is_some()
+        {
+            return;
+        }
+        std::future::pending::<()>().await;
+    }
+}
+
+impl Default for Hangups {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

@@ -1,15 +1,13 @@
 //! The admin listener: liveness, readiness, metrics, and what the gateway
 //! knows about its replicas and its config. Never exposed publicly.
 
-use std::sync::Arc;
-
 use axum::Json;
-use axum::extract::State;
+
 use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 use serde::Serialize;
 
-use crate::app::AppState;
+use crate::app::Current;
 
 pub async fn healthz() -> &'static str {
     "ok\n"
@@ -17,7 +15,7 @@ pub async fn healthz() -> &'static str {
 
 /// Ready when the config is loaded (it is, or we would not be running) and at
 /// least one replica is healthy.
-pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+pub async fn readyz(Current(state): Current) -> Response {
     if state.pool.any_healthy() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
@@ -27,7 +25,7 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 
 /// Prometheus text by default; OpenMetrics (with exemplars linking latency
 /// buckets to traces) when the scraper asks for it.
-pub async fn metrics(State(state): State<Arc<AppState>>, headers: http::HeaderMap) -> Response {
+pub async fn metrics(Current(state): Current, headers: http::HeaderMap) -> Response {
     let om = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -70,7 +68,7 @@ pub struct BackendView {
     tpot_recent_seconds: Option<f64>,
 }
 
-pub async fn backends(State(state): State<Arc<AppState>>) -> Json<Vec<BackendView>> {
+pub async fn backends(Current(state): Current) -> Json<Vec<BackendView>> {
     let out = state
         .pool
         .replicas()
@@ -105,6 +103,6 @@ pub async fn backends(State(state): State<Arc<AppState>>) -> Json<Vec<BackendVie
 }
 
 /// The effective config; secrets print as `[redacted]`.
-pub async fn config(State(state): State<Arc<AppState>>) -> Response {
+pub async fn config(Current(state): Current) -> Response {
     Json(&*state.config).into_response()
 }

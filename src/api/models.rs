@@ -1,13 +1,11 @@
 //! `GET /v1/models`: the union of the models healthy replicas serve, in
 //! OpenAI's list shape, plus the configured aliases that point at one of them.
 
-use std::sync::Arc;
-
 use axum::Json;
-use axum::extract::State;
+
 use serde::Serialize;
 
-use crate::app::AppState;
+use crate::app::Current;
 
 #[derive(Serialize)]
 pub struct ModelList {
@@ -23,7 +21,7 @@ struct ModelCard {
     owned_by: &'static str,
 }
 
-pub async fn list(State(state): State<Arc<AppState>>) -> Json<ModelList> {
+pub async fn list(Current(state): Current) -> Json<ModelList> {
     let created = state.started_unix;
     let data = state
         .pool

@@ -162,7 +162,11 @@ pub struct Limiter {
     keys: HashMap<[u8; 32], Arc<Identity>>,
     anonymous: Option<Arc<Identity>>,
     tiers: HashMap<String, TierConfig>,
-    store: Store,
+    /// Shared with the limiter a config reload replaces, when the store
+    /// settings did not change: counters and concurrency slots carry on.
+    store: Arc<Store>,
+    /// The store settings (`rate_limits.store` and its Redis section).
+    store_settings: String,
     store_name: &'static str,
     on_error: OnStoreError,
     metrics: Arc<Metrics>,
@@ -173,7 +177,13 @@ pub struct Limiter {
 impl Limiter {
     /// `None` when the config has no keys and no anonymous tier: the gateway
     /// is open and sends no rate-limit headers.
-    pub fn from_config(cfg: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Option<Arc<Self>>> {
+    /// `previous`: the limiter of the config being replaced, if any; its store
+    /// is kept when the store settings are the same.
+    pub fn from_config(
+        cfg: &Config,
+        metrics: Arc<Metrics>,
+        previous: Option<&Limiter>,
+    ) -> anyhow::Result<Option<Arc<Self>>> {
         let auth = &cfg.auth;
         let mut list: Vec<ApiKey> = auth.keys.clone();
         if let Some(path) = &auth.keys_file {
@@ -214,18 +224,33 @@ impl Limiter {
                 tier: Arc::from(t.as_str()),
             })
         });
-        let (store, store_name) = match cfg.rate_limits.store {
-            StoreKind::Memory => (Store::Memory(MemoryStore::default()), "memory"),
-            StoreKind::Redis => (
-                Store::Redis(RedisStore::new(&cfg.rate_limits.redis)?),
-                "redis",
+        let rl = &cfg.rate_limits;
+        let store_settings = match rl.store {
+            StoreKind::Memory => "memory".to_string(),
+            StoreKind::Redis => format!(
+                "redis {} {} {:?}",
+                rl.redis.url.expose(),
+                rl.redis.key_prefix,
+                rl.redis.timeout
             ),
+        };
+        let store_name = match rl.store {
+            StoreKind::Memory => "memory",
+            StoreKind::Redis => "redis",
+        };
+        let store = match previous {
+            Some(p) if p.store_settings == store_settings => p.store.clone(),
+            _ => Arc::new(match rl.store {
+                StoreKind::Memory => Store::Memory(MemoryStore::default()),
+                StoreKind::Redis => Store::Redis(RedisStore::new(&rl.redis)?),
+            }),
         };
         Ok(Some(Arc::new(Self {
             keys,
             anonymous,
             tiers: cfg.tiers.clone().into_iter().collect(),
             store,
+            store_settings,
             store_name,
             on_error: cfg.rate_limits.on_store_error,
             metrics,
@@ -321,7 +346,7 @@ impl Limiter {
             concurrency: l.concurrency,
             ticket,
         };
-        let verdict = match &self.store {
+        let verdict = match &*self.store {
             Store::Memory(m) => Ok(m.admit(&ask)),
             Store::Redis(r) => r.admit(&ask).await.map(|(v, rtt)| {
                 self.metrics.ratelimit_store_seconds.observe_duration(rtt);
@@ -423,13 +448,13 @@ impl Limiter {
     }
 
     fn settle(self: &Arc<Self>, s: Settlement) {
-        match &self.store {
+        match &*self.store {
             Store::Memory(m) => m.settle(&s),
             Store::Redis(_) => {
                 // Settling must not hold up the response; it runs on its own.
                 let me = self.clone();
                 tokio::spawn(async move {
-                    if let Store::Redis(r) = &me.store
+                    if let Store::Redis(r) = &*me.store
                         && let Err(e) = r.settle(&s).await
                     {
                         me.metrics

@@ -179,6 +179,8 @@ pub struct Metrics {
     pub traces: Family<(&'static str, &'static str), Counter>,
     /// Spans by outcome: `exported`, `export_failed`, `queue_full`.
     pub trace_spans: Family<(&'static str,), Counter>,
+    /// Config reloads (SIGHUP) by result: `ok`, `error` (the old config stays).
+    pub config_reloads: Family<(&'static str,), Counter>,
     /// Replicas passing health checks, in all and per model (set when
     /// `/metrics` is rendered, from the pool).
     pub backends_healthy: Gauge,
@@ -279,6 +281,7 @@ impl Metrics {
             )),
             traces: Family::new(&["reason", "decision"], Counter::default),
             trace_spans: Family::new(&["outcome"], Counter::default),
+            config_reloads: Family::new(&["result"], Counter::default),
             backends_healthy: Gauge::default(),
             model_replicas_healthy: Family::new(&["model"], Gauge::default),
             scraping: AtomicBool::new(true),
@@ -504,6 +507,12 @@ impl Metrics {
             "sluice_trace_spans_total",
             "Spans of kept traces by outcome: exported, export_failed (collector unreachable), queue_full (dropped).",
             &self.trace_spans,
+            |c| c,
+        );
+        e.counters(
+            "sluice_config_reloads_total",
+            "Config reloads (SIGHUP) by result: ok, or error (the running config stays).",
+            &self.config_reloads,
             |c| c,
         );
         e.single(

@@ -82,6 +82,15 @@ pub struct Replica {
 }
 
 impl Replica {
+    /// Whether `other` describes this replica exactly (so this one, with its
+    /// connections and state, can stand for it).
+    fn same_as(&self, other: &Replica) -> bool {
+        self.name == other.name
+            && self.base == other.base
+            && self.api_key == other.api_key
+            && self.static_models == other.static_models
+    }
+
     pub fn from_config(
         b: &BackendConfig,
         source: Option<usize>,
@@ -273,24 +282,46 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(config: &Config, metrics: Arc<Metrics>) -> Self {
+    /// The pool for `config`. On a reload, `previous` is the pool it replaces:
+    /// a replica that stays as it was (same name, URL, key, models, and the
+    /// same upstream settings) is carried over with its connections, health,
+    /// circuit, prefix index and in-flight count; replicas from a DNS source
+    /// that still exists are kept until its next resolution.
+    pub fn new(config: &Config, metrics: Arc<Metrics>, previous: Option<&Pool>) -> Self {
         let cap = config.routing.prefix_kv.index_capacity;
         metrics
             .scraping
             .store(config.routing.metrics.enabled, Relaxed);
-        let replicas: Vec<Arc<Replica>> = config
+        let old = previous
+            .filter(|p| {
+                let json = |u: &UpstreamConfig| serde_json::to_string(u).ok();
+                p.index_capacity == cap
+                    && json(&p.upstream).is_some()
+                    && json(&p.upstream) == json(&config.upstream)
+            })
+            .map(|p| p.replicas());
+        let mut replicas: Vec<Arc<Replica>> = config
             .backends
             .iter()
             .map(|b| {
-                Arc::new(Replica::from_config(
-                    b,
-                    None,
-                    &config.upstream,
-                    &metrics,
-                    cap,
-                ))
+                let fresh = Replica::from_config(b, None, &config.upstream, &metrics, cap);
+                old.as_ref()
+                    .and_then(|o| o.iter().find(|r| r.source.is_none() && r.same_as(&fresh)))
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(fresh))
             })
             .collect();
+        if let Some(o) = &old {
+            replicas.extend(
+                o.iter()
+                    .filter(|r| r.source.is_some_and(|i| i < config.discovery.dns.len()))
+                    .cloned(),
+            );
+        }
+        if previous.is_some() {
+            let names: Vec<Arc<str>> = replicas.iter().map(|r| r.name.clone()).collect();
+            metrics.backends.retain(|(n,)| names.iter().any(|m| m == n));
+        }
         let aliases = config
             .models
             .aliases

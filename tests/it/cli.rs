@@ -161,3 +161,145 @@ async fn serve_without_backends_fails_with_a_clear_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no backends"));
 }
+
+async fn signal(child: &Child, sig: &str) {
+    let pid = child.id().unwrap().to_string();
+    let ok = Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(ok.success());
+}
+
+fn chat_for(model: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_config_without_cutting_streams() {
+    // Replica A streams slowly (20 tokens, 100 ms apart); replica B serves another model.
+    let a = start_sim(sluice::sim::SimConfig {
+        model: "model-a".into(),
+        token_delay: Duration::from_millis(100),
+        output_tokens: 20,
+        ..fast_sim()
+    })
+    .await;
+    let b = start_sim(sluice::sim::SimConfig {
+        model: "model-b".into(),
+        ..fast_sim()
+    })
+    .await;
+    let config_for = |url: &str, extra: &str| {
+        format!(
+            "server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n\
+             telemetry:\n  access_log:\n    enabled: false\n\
+             backends:\n  - url: {url}\n{extra}"
+        )
+    };
+    let file = temp_config(&config_for(&a.url(), ""));
+    let path = file.path().to_str().unwrap().to_string();
+    let (gw, line) = spawn_and_wait_for(&["serve", "--config", &path], "api").await;
+    let addr = |key: &str| {
+        line.split(&format!("{key}="))
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .to_string()
+    };
+    let (api, admin) = (addr("api"), addr("admin"));
+    let url = format!("http://{api}/v1/chat/completions");
+    let status_of = |model: &'static str| {
+        let url = url.clone();
+        async move {
+            client()
+                .post(&url)
+                .json(&chat_for(model, false))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }
+    };
+    wait_until("model-a routable", Duration::from_secs(10), || {
+        let s = status_of("model-a");
+        async move { s.await == 200 }
+    })
+    .await;
+
+    // A stream on A is running when the config moves the gateway to B.
+    let running = a.state.metrics.running.get();
+    let stream = tokio::spawn({
+        let url = url.clone();
+        async move { post(&url, &chat_for("model-a", true)).await }
+    });
+    wait_until("stream running on A", Duration::from_secs(5), || {
+        let n = a.state.metrics.running.get();
+        async move { n > running }
+    })
+    .await;
+    std::fs::write(file.path(), config_for(&b.url(), "")).unwrap();
+    signal(&gw, "-HUP").await;
+    wait_until(
+        "model-b routable after SIGHUP",
+        Duration::from_secs(10),
+        || {
+            let s = status_of("model-b");
+            async move { s.await == 200 }
+        },
+    )
+    .await;
+    let reloads = |result: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let (_, text) = get_text(&format!("http://{admin}/metrics")).await;
+            metric(
+                &text,
+                &format!("sluice_config_reloads_total{{result=\"{result}\"}}"),
+            )
+            .unwrap_or(0.0)
+        }
+    };
+    assert_eq!(reloads("ok").await, 1.0);
+
+    // The stream that started before the reload ran to its end on A.
+    let (status, _, body) = stream.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(body.ends_with("data: [DONE]\n\n"), "stream cut: {body}");
+    let tokens = data_payloads(&body)
+        .iter()
+        .filter(|p| p.contains("\"content\":\" "))
+        .count();
+    assert_eq!(tokens, 20, "{body}");
+    assert_eq!(
+        sim_finished(&a, "stop"),
+        2,
+        "warm-up + the stream, none aborted"
+    );
+    assert_eq!(sim_finished(&a, "abort"), 0);
+    // New requests follow the new config: A's model is gone.
+    assert_eq!(status_of("model-a").await, 404);
+
+    // A broken config is refused; the running one stays.
+    std::fs::write(
+        file.path(),
+        config_for(&b.url(), "routing:\n  policy: fastest\n"),
+    )
+    .unwrap();
+    signal(&gw, "-HUP").await;
+    wait_until("reload error counted", Duration::from_secs(10), || {
+        let n = reloads("error");
+        async move { n.await == 1.0 }
+    })
+    .await;
+    assert_eq!(status_of("model-b").await, 200);
+
+    let mut gw = gw;
+    signal(&gw, "-TERM").await;
+    let status = tokio::time::timeout(Duration::from_secs(10), gw.wait())
+        .await
+        .expect("did not stop on SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}

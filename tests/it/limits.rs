@@ -489,3 +489,72 @@ async fn the_openai_sdk_backs_off_and_retries_on_429() {
         "told {told}, got through after {since}"
     );
 }
+
+#[tokio::test]
+async fn a_reload_keeps_counters_replicas_and_connections_and_applies_new_keys() {
+    let sim = start_sim(fast_sim()).await;
+    let tier = TierConfig {
+        requests_per_minute: Some(3),
+        ..TierConfig::default()
+    };
+    let mut cfg = limited(&[sim.url()], tier);
+    cfg.upstream.health_check.interval = Duration::from_secs(3600);
+    // No scrapes: the only connections are the health check's and the proxy's.
+    cfg.routing.metrics.enabled = false;
+    let gw = start_gateway(cfg.clone(), 1).await;
+    let base = api(&gw);
+    for _ in 0..2 {
+        assert_eq!(
+            call(&base, Some(KEY_A), &chat_body(false)).await.status(),
+            200
+        );
+    }
+    let replica = gw.state().pool.replicas()[0].clone();
+    let connections = sim.state.metrics.connections.get();
+
+    // Same store, same replica; a different policy, and team-b's key revoked.
+    cfg.routing.policy = sluice::config::PolicyKind::LeastLoaded;
+    cfg.auth.keys.retain(|k| k.name == "team-a");
+    gw.reload(cfg.clone()).unwrap();
+    assert!(
+        std::sync::Arc::ptr_eq(&gw.state().pool.replicas()[0], &replica),
+        "an unchanged replica is carried over"
+    );
+    assert!(gw.state().pool.any_healthy(), "and stays healthy");
+    // The minute's count carried over: one request left for team-a.
+    assert_eq!(
+        call(&base, Some(KEY_A), &chat_body(false)).await.status(),
+        200
+    );
+    assert_eq!(
+        call(&base, Some(KEY_A), &chat_body(false)).await.status(),
+        429
+    );
+    assert_eq!(
+        call(&base, Some(KEY_B), &chat_body(false)).await.status(),
+        401
+    );
+    assert_eq!(
+        sim.state.metrics.connections.get(),
+        connections,
+        "kept-alive connections (proxy and health check) are reused across the reload"
+    );
+
+    // What a reload cannot change is refused, and nothing changes.
+    let mut moved = cfg.clone();
+    moved.server.listen = "127.0.0.1:1".parse().unwrap();
+    let err = gw.reload(moved).unwrap_err().to_string();
+    assert!(err.contains("server.listen"), "{err}");
+    assert_eq!(
+        gateway_metric(&gw, "sluice_config_reloads_total{result=\"error\"}").await,
+        1.0
+    );
+    assert_eq!(
+        gateway_metric(&gw, "sluice_config_reloads_total{result=\"ok\"}").await,
+        1.0
+    );
+    assert_eq!(
+        call(&base, Some(KEY_A), &chat_body(false)).await.status(),
+        429
+    );
+}

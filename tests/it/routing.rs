@@ -21,7 +21,7 @@ fn routing_config(urls: &[String]) -> Config {
 /// that the first decisions already see fresh pressure signals.
 async fn start_routed(config: Config, n: usize) -> Gateway {
     let gw = start_gateway(config, n).await;
-    let pool = gw.state.pool.clone();
+    let pool = gw.state().pool.clone();
     wait_until("replica metrics scraped", Duration::from_secs(5), || {
         let pool = pool.clone();
         async move {
@@ -364,11 +364,11 @@ async fn dns_changes_are_picked_up() {
     }];
     let gw = start_routed(config, 1).await;
     let sims = [a, b];
-    assert_eq!(gw.state.pool.replicas().len(), 1);
+    assert_eq!(gw.state().pool.replicas().len(), 1);
     assert_eq!(served_by(&gw, &sims, &prefixed(0, 0)).await, 0);
 
     dns.set(&[ip_a, ip_b]);
-    let pool = gw.state.pool.clone();
+    let pool = gw.state().pool.clone();
     wait_until(
         "second replica discovered and healthy",
         Duration::from_secs(5),
@@ -419,7 +419,7 @@ async fn a_hot_prefix_spills_to_other_replicas() {
         reqs.push(tokio::spawn(async move { post(&url, &body).await.0 }));
         // Let each routing decision see the previous one in flight.
         let n = q + 1;
-        let pool = gw.state.pool.clone();
+        let pool = gw.state().pool.clone();
         wait_until("request in flight", Duration::from_secs(2), || {
             let pool = pool.clone();
             async move {

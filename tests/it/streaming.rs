@@ -185,7 +185,7 @@ async fn client_disconnect_mid_stream_cancels_upstream() {
         .await,
         1.0
     );
-    assert_eq!(gw.state.pool.replicas()[0].in_flight(), 0);
+    assert_eq!(gw.state().pool.replicas()[0].in_flight(), 0);
 }
 
 #[tokio::test]

@@ -135,7 +135,7 @@ async fn idle_connections_the_replica_closed_are_swept() {
         assert_eq!(status, 200, "{model}: {body}");
     }
     let idle = |addr: std::net::SocketAddr| {
-        let replicas = gw.state.pool.replicas();
+        let replicas = gw.state().pool.replicas();
         replicas
             .iter()
             .find(|r| *r.name == *addr.to_string())

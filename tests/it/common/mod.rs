@@ -51,7 +51,7 @@ pub fn config_for(urls: &[String]) -> Config {
 /// Start the gateway and wait until `healthy` replicas pass health checks.
 pub async fn start_gateway(config: Config, healthy: usize) -> Gateway {
     let gw = server::start(config).await.unwrap();
-    let pool = gw.state.pool.clone();
+    let pool = gw.state().pool.clone();
     wait_until("replicas healthy", Duration::from_secs(10), || {
         let pool = pool.clone();
         async move { pool.replicas().iter().filter(|r| r.is_healthy()).count() >= healthy }
