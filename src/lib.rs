@@ -69,12 +69,12 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => {
             let config = serve_config(&args)?;
-            let drain = config.server.drain_timeout;
+            // Before anything else: a SIGHUP during startup must not kill us.
+            let mut hangup = server::Hangups::new();
             let gw = server::start(config).await?;
             tracing::info!(api = %gw.api_addr, admin = %gw.admin_addr, "sluice is serving");
             let shutdown = server::shutdown_signal();
             tokio::pin!(shutdown);
-            let mut hangup = server::Hangups::new();
             loop {
                 tokio::select! {
                     () = &mut shutdown => break,
@@ -91,6 +91,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 }
             }
             tracing::info!("shutting down: draining open requests");
+            let drain = gw.state().config.server.drain_timeout;
             gw.shutdown(drain).await;
             Ok(())
         }

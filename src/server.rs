@@ -139,6 +139,12 @@ impl Gateway {
     }
 
     fn try_reload(&self, config: Config) -> anyhow::Result<()> {
+        // One reload at a time: the background tasks installed must be those
+        // of the state that goes live.
+        let mut background = self
+            .background
+            .lock()
+            .map_err(|_| anyhow::anyhow!("a previous reload panicked"))?;
         let old = self.live.load();
         let was = &old.config;
         anyhow::ensure!(
@@ -158,16 +164,31 @@ impl Gateway {
         if let Some(p) = crate::config::validate(&config).first() {
             anyhow::bail!("`{}`: {}", p.path, p.message);
         }
-        let state = AppState::build(config, Some(&old))?;
-        let tasks = spawn_background(&state)?;
-        if let Ok(mut background) = self.background.lock() {
-            for t in background.drain(..) {
-                t.abort();
-            }
-            *background = tasks;
+        if !config.discovery.dns.is_empty() {
+            // The one fallible step of the background tasks, tried before
+            // anything shared (metric series, the scraping flag) is touched.
+            discovery::resolver(config.discovery.nameserver)
+                .context("setting up the DNS resolver (discovery.dns)")?;
         }
-        self.live.store(state);
-        Ok(())
+        // The old state's tasks stop first, so none of them (a discovery
+        // sync, say) acts on the shared metrics while the new pool is built.
+        for t in background.drain(..) {
+            t.abort();
+        }
+        let built = AppState::build(config, Some(&old))
+            .and_then(|state| spawn_background(&state).map(|tasks| (state, tasks)));
+        match built {
+            Ok((state, tasks)) => {
+                *background = tasks;
+                self.live.store(state);
+                Ok(())
+            }
+            Err(e) => {
+                // Keep the running state's view current.
+                *background = spawn_background(&old).unwrap_or_default();
+                Err(e)
+            }
+        }
     }
 
     /// Stop accepting, let open requests finish for up to `drain`, then cut them.

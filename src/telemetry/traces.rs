@@ -113,7 +113,6 @@ pub struct Traces {
     metrics: Arc<Metrics>,
     /// Spans that found the export queue full.
     queue_full: Arc<Counter>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 /// Spans waiting for export; beyond this, new ones are dropped (and counted).
@@ -157,7 +156,10 @@ impl Traces {
         let (tx, rx) = mpsc::channel(QUEUE);
         let spans = &metrics.trace_spans;
         let (exported, failed) = (spans.get(&("exported",)), spans.get(&("export_failed",)));
-        let task = tokio::spawn(export_loop(exporter, rx, exported, failed));
+        // Detached: when the last `Traces` is dropped (a config reload that
+        // changed tracing), the queue closes and the task exports what is
+        // left, then ends.
+        tokio::spawn(export_loop(exporter, rx, exported, failed));
         tracing::info!(
             protocol = ?resolved.protocol,
             endpoint = resolved.endpoint.as_deref().unwrap_or("(OTEL_EXPORTER_OTLP_* or default)"),
@@ -172,7 +174,6 @@ impl Traces {
                 .build(),
             metrics: metrics.clone(),
             queue_full: spans.get(&("queue_full",)),
-            task,
         })))
     }
 
@@ -195,12 +196,6 @@ impl Traces {
         }
         // Exemplars and the access log point only to traces that will exist.
         complete.then_some(keep)
-    }
-}
-
-impl Drop for Traces {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -91,6 +91,15 @@ impl Replica {
             && self.static_models == other.static_models
     }
 
+    /// Start from what `old` (the same replica before a reload rebuilt it)
+    /// knew: health, models, the latest metrics sample. Connections, circuit
+    /// and prefix index start anew.
+    fn inherit(&self, old: &Replica) {
+        self.healthy.store(old.healthy.load(Relaxed), Relaxed);
+        self.health.store(old.health.load_full());
+        self.load.store(old.load.load_full());
+    }
+
     pub fn from_config(
         b: &BackendConfig,
         source: Option<usize>,
@@ -278,6 +287,9 @@ pub struct Pool {
     /// What new replicas (found by discovery) are built with.
     upstream: UpstreamConfig,
     index_capacity: usize,
+    /// The DNS sources' names and ports, to tell on a reload whether a
+    /// source's replicas still belong to it.
+    dns: Vec<(String, u16)>,
     metrics: Arc<Metrics>,
 }
 
@@ -292,31 +304,57 @@ impl Pool {
         metrics
             .scraping
             .store(config.routing.metrics.enabled, Relaxed);
-        let old = previous
-            .filter(|p| {
-                let json = |u: &UpstreamConfig| serde_json::to_string(u).ok();
-                p.index_capacity == cap
-                    && json(&p.upstream).is_some()
-                    && json(&p.upstream) == json(&config.upstream)
-            })
-            .map(|p| p.replicas());
-        let mut replicas: Vec<Arc<Replica>> = config
-            .backends
-            .iter()
-            .map(|b| {
-                let fresh = Replica::from_config(b, None, &config.upstream, &metrics, cap);
-                old.as_ref()
-                    .and_then(|o| o.iter().find(|r| r.source.is_none() && r.same_as(&fresh)))
-                    .cloned()
-                    .unwrap_or_else(|| Arc::new(fresh))
-            })
-            .collect();
-        if let Some(o) = &old {
-            replicas.extend(
-                o.iter()
-                    .filter(|r| r.source.is_some_and(|i| i < config.discovery.dns.len()))
-                    .cloned(),
-            );
+        let old = previous.map(|p| p.replicas()).unwrap_or_default();
+        // Replicas can be carried over whole only if they would be built alike.
+        let reusable = previous.is_some_and(|p| {
+            let json = |u: &UpstreamConfig| serde_json::to_string(u).ok();
+            p.index_capacity == cap
+                && json(&p.upstream).is_some()
+                && json(&p.upstream) == json(&config.upstream)
+        });
+        // The replica for `b` from `source`: the old one if nothing about it
+        // changed; else a new one that starts from the old one's health and
+        // models (a reload must not make a healthy replica look unknown).
+        let place = |b: &BackendConfig, source: Option<usize>| {
+            let fresh = Replica::from_config(b, source, &config.upstream, &metrics, cap);
+            match old
+                .iter()
+                .find(|r| r.source == source && r.name == fresh.name)
+            {
+                Some(r) if reusable && r.same_as(&fresh) => r.clone(),
+                Some(r) => {
+                    fresh.inherit(r);
+                    Arc::new(fresh)
+                }
+                None => Arc::new(fresh),
+            }
+        };
+        let mut replicas: Vec<Arc<Replica>> =
+            config.backends.iter().map(|b| place(b, None)).collect();
+        // Replicas a DNS source found, while that source names the same host
+        // and port (its next resolution adds and removes as usual); its key
+        // and models are taken from the new config.
+        let same_dns = |i: usize| {
+            let (Some(p), Some(new)) = (previous, config.discovery.dns.get(i)) else {
+                return false;
+            };
+            p.dns
+                .get(i)
+                .is_some_and(|(n, port)| *n == new.name && *port == new.port)
+        };
+        for r in old.iter() {
+            let Some(i) = r.source.filter(|&i| same_dns(i)) else {
+                continue;
+            };
+            let Ok(url) = r.base.parse() else { continue };
+            let src = &config.discovery.dns[i];
+            let b = BackendConfig {
+                url,
+                name: None,
+                api_key: src.api_key.clone(),
+                models: src.models.clone(),
+            };
+            replicas.push(place(&b, Some(i)));
         }
         if previous.is_some() {
             let names: Vec<Arc<str>> = replicas.iter().map(|r| r.name.clone()).collect();
@@ -334,6 +372,12 @@ impl Pool {
             index: ArcSwap::from_pointee(ModelIndex::default()),
             upstream: config.upstream.clone(),
             index_capacity: cap,
+            dns: config
+                .discovery
+                .dns
+                .iter()
+                .map(|d| (d.name.clone(), d.port))
+                .collect(),
             metrics,
         };
         pool.rebuild_index();

@@ -262,6 +262,10 @@ async fn sighup_reloads_the_config_without_cutting_streams() {
         }
     };
     assert_eq!(reloads("ok").await, 1.0);
+    assert!(
+        a.state.metrics.running.get() > running,
+        "the reload took effect while the stream was still running"
+    );
 
     // The stream that started before the reload ran to its end on A.
     let (status, _, body) = stream.await.unwrap();

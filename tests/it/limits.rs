@@ -540,6 +540,18 @@ async fn a_reload_keeps_counters_replicas_and_connections_and_applies_new_keys()
         "kept-alive connections (proxy and health check) are reused across the reload"
     );
 
+    // A changed upstream setting rebuilds the replica (new connections), but
+    // it keeps what health checks learned: no moment without a healthy replica.
+    cfg.upstream.timeouts.total = Duration::from_secs(600);
+    gw.reload(cfg.clone()).unwrap();
+    let rebuilt = gw.state().pool.replicas()[0].clone();
+    assert!(!std::sync::Arc::ptr_eq(&rebuilt, &replica), "rebuilt");
+    assert!(rebuilt.is_healthy(), "health carried over");
+    assert!(
+        gw.state().pool.resolve("sim-model").is_ok(),
+        "models carried over"
+    );
+
     // What a reload cannot change is refused, and nothing changes.
     let mut moved = cfg.clone();
     moved.server.listen = "127.0.0.1:1".parse().unwrap();
@@ -551,7 +563,7 @@ async fn a_reload_keeps_counters_replicas_and_connections_and_applies_new_keys()
     );
     assert_eq!(
         gateway_metric(&gw, "sluice_config_reloads_total{result=\"ok\"}").await,
-        1.0
+        2.0
     );
     assert_eq!(
         call(&base, Some(KEY_A), &chat_body(false)).await.status(),
