@@ -5,5 +5,6 @@ pub mod client;
 pub mod conn;
 pub mod discovery;
 pub mod health;
+mod http1;
 pub mod pool;
 pub mod scrape;

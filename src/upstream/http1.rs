@@ -1,0 +1,517 @@
+//! HTTP/1.1 framing for the upstream client (RFC 9112): the request on the
+//! wire, response heads (`httparse`), how a response body is delimited, and an
+//! incremental decoder of sized, chunked and close-delimited bodies. No I/O
+//! here: `conn.rs` reads the socket into [`Wire::rbuf`] and asks [`Wire::decode`]
+//! for what can be handed on. Cost: one pass over each received byte (`memchr`
+//! for line ends), no copy of body bytes (they are split off the read buffer).
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+
+/// Largest chunk-size line (with extensions) or trailer line.
+const MAX_LINE_BYTES: usize = 4 * 1024;
+/// Headers per response head.
+const MAX_HEADERS: usize = 128;
+/// Trailer section of a chunked body.
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
+
+/// The read side: received bytes and where the body decoder stands.
+pub(super) struct Wire {
+    /// Received, not yet consumed.
+    pub(super) rbuf: BytesMut,
+    pub(super) body: BodyState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BodyState {
+    /// No response yet (or between requests).
+    Idle,
+    /// `Content-Length`: bytes left.
+    Length(u64),
+    /// Chunked: what is expected next.
+    Chunked(Chunk),
+    /// Until the replica closes the connection.
+    UntilClose,
+    /// The body was read to its end.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Chunk {
+    /// A chunk-size line.
+    Size,
+    /// Bytes left in the current chunk.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// Trailer lines until an empty one (bytes read so far).
+    Trailers(usize),
+}
+
+impl Wire {
+    /// Body bytes decodable from the buffer now, if any.
+    pub(super) fn decode(&mut self) -> Result<Option<Bytes>, String> {
+        loop {
+            match self.body {
+                BodyState::Idle | BodyState::Done => return Ok(None),
+                BodyState::Length(0) => {
+                    self.body = BodyState::Done;
+                    return Ok(None);
+                }
+                BodyState::Length(left) => {
+                    if self.rbuf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = take(left, self.rbuf.len());
+                    self.body = BodyState::Length(left - n as u64);
+                    return Ok(Some(self.rbuf.split_to(n).freeze()));
+                }
+                BodyState::UntilClose => {
+                    if self.rbuf.is_empty() {
+                        return Ok(None);
+                    }
+                    return Ok(Some(self.rbuf.split().freeze()));
+                }
+                BodyState::Chunked(Chunk::Size) => {
+                    let Some(line) = self.line()? else {
+                        return Ok(None);
+                    };
+                    let size = chunk_size(&line)?;
+                    self.body = BodyState::Chunked(if size == 0 {
+                        Chunk::Trailers(0)
+                    } else {
+                        Chunk::Data(size)
+                    });
+                }
+                BodyState::Chunked(Chunk::Data(left)) => {
+                    if self.rbuf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = take(left, self.rbuf.len());
+                    let rest = left - n as u64;
+                    self.body = BodyState::Chunked(if rest == 0 {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(rest)
+                    });
+                    return Ok(Some(self.rbuf.split_to(n).freeze()));
+                }
+                BodyState::Chunked(Chunk::DataEnd) => {
+                    let Some(line) = self.line()? else {
+                        return Ok(None);
+                    };
+                    if !line.is_empty() {
+                        return Err("chunk data longer than its declared size".into());
+                    }
+                    self.body = BodyState::Chunked(Chunk::Size);
+                }
+                BodyState::Chunked(Chunk::Trailers(seen)) => {
+                    let Some(line) = self.line()? else {
+                        return Ok(None);
+                    };
+                    if line.is_empty() {
+                        self.body = BodyState::Done;
+                        return Ok(None);
+                    }
+                    let seen = seen + line.len() + 2;
+                    if seen > MAX_TRAILER_BYTES {
+                        return Err(format!("trailers larger than {MAX_TRAILER_BYTES} bytes"));
+                    }
+                    self.body = BodyState::Chunked(Chunk::Trailers(seen));
+                }
+            }
+        }
+    }
+
+    /// One CRLF- (or LF-) terminated line from the buffer, without its ending.
+    fn line(&mut self) -> Result<Option<Bytes>, String> {
+        match memchr::memchr(b'\n', &self.rbuf) {
+            Some(i) => {
+                let mut line = self.rbuf.split_to(i + 1).freeze();
+                line.truncate(i);
+                if line.last() == Some(&b'\r') {
+                    line.truncate(i - 1);
+                }
+                Ok(Some(line))
+            }
+            None if self.rbuf.len() > MAX_LINE_BYTES => {
+                Err("chunk-size or trailer line too long".into())
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+fn take(left: u64, available: usize) -> usize {
+    usize::try_from(left).map_or(available, |l| l.min(available))
+}
+
+/// The request on the wire: head and body in one buffer, one write.
+pub(super) fn encode_request(req: &Request<Bytes>) -> Vec<u8> {
+    let body = req.body();
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let mut out = Vec::with_capacity(256 + req.headers().len() * 48 + body.len());
+    out.extend_from_slice(req.method().as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !body.is_empty() || req.method() != Method::GET {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+/// A complete response head at the start of `buf`, and its length.
+pub(super) fn parse_head(buf: &[u8]) -> Result<Option<(Response<()>, usize)>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut headers);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(format!("malformed response head: {e}")),
+    };
+    let status = parsed
+        .code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or("malformed response status")?;
+    let mut map = HeaderMap::with_capacity(parsed.headers.len());
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| format!("malformed response header name {:?}", h.name))?;
+        let value = HeaderValue::from_bytes(h.value)
+            .map_err(|_| format!("malformed value of response header {name}"))?;
+        map.append(name, value);
+    }
+    let mut resp = Response::new(());
+    *resp.status_mut() = status;
+    *resp.version_mut() = if parsed.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    *resp.headers_mut() = map;
+    Ok(Some((resp, len)))
+}
+
+/// Whether the connection stays open after this response.
+pub(super) fn keeps_alive(resp: &Response<()>) -> bool {
+    let has = |token: &str| {
+        resp.headers()
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    if resp.version() == Version::HTTP_10 {
+        has("keep-alive")
+    } else {
+        !has("close")
+    }
+}
+
+/// How a response body is delimited, and whether that framing allows the
+/// connection to carry another request.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Framing {
+    pub(super) body: BodyState,
+    pub(super) reusable: bool,
+}
+
+/// How the body of this response is delimited (RFC 9112 section 6.3). Framing
+/// that a request smuggling attack would use (both `Transfer-Encoding` and
+/// `Content-Length`, `Transfer-Encoding` in HTTP/1.0) is decoded by the
+/// transfer coding and the connection is closed after it; conflicting lengths
+/// are an error.
+pub(super) fn body_kind(resp: &Response<()>, head_only: bool) -> Result<Framing, String> {
+    let status = resp.status();
+    if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing {
+            body: BodyState::Done,
+            reusable: true,
+        });
+    }
+    let headers = resp.headers();
+    let mut codings = headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+        .peekable();
+    if codings.peek().is_some() {
+        let chunked = codings
+            .last()
+            .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
+        let clean = !headers.contains_key(http::header::CONTENT_LENGTH)
+            && resp.version() == Version::HTTP_11;
+        return Ok(Framing {
+            body: if chunked {
+                BodyState::Chunked(Chunk::Size)
+            } else {
+                BodyState::UntilClose
+            },
+            reusable: chunked && clean,
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(http::header::CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|b| *b == b',') {
+            let n = parse_length(part.trim_ascii()).ok_or("malformed Content-Length")?;
+            if length.is_some_and(|l| l != n) {
+                return Err("conflicting Content-Length values".into());
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => Framing {
+            body: BodyState::Length(n),
+            reusable: true,
+        },
+        None => Framing {
+            body: BodyState::UntilClose,
+            reusable: false,
+        },
+    })
+}
+
+/// A decimal length: digits only (no sign, no spaces), at most 19 of them.
+fn parse_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// The size in a chunk-size line: hex digits, then optional whitespace and
+/// `;` extensions (ignored).
+fn chunk_size(line: &[u8]) -> Result<u64, String> {
+    let end = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    let (digits, rest) = line.split_at(end);
+    let rest = rest.trim_ascii_start();
+    if !(rest.is_empty() || rest.starts_with(b";")) {
+        return Err("malformed chunk size".into());
+    }
+    let significant = match digits.iter().position(|d| *d != b'0') {
+        Some(i) => &digits[i..],
+        None if digits.is_empty() => return Err("malformed chunk size".into()),
+        None => return Ok(0),
+    };
+    if significant.len() > 15 {
+        return Err("chunk size too large".into());
+    }
+    let mut n: u64 = 0;
+    for d in significant {
+        let v = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            _ => d - b'A' + 10,
+        };
+        n = n * 16 + u64::from(v);
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn_state(body: BodyState, input: &[u8]) -> Wire {
+        Wire {
+            rbuf: BytesMut::from(input),
+            body,
+        }
+    }
+
+    fn drain(c: &mut Wire) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        while let Some(d) = c.decode()? {
+            out.extend_from_slice(&d);
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn chunked_bodies_decode_with_extensions_and_trailers() {
+        let wire = b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
+        let mut c = conn_state(BodyState::Chunked(Chunk::Size), wire);
+        assert_eq!(drain(&mut c), Ok(b"hello, world".to_vec()));
+        assert_eq!(c.body, BodyState::Done);
+        assert!(c.rbuf.is_empty());
+    }
+
+    #[test]
+    fn chunked_decoding_resumes_across_reads() {
+        let wire = b"a\r\n0123456789\r\n0\r\n\r\n";
+        for cut in 1..wire.len() {
+            let mut c = conn_state(BodyState::Chunked(Chunk::Size), &wire[..cut]);
+            let mut got = drain(&mut c).unwrap_or_default();
+            c.rbuf.extend_from_slice(&wire[cut..]);
+            got.extend(drain(&mut c).unwrap_or_default());
+            assert_eq!(got, b"0123456789", "cut at {cut}");
+            assert_eq!(c.body, BodyState::Done, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn malformed_chunks_are_errors() {
+        let mut c = conn_state(BodyState::Chunked(Chunk::Size), b"zz\r\n");
+        assert!(drain(&mut c).is_err());
+        let mut c = conn_state(BodyState::Chunked(Chunk::Size), b"2\r\nabc\r\n");
+        assert!(drain(&mut c).is_err());
+    }
+
+    #[test]
+    fn sized_bodies_stop_at_their_length() {
+        let mut c = conn_state(BodyState::Length(3), b"abc");
+        assert_eq!(drain(&mut c), Ok(b"abc".to_vec()));
+        assert_eq!(c.body, BodyState::Done);
+    }
+
+    fn head(wire: &[u8]) -> (Response<()>, usize) {
+        match parse_head(wire) {
+            Ok(Some(parsed)) => parsed,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn heads_parse_and_say_how_the_body_ends() {
+        let wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nrest";
+        let (r, n) = head(wire);
+        assert_eq!(&wire[n..], b"rest");
+        assert_eq!(r.status(), 200);
+        assert!(keeps_alive(&r));
+        assert_eq!(
+            body_kind(&r, false),
+            Ok(Framing {
+                body: BodyState::Chunked(Chunk::Size),
+                reusable: true
+            })
+        );
+        let (r, _) = head(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\nconnection: close\r\n\r\n");
+        assert!(!keeps_alive(&r));
+        assert_eq!(
+            body_kind(&r, false).map(|f| f.body),
+            Ok(BodyState::Length(12))
+        );
+        assert_eq!(body_kind(&r, true).map(|f| f.body), Ok(BodyState::Done));
+        let (r, _) = head(b"HTTP/1.0 200 OK\r\n\r\n");
+        assert!(!keeps_alive(&r));
+        assert_eq!(
+            body_kind(&r, false),
+            Ok(Framing {
+                body: BodyState::UntilClose,
+                reusable: false
+            })
+        );
+        assert!(matches!(
+            parse_head(b"HTTP/1.1 200 OK\r\ncontent-le"),
+            Ok(None)
+        ));
+        assert!(parse_head(b"garbage\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn ambiguous_framing_is_refused_or_ends_the_connection() {
+        let kind = |wire: &[u8]| body_kind(&head(wire).0, false);
+        // Two different lengths: which one ends the body is anyone's guess.
+        assert!(
+            kind(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 10\r\n\r\n").is_err()
+        );
+        assert!(kind(b"HTTP/1.1 200 OK\r\ncontent-length: 5, 10\r\n\r\n").is_err());
+        assert!(kind(b"HTTP/1.1 200 OK\r\ncontent-length: +5\r\n\r\n").is_err());
+        // Repeated equal lengths are one length.
+        assert_eq!(
+            kind(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\n"),
+            Ok(Framing {
+                body: BodyState::Length(5),
+                reusable: true
+            })
+        );
+        // Transfer-Encoding wins over Content-Length, and the connection is not reused.
+        assert_eq!(
+            kind(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n"),
+            Ok(Framing {
+                body: BodyState::Chunked(Chunk::Size),
+                reusable: false
+            })
+        );
+        // The last coding decides, across repeated fields.
+        assert_eq!(
+            kind(
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: gzip\r\n\r\n"
+            ),
+            Ok(Framing {
+                body: BodyState::UntilClose,
+                reusable: false
+            })
+        );
+        assert_eq!(
+            kind(
+                b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n"
+            ),
+            Ok(Framing {
+                body: BodyState::Chunked(Chunk::Size),
+                reusable: false
+            })
+        );
+    }
+
+    #[test]
+    fn chunk_sizes_are_strict_hex() {
+        assert_eq!(chunk_size(b"1f"), Ok(31));
+        assert_eq!(chunk_size(b"0000000000000000000a"), Ok(10));
+        assert_eq!(chunk_size(b"5 ;name=value"), Ok(5));
+        assert_eq!(chunk_size(b"000"), Ok(0));
+        for bad in [&b""[..], b"5 junk", b"-5", b"0x5", b"1000000000000000"] {
+            assert!(
+                chunk_size(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn trailers_are_bounded() {
+        let mut wire = b"0\r\n".to_vec();
+        for _ in 0..1000 {
+            wire.extend_from_slice(b"x-trailer: 0123456789\r\n");
+        }
+        let mut c = conn_state(BodyState::Chunked(Chunk::Size), &wire);
+        assert!(drain(&mut c).is_err());
+    }
+
+    #[test]
+    fn requests_carry_their_length_once() {
+        let mut req = Request::new(Bytes::from_static(b"{}"));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = http::Uri::from_static("/v1/chat/completions");
+        let h = req.headers_mut();
+        h.insert("host", HeaderValue::from_static("replica:8000"));
+        h.insert("content-length", HeaderValue::from_static("999"));
+        h.insert("x-request-id", HeaderValue::from_static("r1"));
+        assert_eq!(
+            String::from_utf8_lossy(&encode_request(&req)),
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: replica:8000\r\nx-request-id: r1\r\ncontent-length: 2\r\n\r\n{}"
+        );
+    }
+}
