@@ -57,6 +57,9 @@ pub struct BackendView {
     /// From the replica's own /metrics.
     engine: Option<&'static str>,
     kv_cache_usage: Option<f64>,
+    /// KV-cache geometry (vLLM's `cache_config_info`): tokens per block, blocks.
+    kv_block_size: Option<u32>,
+    kv_num_blocks: Option<u32>,
     requests_waiting: Option<f64>,
     requests_running: Option<f64>,
     prefix_cache_hit_rate: Option<f64>,
@@ -89,6 +92,8 @@ pub async fn backends(Current(state): Current) -> Json<Vec<BackendView>> {
                 last_error: h.last_error.clone(),
                 engine: l.as_ref().map(|s| s.engine.as_str()),
                 kv_cache_usage: l.as_ref().and_then(|s| s.kv_usage),
+                kv_block_size: l.as_ref().and_then(|s| s.block_size),
+                kv_num_blocks: l.as_ref().and_then(|s| s.num_blocks),
                 requests_waiting: l.as_ref().and_then(|s| s.waiting),
                 requests_running: l.as_ref().and_then(|s| s.running),
                 prefix_cache_hit_rate: l.as_ref().and_then(|s| s.prefix_hit_rate),

@@ -195,6 +195,12 @@ async fn kv_pressure_moves_work_away_and_back() {
         backend(v, &sims[home])["kv_cache_usage"] == 0.99
     })
     .await;
+    // The KV geometry from vLLM's cache_config_info is shown too.
+    let (_, text) = get_text(&format!("{}/admin/backends", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let b = backend(&v, &sims[home]);
+    assert_eq!(b["kv_block_size"], 16, "{b}");
+    assert!(b["kv_num_blocks"].as_u64().is_some(), "{b}");
     for q in 1..=10 {
         assert_ne!(
             served_by(&gw, &sims, &prefixed(1, q)).await,
