@@ -134,11 +134,11 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
         h.quantile(p)
             .map_or("-".to_string(), |v| format!("{:.0}ms", v * 1e3))
     };
-    let reasons: Vec<String> = ["least_loaded", "round_robin", "retry"]
+    let reasons: Vec<String> = crate::routing::RouteReason::ALL
         .iter()
         .filter_map(|r| {
-            let n = m.routing.get(&(MODEL.into(), r)).get();
-            (n > 0).then(|| format!("{r} {n}"))
+            let n = m.routing.get(&(MODEL.into(), r.as_str())).get();
+            (n > 0).then(|| format!("{} {n}", r.as_str()))
         })
         .collect();
     let mut out = format!(

@@ -139,4 +139,11 @@ async fn demo_runs_briefly_serves_requests_and_exits_cleanly() {
     let n: u64 = line.split_whitespace().next().unwrap().parse().unwrap();
     assert!(n > 0, "{line}");
     assert!(line.contains(&format!("({n} ok)")), "{line}");
+    // The live summary names the routing decisions (prefix affinity, here).
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("routed: ") && l.contains("affinity ")),
+        "{stdout}"
+    );
 }
