@@ -11,7 +11,8 @@ non-root on a read-only filesystem, a config change rolls the pods, streams get
 their drain time, the rendered sluice.yaml passes the real binary's
 `check-config`, the PrometheusRule holds exactly files/alerts.yaml (and passes
 `promtool check rules`), the dashboard ConfigMap holds files/dashboard.json, the
-optional Redis is wired into the config. Then hadolint lints the Dockerfile.
+optional Redis is wired into the config, values.schema.json refuses misspelt
+values. Then hadolint lints the Dockerfile.
 Exits non-zero with a message on the first failure.
 """
 
@@ -237,6 +238,18 @@ def main():
     finally:
         os.unlink(f.name)
     check(r.returncode != 0 and "routing.policy" in r.stderr, f"a bad policy must be refused: {r.stderr}")
+
+    # values.schema.json: a misspelt or mistyped value fails the install
+    # instead of being ignored.
+    for bad_values, what in (({"autoscalling": {"enabled": False}}, "autoscalling"),
+                             ({"service": {"type": "Ingress"}}, "service"),
+                             ({"drainTimeoutSeconds": "60s"}, "drainTimeoutSeconds")):
+        try:
+            render(bad_values)
+        except helm.HelmValuesError as e:
+            check(what in str(e), f"schema error should name {what}: {e}")
+        else:
+            fail(f"values {bad_values} must be refused by values.schema.json")
 
     # The Dockerfile: hadolint, every rule, no finding.
     r = subprocess.run(["hadolint", os.path.join(ROOT, "Dockerfile")], capture_output=True, text=True)
