@@ -368,7 +368,7 @@ async fn dns_changes_are_picked_up() {
         api_key: None,
         models: vec![],
     }];
-    let gw = start_routed(config, 1).await;
+    let gw = start_routed(config.clone(), 1).await;
     let sims = [a, b];
     assert_eq!(gw.state().pool.replicas().len(), 1);
     assert_eq!(served_by(&gw, &sims, &prefixed(0, 0)).await, 0);
@@ -403,6 +403,30 @@ async fn dns_changes_are_picked_up() {
     assert!(
         !m.contains(&format!("backend=\"{}\"", sims[0].addr)),
         "removed replica's series dropped"
+    );
+
+    // A reload that gives the source a key: its replicas (found before the
+    // reload, same name and port) send it from the next request on.
+    let before = gw.state().pool.replicas()[0].clone();
+    config.discovery.dns[0].api_key = Some(sluice::config::Secret::new("sk-replicas".to_string()));
+    gw.reload(config.clone()).unwrap();
+    let after = gw.state().pool.replicas();
+    assert_eq!(
+        after.len(),
+        1,
+        "the discovered replica is kept across the reload"
+    );
+    assert!(
+        !std::sync::Arc::ptr_eq(&after[0], &before),
+        "rebuilt with the key"
+    );
+    assert!(after[0].is_healthy(), "and still healthy");
+    assert_eq!(served_by(&gw, &sims, &prefixed(0, 2)).await, 1);
+    let (_, last) = get_text(&format!("{}/sim/last_request", sims[1].url())).await;
+    let last: serde_json::Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(
+        last["headers"]["authorization"], "Bearer sk-replicas",
+        "{last}"
     );
 }
 
