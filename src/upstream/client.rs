@@ -1,9 +1,10 @@
-//! The pooled HTTP/1.1 client to the replicas and the header rules of forwarding.
+//! The header rules of forwarding, and the pooled client of the gateway's own
+//! calls to the replicas (health checks, metrics scrapes, discovery).
 //!
-//! hyper's client directly (not reqwest): the response body arrives as hyper's
-//! own `Incoming`, which the timed stream wraps frame by frame, and dropping it
-//! mid-body closes that connection, which is how a client disconnect becomes a
-//! cancellation on the replica (vLLM aborts a request whose connection closes).
+//! Proxied requests do not use this client: they go over `conn.rs`, where the
+//! request owns its connection and decodes the body inside its own poll. The
+//! background calls are few and not latency-critical, so hyper-util's pooled
+//! client serves them.
 
 use std::time::Duration;
 
