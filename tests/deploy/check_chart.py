@@ -42,6 +42,7 @@ ALL_ON = {
     "apiKeys": {"existingSecret": "sluice-keys"},
     "service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8"]},
     "env": [{"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel:4317"}],
+    "networkPolicy": {"enabled": True, "apiFrom": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]},
     "config": {
         "backends": [{"url": "http://vllm-0.vllm:8000"}],
         "tiers": {"pro": {"requests_per_minute": 600, "tokens_per_minute": 400000}},
@@ -196,6 +197,16 @@ def main():
     check(mounts.get("keys") == "/etc/sluice/keys", f"keys Secret mounted: {mounts}")
     secret_vol = [v for v in pod["spec"]["volumes"] if v["name"] == "keys"][0]
     check(secret_vol["secret"]["secretName"] == "sluice-keys", "keys volume is the named Secret")
+
+    # The NetworkPolicy: API port from the listed sources, admin port only from
+    # the monitoring namespace; it selects exactly the gateway pods.
+    netpol = by_kind(docs, "NetworkPolicy")[0]
+    check(netpol["spec"]["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"],
+          "the NetworkPolicy selects the gateway pods")
+    rules = {r["ports"][0]["port"]: r.get("from") for r in netpol["spec"]["ingress"]}
+    check(rules.get("api") == [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}], f"api rule {rules}")
+    check(rules.get("admin") == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+          f"admin rule {rules}")
 
     sm = by_kind(docs, "ServiceMonitor")[0]
     admin = by_kind(docs, "Service", "gw-sluice-admin")[0]
