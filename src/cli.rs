@@ -87,7 +87,7 @@ pub struct SimArgs {
     pub model: String,
     /// Engine profile: h100-llama3-8b, a100-llama3-8b, h100x4-llama3-70b, tiny;
     /// or `fixed` for load-independent timing (--prefill-delay, --token-delay).
-    #[arg(long, default_value = "h100-llama3-8b")]
+    #[arg(long, default_value = "h100-llama3-8b", value_parser = parse_profile)]
     pub profile: String,
     /// Run engine time this many times faster than the profile (tests, demos).
     #[arg(long, default_value_t = 1.0)]
@@ -122,7 +122,7 @@ pub struct SimArgs {
 pub struct BenchArgs {
     /// Base URL of the endpoint, e.g. http://127.0.0.1:8080.
     #[arg(long)]
-    pub url: String,
+    pub url: Url,
     /// Model to request (default: the first in /v1/models).
     #[arg(long)]
     pub model: Option<String>,
@@ -187,4 +187,16 @@ pub struct DemoArgs {
     /// Requests in flight in the demo workload.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+}
+
+/// `fixed` or a known engine profile, checked when the command line is parsed.
+fn parse_profile(name: &str) -> Result<String, String> {
+    if name == "fixed" || crate::sim::profile::by_name(name).is_some() {
+        Ok(name.to_string())
+    } else {
+        Err(format!(
+            "unknown profile (known: fixed, {})",
+            crate::sim::profile::names()
+        ))
+    }
 }

@@ -166,7 +166,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 (_, None) => bench::Arrival::Closed,
             };
             let report = bench::run(bench::BenchConfig {
-                url: args.url,
+                url: args.url.to_string(),
                 model: args.model,
                 concurrency: args.concurrency,
                 requests: args.requests,
