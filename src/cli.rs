@@ -30,7 +30,10 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
         sluice serve --config config/sluice.yaml\n  \
         sluice serve --backend http://vllm-0:8000 --backend http://vllm-1:8000\n  \
-        sluice serve --config sluice.yaml --listen 127.0.0.1:8080 --admin-listen 127.0.0.1:9090")]
+        sluice serve --config sluice.yaml --listen 127.0.0.1:8080 --admin-listen 127.0.0.1:9090\n\n\
+        Signals:\n  \
+        SIGHUP   read the config file and flags again; running streams finish on the old config\n  \
+        SIGTERM  stop accepting, let open streams finish for server.drain_timeout, exit")]
     Serve(ServeArgs),
     /// Check a config file; errors name the key and the line.
     #[command(after_help = "Example:\n  sluice check-config config/sluice.yaml")]
