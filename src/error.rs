@@ -24,6 +24,8 @@ pub enum GatewayError {
     ModelNotFound(String),
     #[error("request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    #[error("the request body did not arrive within {0:?} (server.body_timeout)")]
+    BodyTimeout(std::time::Duration),
     #[error("Invalid URL ({method} {path})")]
     UnknownRoute { method: String, path: String },
     #[error("no healthy replica serves model `{0}`")]
@@ -89,6 +91,7 @@ impl GatewayError {
                 StatusCode::NOT_FOUND
             }
             GatewayError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::NoHealthyBackend(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::UpstreamConnect(_) | GatewayError::UpstreamProtocol(_) => {
                 StatusCode::BAD_GATEWAY
@@ -110,6 +113,7 @@ impl GatewayError {
             GatewayError::MissingModel => "missing_model",
             GatewayError::ModelNotFound(_) => "model_not_found",
             GatewayError::PayloadTooLarge { .. } => "payload_too_large",
+            GatewayError::BodyTimeout(_) => "body_timeout",
             GatewayError::UnknownRoute { .. } => "unknown_route",
             GatewayError::NoHealthyBackend(_) => "no_healthy_backend",
             GatewayError::UpstreamConnect(_) => "upstream_connect",
@@ -139,6 +143,7 @@ impl GatewayError {
             | GatewayError::MissingModel
             | GatewayError::ModelNotFound(_)
             | GatewayError::PayloadTooLarge { .. }
+            | GatewayError::BodyTimeout(_)
             | GatewayError::UnknownRoute { .. }
             | GatewayError::Unauthorized(_)
             | GatewayError::MaxTokensOverCap { .. }

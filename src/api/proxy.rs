@@ -108,9 +108,16 @@ async fn proxy(
         None => None,
     };
     let limit = state.config.server.max_body_bytes.as_usize();
-    let bytes = request::read_body(&parts.headers, body, limit)
-        .await
-        .map_err(unrecorded)?;
+    let body_timeout = state.config.server.body_timeout;
+    let bytes = match tokio::time::timeout(
+        body_timeout,
+        request::read_body(&parts.headers, body, limit),
+    )
+    .await
+    {
+        Ok(read) => read.map_err(unrecorded)?,
+        Err(_) => return Err(unrecorded(GatewayError::BodyTimeout(body_timeout))),
+    };
     let prefix = state.policy.wants_prefix().then(|| {
         let p = &state.config.routing.prefix_kv;
         request::PrefixParams {

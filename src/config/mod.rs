@@ -57,6 +57,10 @@ pub struct ServerConfig {
     /// On SIGTERM, how long open streams may keep running before they are cut.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// Longest time a client may take to send its request body (after the
+    /// headers); a slower one gets 408 and frees its connection.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +70,7 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             max_body_bytes: ByteSize(16 * 1024 * 1024),
             drain_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -491,6 +496,12 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
     if config.server.max_body_bytes.0 == 0 {
         bad(
             "server.max_body_bytes".into(),
+            "must be greater than zero".into(),
+        );
+    }
+    if config.server.body_timeout.is_zero() {
+        bad(
+            "server.body_timeout".into(),
             "must be greater than zero".into(),
         );
     }

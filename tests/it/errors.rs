@@ -131,3 +131,42 @@ async fn first_token_timeout_is_504() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_client_too_slow_to_send_its_body_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = start_sim(fast_sim()).await;
+    let mut config = config_for(&[sim.url()]);
+    config.server.body_timeout = Duration::from_millis(300);
+    let gw = start_gateway(config, 1).await;
+    // Headers promise 100 bytes; 10 come, then nothing.
+    let mut tcp = tokio::net::TcpStream::connect(gw.api_addr).await.unwrap();
+    tcp.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          content-length: 100\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"}") {
+            let n = tcp.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer to a stalled body");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"body_timeout\""), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered after the body timeout, not a minute later"
+    );
+    assert_eq!(sim.state.metrics.received.get(), 0);
+}
