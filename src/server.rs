@@ -42,10 +42,21 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
     let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;
     let background = spawn_background(&state)?;
+    let header_timeout = state.config.server.header_timeout;
     let live = Live::new(state);
     let servers = vec![
-        tokio::spawn(serve(api, build_app(live.clone()), stopped.clone())),
-        tokio::spawn(serve(admin, build_admin(live.clone()), stopped)),
+        tokio::spawn(serve(
+            api,
+            build_app(live.clone()),
+            stopped.clone(),
+            header_timeout,
+        )),
+        tokio::spawn(serve(
+            admin,
+            build_admin(live.clone()),
+            stopped,
+            header_timeout,
+        )),
     ];
     Ok(Gateway {
         api_addr,
@@ -91,21 +102,61 @@ fn spawn_background(state: &Arc<AppState>) -> anyhow::Result<Vec<JoinHandle<()>>
     Ok(background)
 }
 
-async fn serve(listener: TcpListener, app: axum::Router, mut stopped: watch::Receiver<bool>) {
-    use axum::serve::ListenerExt;
-    // Every SSE event is a small write: disable Nagle so none waits for an ACK.
-    let listener = listener.tap_io(|tcp| {
+/// Accept connections and serve each with hyper's HTTP/1.1 server until
+/// `stopped`; then stop accepting, let every connection finish its open
+/// requests (keep-alive connections close after their current response), and
+/// return when all are done. Each connection must deliver its request headers
+/// within `header_timeout` (a client trickling headers holds nothing for long).
+async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    mut stopped: watch::Receiver<bool>,
+    header_timeout: Duration,
+) {
+    use hyper::server::conn::http1;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors, say: back off a little, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stop_signal(&mut stopped) => break,
+        };
+        // Every SSE event is a small write: disable Nagle so none waits for an ACK.
         let _ = tcp.set_nodelay(true);
-    });
-    let shutdown = async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        tracing::error!(error = %e, "listener failed");
+        let service = TowerToHyperService::new(app.clone());
+        let mut stop = stopped.clone();
+        conns.spawn(async move {
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(TokioIo::new(tcp), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                () = stop_signal(&mut stop) => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = conn.await;
+        });
+        while conns.try_join_next().is_some() {}
     }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
+/// Resolves once the stop flag is set (the watch guard is dropped inside, so
+/// the futures that wait on it stay `Send`).
+async fn stop_signal(stopped: &mut watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
 }
 
 impl Gateway {
@@ -149,8 +200,9 @@ impl Gateway {
         let was = &old.config;
         anyhow::ensure!(
             config.server.listen == was.server.listen
-                && config.server.admin_listen == was.server.admin_listen,
-            "`server.listen` and `server.admin_listen` cannot change on a reload: restart"
+                && config.server.admin_listen == was.server.admin_listen
+                && config.server.header_timeout == was.server.header_timeout,
+            "`server.listen`, `server.admin_listen` and `server.header_timeout` cannot change on a reload: restart"
         );
         let buckets = |c: &Config| serde_json::to_string(&c.telemetry.buckets).ok();
         anyhow::ensure!(

@@ -61,6 +61,14 @@ pub struct ServerConfig {
     /// headers); a slower one gets 408 and frees its connection.
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
+    /// Longest time a connection may take to deliver a request's headers,
+    /// which is also how long an idle keep-alive connection waits for its
+    /// next request; then it is closed. Keep it above the idle timeout of a
+    /// load balancer that pools connections to the gateway (nginx and AWS ALB
+    /// 60 s; Google Cloud's load balancers want 620 s), or it may reuse a
+    /// connection just as the gateway closes it.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +79,7 @@ impl Default for ServerConfig {
             max_body_bytes: ByteSize(16 * 1024 * 1024),
             drain_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(60),
+            header_timeout: Duration::from_secs(75),
         }
     }
 }
@@ -502,6 +511,12 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
     if config.server.body_timeout.is_zero() {
         bad(
             "server.body_timeout".into(),
+            "must be greater than zero".into(),
+        );
+    }
+    if config.server.header_timeout.is_zero() {
+        bad(
+            "server.header_timeout".into(),
             "must be greater than zero".into(),
         );
     }

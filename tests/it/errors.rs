@@ -170,3 +170,38 @@ async fn a_client_too_slow_to_send_its_body_gets_408() {
     );
     assert_eq!(sim.state.metrics.received.get(), 0);
 }
+
+#[tokio::test]
+async fn a_client_too_slow_to_send_its_headers_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = start_sim(fast_sim()).await;
+    let mut config = config_for(&[sim.url()]);
+    config.server.header_timeout = Duration::from_millis(300);
+    let gw = start_gateway(config, 1).await;
+    let mut tcp = tokio::net::TcpStream::connect(gw.api_addr).await.unwrap();
+    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    // The rest of the headers never come: the gateway closes the connection.
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "a connection with unfinished headers is held open"
+    );
+    // Requests that do arrive in time are served as usual.
+    let (status, _, _) = post(
+        &format!("{}/v1/chat/completions", api(&gw)),
+        &chat_body(false),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
