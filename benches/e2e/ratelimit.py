@@ -22,30 +22,17 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stream_overhead import free_port, wait_http  # noqa: E402  (shared helpers)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, "target", "release", "sluice")
 KEY = "sk-bench-key"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except Exception:
-            time.sleep(0.05)
-    raise SystemExit(f"{url} did not come up")
 
 
 def wait_port(port, timeout=10):

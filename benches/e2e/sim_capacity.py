@@ -18,10 +18,13 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
+import sys
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stream_overhead import free_port, wait_http  # noqa: E402  (shared helpers)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, "target", "release", "sluice")
@@ -30,27 +33,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 STEP_BASE_MS, PER_SEQ_MS = 7.1, 0.053
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def wait_http(url, timeout=15):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except Exception:
-            time.sleep(0.05)
-    raise SystemExit(f"{url} did not come up")
 
 
 def main():

@@ -100,7 +100,7 @@ def children(pid):
         return []
 
 
-def wait_http(url, timeout=15):
+def wait_http(url, timeout=20):
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:

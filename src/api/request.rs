@@ -275,9 +275,9 @@ pub fn with_model(body: &Bytes, model: &str) -> Result<Bytes, GatewayError> {
         .map_err(|e| GatewayError::Internal(e.to_string()))
 }
 
-/// The body with `"max_tokens": n` added (the tier's cap applied to a request
-/// that set none), spliced after the opening brace.
-pub fn with_max_tokens(body: &Bytes, n: u32) -> Result<Bytes, GatewayError> {
+/// `body` with `member` (`"key":value`) made the first member of its top-level
+/// object; every other byte stays as the client sent it.
+fn with_leading_member(body: &Bytes, member: &[u8]) -> Result<Bytes, GatewayError> {
     let open = body
         .iter()
         .position(|b| !b.is_ascii_whitespace())
@@ -285,11 +285,10 @@ pub fn with_max_tokens(body: &Bytes, n: u32) -> Result<Bytes, GatewayError> {
         .ok_or_else(|| {
             GatewayError::InvalidRequest("the request body must be a JSON object".into())
         })?;
-    let field = format!("\"max_tokens\":{n}");
     let empty = body[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-    let mut out = Vec::with_capacity(body.len() + field.len() + 1);
+    let mut out = Vec::with_capacity(body.len() + member.len() + 1);
     out.extend_from_slice(&body[..=open]);
-    out.extend_from_slice(field.as_bytes());
+    out.extend_from_slice(member);
     if !empty {
         out.push(b',');
     }
@@ -297,25 +296,19 @@ pub fn with_max_tokens(body: &Bytes, n: u32) -> Result<Bytes, GatewayError> {
     Ok(Bytes::from(out))
 }
 
+/// The body with `"max_tokens": n` added (the tier's cap applied to a request
+/// that set none).
+pub fn with_max_tokens(body: &Bytes, n: u32) -> Result<Bytes, GatewayError> {
+    with_leading_member(body, format!("\"max_tokens\":{n}").as_bytes())
+}
+
 /// The body with `stream_options.include_usage = true`, so that token counts are
-/// exact. When the client sent no `stream_options`, the field is spliced in after
-/// the opening brace (the rest stays byte-identical); otherwise the object is
+/// exact. When the client sent no `stream_options`, the field is spliced in
+/// first (the rest stays byte-identical); otherwise the object is
 /// re-serialised (rare: the client set `stream_options` without usage).
 fn with_usage_requested(body: &Bytes, has_stream_options: bool) -> Result<Bytes, GatewayError> {
-    const FIELD: &[u8] = br#""stream_options":{"include_usage":true},"#;
     if !has_stream_options {
-        let open = body
-            .iter()
-            .position(|b| !b.is_ascii_whitespace())
-            .filter(|&i| body[i] == b'{')
-            .ok_or_else(|| {
-                GatewayError::InvalidRequest("the request body must be a JSON object".into())
-            })?;
-        let mut out = Vec::with_capacity(body.len() + FIELD.len());
-        out.extend_from_slice(&body[..=open]);
-        out.extend_from_slice(FIELD);
-        out.extend_from_slice(&body[open + 1..]);
-        return Ok(Bytes::from(out));
+        return with_leading_member(body, br#""stream_options":{"include_usage":true}"#);
     }
     let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
         .map_err(|e| GatewayError::InvalidRequest(format!("invalid request body: {e}")))?;

@@ -213,33 +213,19 @@ impl Completion {
             Some(prev) => {
                 let gap = now - prev;
                 self.series.inter_token.observe_duration(gap);
-                if gap > r.max_gap {
-                    r.max_gap = gap;
-                }
-                if gap > self.stall_threshold {
-                    r.stalls += 1;
-                    self.series.stalls.inc();
-                    if r.stall_events.len() < MAX_STALL_EVENTS {
-                        r.stall_events.push(StallEvent { at: now, gap });
-                    }
-                }
+                self.note_gap(now, gap);
             }
         }
+        let r = &mut self.record;
         r.last_token = Some(now);
         r.output_events += 1;
     }
 
-    /// The stream ended at `now` without another output event (timeout,
-    /// broken replica, client gone): the silence since the last token is a
-    /// gap too. It counts toward the largest gap and as a stall when over the
-    /// threshold (a stall cut by the idle timeout is the clearest stall of
-    /// all); it is not an inter-token latency, as no token ended it.
-    pub fn on_cut(&mut self, now: Instant) {
+    /// A silence of `gap` ending at `now`: the largest gap, and a stall when
+    /// over the threshold.
+    #[inline]
+    fn note_gap(&mut self, now: Instant, gap: Duration) {
         let r = &mut self.record;
-        let Some(prev) = r.last_token else {
-            return;
-        };
-        let gap = now.saturating_duration_since(prev);
         if gap > r.max_gap {
             r.max_gap = gap;
         }
@@ -249,6 +235,17 @@ impl Completion {
             if r.stall_events.len() < MAX_STALL_EVENTS {
                 r.stall_events.push(StallEvent { at: now, gap });
             }
+        }
+    }
+
+    /// The stream ended at `now` without another output event (timeout,
+    /// broken replica, client gone): the silence since the last token is a
+    /// gap too. It counts toward the largest gap and as a stall when over the
+    /// threshold (a stall cut by the idle timeout is the clearest stall of
+    /// all); it is not an inter-token latency, as no token ended it.
+    pub fn on_cut(&mut self, now: Instant) {
+        if let Some(prev) = self.record.last_token {
+            self.note_gap(now, now.saturating_duration_since(prev));
         }
     }
 

@@ -90,15 +90,19 @@ def validate(docs, label):
             fail(f"{label}: {d['kind']} {d['metadata']['name']}: {e.message} at {list(e.path)}")
 
 
-def check_config(sluice_bin, docs, label):
-    cm = by_kind(docs, "ConfigMap", "gw-sluice")[0]
-    text = cm["data"]["sluice.yaml"]
+def run_check_config(sluice_bin, docs):
+    """The rendered sluice.yaml and what this build's `check-config` says of it."""
+    text = by_kind(docs, "ConfigMap", "gw-sluice")[0]["data"]["sluice.yaml"]
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(text)
     try:
-        r = subprocess.run([sluice_bin, "check-config", f.name], capture_output=True, text=True)
+        return text, subprocess.run([sluice_bin, "check-config", f.name], capture_output=True, text=True)
     finally:
         os.unlink(f.name)
+
+
+def check_config(sluice_bin, docs, label):
+    text, r = run_check_config(sluice_bin, docs)
     check(r.returncode == 0, f"{label}: the rendered sluice.yaml is refused by check-config:\n{r.stdout}{r.stderr}\n{text}")
     return yaml.safe_load(text)
 
@@ -240,14 +244,7 @@ def main():
     check(dash["metadata"]["labels"].get("grafana_dashboard") == "1", "dashboard sidecar label")
 
     # A value that breaks the gateway's config is caught before a rollout.
-    bad = render({"config": {"routing": {"policy": "fastest"}}})
-    cm = by_kind(bad, "ConfigMap", "gw-sluice")[0]
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(cm["data"]["sluice.yaml"])
-    try:
-        r = subprocess.run([sluice_bin, "check-config", f.name], capture_output=True, text=True)
-    finally:
-        os.unlink(f.name)
+    _, r = run_check_config(sluice_bin, render({"config": {"routing": {"policy": "fastest"}}}))
     check(r.returncode != 0 and "routing.policy" in r.stderr, f"a bad policy must be refused: {r.stderr}")
 
     # values.schema.json: a misspelt or mistyped value fails the install

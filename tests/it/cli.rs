@@ -140,13 +140,7 @@ async fn serve_and_sim_binaries_work_end_to_end_and_stop_on_sigterm() {
     assert!(body.ends_with("data: [DONE]\n\n"));
 
     for child in [&mut gw, &mut sim] {
-        let pid = child.id().unwrap().to_string();
-        let ok = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .await
-            .unwrap();
-        assert!(ok.success());
+        signal(child, "-TERM").await;
         let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
             .await
             .expect("did not stop on SIGTERM")
@@ -170,10 +164,6 @@ async fn signal(child: &Child, sig: &str) {
         .await
         .unwrap();
     assert!(ok.success());
-}
-
-fn chat_for(model: &str, stream: bool) -> serde_json::Value {
-    serde_json::json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
 }
 
 #[tokio::test]

@@ -16,10 +16,6 @@ fn sized(body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-fn chat(model: &str, stream: bool) -> serde_json::Value {
-    serde_json::json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
-}
-
 /// A gateway in front of these replicas (health-checked once, at start).
 async fn gateway(replicas: &[&raw::Raw]) -> sluice::server::Gateway {
     let urls: Vec<String> = replicas.iter().map(|r| r.url()).collect();
@@ -39,7 +35,7 @@ async fn streams_delimited_by_length_or_by_close_pass_through() {
     let gw = gateway(&[&sized_replica, &close_replica]).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     for model in ["sized", "close", "sized", "close"] {
-        let (status, _, body) = post(&url, &chat(model, true)).await;
+        let (status, _, body) = post(&url, &chat_for(model, true)).await;
         assert_eq!(status, 200, "{model}: {body}");
         assert_eq!(body, SSE, "{model}");
     }
@@ -77,7 +73,7 @@ async fn interim_responses_chunk_extensions_and_trailers_are_understood() {
     let gw = gateway(&[&replica]).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     for _ in 0..3 {
-        let (status, headers, body) = post(&url, &chat("chunked", true)).await;
+        let (status, headers, body) = post(&url, &chat_for("chunked", true)).await;
         assert_eq!(status, 200, "{body}");
         assert!(!headers.contains_key("link"), "an interim head leaked");
         assert_eq!(body, SSE);
@@ -107,7 +103,7 @@ async fn connection_close_and_leftover_bytes_keep_a_connection_out_of_the_pool()
     let gw = gateway(&[&says_close, &overlong]).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     for model in ["says-close", "overlong", "says-close", "overlong"] {
-        let (status, _, body) = post(&url, &chat(model, true)).await;
+        let (status, _, body) = post(&url, &chat_for(model, true)).await;
         assert_eq!(status, 200, "{model}: {body}");
         assert_eq!(body, SSE, "{model}");
     }
@@ -131,7 +127,7 @@ async fn idle_connections_the_replica_closed_are_swept() {
     let gw = start_gateway(config, 2).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     for model in ["keeps", "closes"] {
-        let (status, _, body) = post(&url, &chat(model, true)).await;
+        let (status, _, body) = post(&url, &chat_for(model, true)).await;
         assert_eq!(status, 200, "{model}: {body}");
     }
     let idle = |addr: std::net::SocketAddr| {
@@ -153,7 +149,7 @@ async fn idle_connections_the_replica_closed_are_swept() {
     .await;
     assert_eq!(idle(keeps.addr), 1, "a live idle connection is kept");
     // And the next request to the closed replica simply opens a new connection.
-    let (status, _, body) = post(&url, &chat("closes", true)).await;
+    let (status, _, body) = post(&url, &chat_for("closes", true)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(closes.requests.load(Ordering::SeqCst), 2);
 }
@@ -177,7 +173,7 @@ async fn a_kept_alive_connection_closed_without_an_answer_is_resent_on_a_fresh_o
     let gw = gateway(&[&replica]).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     for round in 0..3 {
-        let (status, _, body) = post(&url, &chat("m", true)).await;
+        let (status, _, body) = post(&url, &chat_for("m", true)).await;
         assert_eq!(status, 200, "round {round}: {body}");
         assert_eq!(body, SSE, "round {round}");
     }
@@ -202,9 +198,9 @@ async fn a_replica_that_answered_something_is_not_sent_the_request_again() {
     .await;
     let gw = gateway(&[&replica]).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
-    let (status, _, _) = post(&url, &chat("m", true)).await;
+    let (status, _, _) = post(&url, &chat_for("m", true)).await;
     assert_eq!(status, 200);
-    let (status, _, body) = post(&url, &chat("m", true)).await;
+    let (status, _, body) = post(&url, &chat_for("m", true)).await;
     assert_eq!(status, 502, "{body}");
     assert_eq!(error_of(&body)["code"], "upstream_protocol");
     assert_eq!(replica.requests.load(Ordering::SeqCst), 2, "not resent");
@@ -243,13 +239,13 @@ async fn malformed_or_truncated_answers_are_clean_errors() {
     let url = format!("{}/v1/chat/completions", api(&gw));
 
     for model in ["bad-head", "truncated", "two-lengths"] {
-        let (status, _, body) = post(&url, &chat(model, false)).await;
+        let (status, _, body) = post(&url, &chat_for(model, false)).await;
         assert_eq!(status, 502, "{model}: {body}");
         let err = error_of(&body);
         assert_eq!(err["code"], "upstream_protocol", "{model}: {body}");
     }
 
-    let (status, _, body) = post(&url, &chat("bad-chunk", true)).await;
+    let (status, _, body) = post(&url, &chat_for("bad-chunk", true)).await;
     assert_eq!(status, 200, "headers went out with the first event");
     let payloads = data_payloads(&body);
     assert_eq!(payloads.len(), 3, "{body}");

@@ -93,8 +93,13 @@ pub fn client() -> reqwest::Client {
 }
 
 pub fn chat_body(stream: bool) -> serde_json::Value {
+    chat_for("sim-model", stream)
+}
+
+/// A chat request for `model`.
+pub fn chat_for(model: &str, stream: bool) -> serde_json::Value {
     serde_json::json!({
-        "model": "sim-model",
+        "model": model,
         "stream": stream,
         "messages": [{"role": "user", "content": "Hello there, how are you?"}],
     })
