@@ -8,15 +8,17 @@
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use sluice::config::Config;
-use sluice::stream::event::{FinishReason, Usage};
+use sluice::request::RequestGuard;
 use sluice::stream::event::{chunk_info, chunk_info_serde, classify};
 use sluice::stream::sse::SseSplitter;
 use sluice::telemetry::Telemetry;
 use sluice::telemetry::metrics::Metrics;
-use sluice::telemetry::record::{Completion, Endpoint, RequestRecord};
+use sluice::telemetry::tracecontext::TraceCtx;
+use sluice::vocab::{Endpoint, FinishReason, Usage};
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 const CHUNK: &str = r#"{"id":"chatcmpl-9f1c2d3e4b5a6978","object":"chat.completion.chunk","created":1795299051,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" gateway"},"logprobs":null,"finish_reason":null}]}"#;
 
@@ -89,7 +91,7 @@ fn splitting(c: &mut Criterion) {
     g.finish();
 }
 
-/// Metrics recording for one streamed request: what `/metrics` costs per
+/// Metrics recording for one streamed request (its guard: the token clock, then the report): what `/metrics` costs per
 /// request on the hot path (tracing and the access log are off here; the
 /// end-to-end benchmark `benches/e2e/telemetry_overhead.py` measures them).
 fn request_metrics(c: &mut Criterion) {
@@ -104,10 +106,18 @@ fn request_metrics(c: &mut Criterion) {
     g.bench_function("one request, 64 output events", |b| {
         b.iter(|| {
             let start = Instant::now();
-            let mut record = RequestRecord::new(Endpoint::Chat, model.clone(), true, start);
-            record.upstream_sent = Some(start);
-            record.first_sent = Some(start);
-            let mut done = Completion::new(record, tele.clone(), Duration::from_secs(2));
+            let mut done = RequestGuard::new(
+                tele.clone(),
+                Endpoint::Chat,
+                start,
+                String::new(),
+                TraceCtx::from_headers(&http::HeaderMap::new()),
+                Duration::from_secs(2),
+            );
+            done.set_model(model.clone());
+            done.record.stream = true;
+            done.record.upstream_sent = Some(start);
+            done.record.first_sent = Some(start);
             done.record.status = 200;
             for _ in 0..64 {
                 done.on_output(Instant::now());

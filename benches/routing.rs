@@ -1,6 +1,7 @@
 #![expect(clippy::expect_used, reason = "a benchmark's setup may panic")]
 //! Routing decision cost: reading the prompt into prefix hashes, and picking a
-//! replica with `prefix_kv` (warm per-replica indexes, 8 replicas), beside the
+//! replica with `prefix_kv` (warm per-replica indexes, 8 replicas; the views
+//! of the replicas taken for each decision, as the proxy does), beside the
 //! naive baseline `round_robin`, at prompt sizes from 1 KB to 200 KB.
 //!
 //!     cargo bench --bench routing
@@ -11,13 +12,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use sluice::api::request::{PrefixParams, inspect};
+use sluice::api::inbound::{PrefixParams, inspect};
+use sluice::api::proxy::view;
 use sluice::config::{BackendConfig, Config, PrefixKvConfig, UpstreamConfig};
-use sluice::routing::{PrefixKv, RoundRobin, RouteCtx, RoutingPolicy};
+use sluice::routing::{Affinity, PrefixKv, ReplicaView, RoundRobin, RouteCtx, RoutingPolicy};
 use sluice::telemetry::metrics::Metrics;
-use sluice::telemetry::record::Endpoint;
 use sluice::upstream::pool::Replica;
-use sluice::upstream::scrape::{EngineKind, LoadSample};
+use sluice::upstream::signals::LoadSample;
+use sluice::vocab::{Endpoint, EngineKind};
 
 fn replicas(n: usize) -> Vec<Arc<Replica>> {
     let m = Metrics::new(&Config::default().telemetry.buckets);
@@ -29,7 +31,6 @@ fn replicas(n: usize) -> Vec<Arc<Replica>> {
                 None,
                 &UpstreamConfig::default(),
                 &m,
-                1 << 18,
             );
             r.set_load(LoadSample {
                 engine: EngineKind::Vllm,
@@ -69,7 +70,13 @@ fn decision(c: &mut Criterion) {
         max_blocks: 4096,
     };
     let reps = replicas(8);
-    let prefix_kv = PrefixKv::new(PrefixKvConfig::default(), Some(Duration::from_secs(5)));
+    let prefix_kv = PrefixKv::new(
+        PrefixKvConfig::default(),
+        Some(Duration::from_secs(5)),
+        Affinity::new(1 << 18),
+    );
+    let views =
+        |reps: &[Arc<Replica>]| -> Vec<ReplicaView> { reps.iter().map(|r| view(r)).collect() };
     let rr = RoundRobin::default();
     // Warm the indexes: 500 other prefixes spread over the replicas.
     for k in 0..500u64 {
@@ -79,7 +86,7 @@ fn decision(c: &mut Criterion) {
             hashes: &h,
             now: Instant::now(),
         };
-        prefix_kv.pick(&ctx, &reps);
+        prefix_kv.pick(&ctx, &views(&reps));
     }
     let mut g = c.benchmark_group("routing_decision");
     for kb in [1usize, 10, 50, 200] {
@@ -102,7 +109,7 @@ fn decision(c: &mut Criterion) {
                         hashes: black_box(h),
                         now: Instant::now(),
                     };
-                    prefix_kv.pick(&ctx, &reps)
+                    prefix_kv.pick(&ctx, &views(&reps))
                 })
             },
         );
@@ -116,7 +123,7 @@ fn decision(c: &mut Criterion) {
                         hashes: black_box(h),
                         now: Instant::now(),
                     };
-                    rr.pick(&ctx, &reps)
+                    rr.pick(&ctx, &views(&reps))
                 })
             },
         );

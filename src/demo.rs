@@ -134,7 +134,7 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
         h.quantile(p)
             .map_or("-".to_string(), |v| format!("{:.0}ms", v * 1e3))
     };
-    let reasons: Vec<String> = crate::routing::RouteReason::ALL
+    let reasons: Vec<String> = crate::vocab::RouteReason::ALL
         .iter()
         .filter_map(|r| {
             let n = m.routing.get(&(MODEL.into(), r.as_str())).get();

@@ -48,13 +48,18 @@ pub enum GatewayError {
     MaxTokensOverCap { asked: u32, cap: u32 },
     #[error("{message}")]
     RateLimited {
-        limit: crate::limits::LimitKind,
+        limit: crate::vocab::LimitKind,
         message: String,
         retry_after: std::time::Duration,
-        headers: crate::limits::RateHeaders,
+        /// The rate-limit headers of the refusal (rendered by `limits`).
+        headers: Box<http::HeaderMap>,
     },
     #[error("the rate-limit store is unreachable and rate_limits.on_store_error is fail_closed")]
     RateLimitUnavailable,
+    /// The gateway is shutting down and its drain deadline passed while the
+    /// request was still running.
+    #[error("the gateway is shutting down (its drain deadline passed); retry the request")]
+    ShuttingDown,
 }
 
 /// Which timeout fired; also the `kind` label of timeout errors.
@@ -102,7 +107,9 @@ impl GatewayError {
             GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             GatewayError::MaxTokensOverCap { .. } => StatusCode::BAD_REQUEST,
             GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            GatewayError::RateLimitUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::RateLimitUnavailable | GatewayError::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -129,11 +136,12 @@ impl GatewayError {
             GatewayError::Unauthorized(_) => "unauthorized",
             GatewayError::MaxTokensOverCap { .. } => "max_tokens_over_cap",
             GatewayError::RateLimited { limit, .. } => match limit {
-                crate::limits::LimitKind::Requests => "rate_limited_requests",
-                crate::limits::LimitKind::Tokens => "rate_limited_tokens",
-                crate::limits::LimitKind::Concurrency => "rate_limited_concurrency",
+                crate::vocab::LimitKind::Requests => "rate_limited_requests",
+                crate::vocab::LimitKind::Tokens => "rate_limited_tokens",
+                crate::vocab::LimitKind::Concurrency => "rate_limited_concurrency",
             },
             GatewayError::RateLimitUnavailable => "ratelimit_store_unavailable",
+            GatewayError::ShuttingDown => "shutdown",
         }
     }
 
@@ -153,7 +161,9 @@ impl GatewayError {
             | GatewayError::UpstreamTimeout { .. }
             | GatewayError::UpstreamProtocol(_)
             | GatewayError::Upstream { .. } => ErrorSource::Upstream,
-            GatewayError::Internal(_) | GatewayError::RateLimitUnavailable => ErrorSource::Internal,
+            GatewayError::Internal(_)
+            | GatewayError::RateLimitUnavailable
+            | GatewayError::ShuttingDown => ErrorSource::Internal,
         }
     }
 
@@ -213,7 +223,7 @@ impl GatewayError {
         // OpenAI types a 429 by the limit that was hit; the SDKs read it.
         if let GatewayError::RateLimited { limit, .. } = self {
             return match limit {
-                crate::limits::LimitKind::Tokens => "tokens",
+                crate::vocab::LimitKind::Tokens => "tokens",
                 _ => "requests",
             };
         }
@@ -365,7 +375,9 @@ impl IntoResponse for GatewayError {
                 "retry-after-ms",
                 HeaderValue::from(retry_after.as_millis() as u64),
             );
-            headers.apply(h);
+            for (name, value) in headers.iter() {
+                h.insert(name, value.clone());
+            }
         }
         if let GatewayError::Unauthorized(_) = &self {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -12,13 +12,16 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod limits;
+pub mod request;
 pub mod routing;
 pub mod server;
 pub mod sim;
+pub mod state;
 pub mod stream;
 pub mod telemetry;
 pub mod tokens;
 pub mod upstream;
+pub mod vocab;
 
 use anyhow::Context as _;
 

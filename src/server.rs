@@ -1,16 +1,18 @@
 //! Listeners, background tasks, and graceful shutdown with a drain deadline.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::app::{AppState, Live, build_admin, build_app};
+use crate::app::{build_admin, build_app};
 use crate::config::Config;
+use crate::state::{AppState, Live};
 use crate::upstream::{discovery, health, scrape};
 
 /// A running gateway: its bound addresses and the handles to stop it.
@@ -20,6 +22,8 @@ pub struct Gateway {
     live: Arc<Live>,
     stop: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
+    /// To stop the listeners' tasks when the drain grace is over.
+    aborts: Vec<tokio::task::AbortHandle>,
     /// Health checks, scrapes and discovery of the current state.
     background: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -58,12 +62,14 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
             header_timeout,
         )),
     ];
+    let aborts = servers.iter().map(JoinHandle::abort_handle).collect();
     Ok(Gateway {
         api_addr,
         admin_addr,
         live,
         stop,
         servers,
+        aborts,
         background: Mutex::new(background),
     })
 }
@@ -192,10 +198,7 @@ impl Gateway {
     fn try_reload(&self, config: Config) -> anyhow::Result<()> {
         // One reload at a time: the background tasks installed must be those
         // of the state that goes live.
-        let mut background = self
-            .background
-            .lock()
-            .map_err(|_| anyhow::anyhow!("a previous reload panicked"))?;
+        let mut background = self.background.lock();
         let old = self.live.load();
         let was = &old.config;
         anyhow::ensure!(
@@ -204,9 +207,8 @@ impl Gateway {
                 && config.server.header_timeout == was.server.header_timeout,
             "`server.listen`, `server.admin_listen` and `server.header_timeout` cannot change on a reload: restart"
         );
-        let buckets = |c: &Config| serde_json::to_string(&c.telemetry.buckets).ok();
         anyhow::ensure!(
-            buckets(&config) == buckets(was),
+            config.telemetry.buckets == was.telemetry.buckets,
             "`telemetry.buckets` cannot change on a reload: restart"
         );
         anyhow::ensure!(
@@ -243,31 +245,47 @@ impl Gateway {
         }
     }
 
-    /// Stop accepting, let open requests finish for up to `drain`, then cut them.
+    /// Stop accepting, let open requests finish for up to `drain`, then cut
+    /// them: every stream still open ends the way a failure after the first
+    /// byte does (an error event, `[DONE]`, a clean end of the body), and the
+    /// connections get [`CUT_GRACE`] to write that out before they are closed.
     pub async fn shutdown(self, drain: Duration) {
         let _ = self.stop.send(true);
-        if let Ok(background) = self.background.lock() {
-            for t in background.iter() {
-                t.abort();
-            }
+        for t in self.background.lock().iter() {
+            t.abort();
         }
         let mut servers = self.servers;
-        let all = async {
-            for s in servers.iter_mut() {
-                let _ = s.await;
+        let all = |servers: &mut Vec<JoinHandle<()>>| {
+            let servers = std::mem::take(servers);
+            async move {
+                for s in servers {
+                    let _ = s.await;
+                }
             }
         };
-        if tokio::time::timeout(drain, all).await.is_err() {
-            tracing::warn!(
-                drain = %humantime::format_duration(drain),
-                "drain deadline passed; closing the remaining streams"
-            );
-            for s in &servers {
-                s.abort();
-            }
+        let waiting = all(&mut servers);
+        tokio::pin!(waiting);
+        if tokio::time::timeout(drain, &mut waiting).await.is_ok() {
+            return;
+        }
+        tracing::warn!(
+            drain = %humantime::format_duration(drain),
+            "drain deadline passed; ending the remaining streams with an error event"
+        );
+        self.live.load().cut.cancel();
+        if tokio::time::timeout(CUT_GRACE, &mut waiting).await.is_err() {
+            tracing::warn!("connections still open after the cut; closing them");
+        }
+        // Dropping the listeners' tasks' handles does not stop them: abort.
+        for h in self.aborts {
+            h.abort();
         }
     }
 }
+
+/// After the drain deadline, how long connections have to send the error
+/// event of their cut stream (and any other response already under way).
+pub const CUT_GRACE: Duration = Duration::from_secs(5);
 
 /// SIGHUP, the conventional "reload your config" signal.
 pub struct Hangups {

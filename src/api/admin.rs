@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 use serde::Serialize;
 
-use crate::app::Current;
+use crate::state::Current;
 
 pub async fn healthz() -> &'static str {
     "ok\n"
@@ -98,9 +98,9 @@ pub async fn backends(Current(state): Current) -> Json<Vec<BackendView>> {
                 requests_running: l.as_ref().and_then(|s| s.running),
                 prefix_cache_hit_rate: l.as_ref().and_then(|s| s.prefix_hit_rate),
                 metrics_age_seconds: l.as_ref().map(|s| s.at.elapsed().as_secs_f64()),
-                prefix_index_blocks: r.prefix_index.lock().map(|i| i.len()).unwrap_or(0),
-                ttft_recent_seconds: r.series.ttft_recent.get(),
-                tpot_recent_seconds: r.series.tpot_recent.get(),
+                prefix_index_blocks: state.affinity.blocks(&r.name),
+                ttft_recent_seconds: r.ttft_recent.get(),
+                tpot_recent_seconds: r.tpot_recent.get(),
             }
         })
         .collect();

@@ -5,7 +5,7 @@ use axum::Json;
 
 use serde::Serialize;
 
-use crate::app::Current;
+use crate::state::Current;
 
 #[derive(Serialize)]
 pub struct ModelList {

@@ -1,131 +1,119 @@
 //! The request path: read, route, forward, stream back, record.
 //!
 //! One function serves chat, completions, embeddings and the pass-through
-//! routes, so there is one hot path to keep fast. Retries happen only here,
-//! before any byte reached the client, and only on another replica.
+//! routes, so there is one hot path to keep fast. A [`RequestGuard`] is made
+//! when the request arrives and owns its accounting to the end: every failure
+//! marks it and returns, and its `Drop` reports the request once, whatever
+//! step it failed at. Retries happen only here, before any byte reached the
+//! client, and only on another replica.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, header};
+use tokio::time::Instant;
 
-use super::request::{self, Inbound};
-use crate::app::AppState;
+use super::inbound::{self, Inbound};
+use super::request_id::RequestId;
 use crate::error::{GatewayError, TimeoutPhase, normalise_upstream_error};
-use crate::routing::{RouteCtx, RouteReason};
-use crate::stream::body::{Mode, TimedBody};
+use crate::request::RequestGuard;
+use crate::routing::{LoadView, ReplicaView, RouteCtx};
+use crate::state::AppState;
+use crate::stream::body::{ReplicaConn, TimedBody};
 use crate::stream::event::chunk_info;
-use crate::telemetry::metrics::StatusLabel;
-use crate::telemetry::record::{Completion, Endpoint, RequestRecord};
+use crate::stream::relay::Mode;
 use crate::telemetry::tracecontext::TraceCtx;
-use crate::upstream::client::{X_REQUEST_ID, downstream_headers, request_id, upstream_headers};
+use crate::upstream::client::{downstream_headers, upstream_headers};
 use crate::upstream::conn::{Conn, SendError};
-use crate::upstream::pool::{Candidates, InFlight, Replica};
+use crate::upstream::pool::{Candidates, Replica};
+use crate::vocab::{Endpoint, RouteReason};
 
 /// Largest error body read from a replica before giving up on it.
 const MAX_ERROR_BODY: usize = 1 << 20;
 
+/// How long a replica's recent TPOT counts for routing: a replica that got no
+/// traffic because it was slow is tried again once its old measurement fades.
+const LATENCY_MEMORY: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub async fn handle(state: Arc<AppState>, endpoint: Endpoint, req: Request<Body>) -> Response {
     let arrival = Instant::now();
     let (parts, body) = req.into_parts();
-    let rid = request_id(&parts.headers);
-    let mut resp = match proxy(&state, endpoint, arrival, &parts, body, &rid).await {
-        Ok(r) => r,
-        Err(Failure {
-            recorded,
-            error,
-            headers,
-        }) => {
-            if !recorded {
-                // Failed before the model was known: no model label to give.
-                let key = (
-                    Arc::from(""),
-                    Arc::from(""),
-                    StatusLabel(error.status().as_u16()),
-                    error.kind(),
-                );
-                state.metrics.requests.get(&key).inc();
-                if let Some(log) = &state.telemetry.access_log {
-                    let mut r = RequestRecord::new(endpoint, Arc::from(""), false, arrival);
-                    r.request_id = rid.to_str().unwrap_or_default().to_string();
-                    r.trace = Some(TraceCtx::from_headers(&parts.headers));
-                    r.status = error.status().as_u16();
-                    r.error_kind = Some(error.kind());
-                    r.end = Some(Instant::now());
-                    log.write(&r, None, None);
-                }
-            }
-            let mut resp = error.into_response();
-            if let Some(h) = headers {
+    let rid = RequestId::of(&parts);
+    let mut guard = RequestGuard::new(
+        state.telemetry.clone(),
+        endpoint,
+        arrival,
+        rid.to_str().unwrap_or_default().to_string(),
+        TraceCtx::from_headers(&parts.headers),
+        state.config.telemetry.stall_threshold,
+    );
+    let reply = proxy(&state, endpoint, &parts, body, &rid, &mut guard).await;
+    let mut resp = match reply {
+        Ok(Reply::Full(resp)) => resp,
+        Ok(Reply::Stream(resp)) => {
+            let mut resp = *resp;
+            if let Some(h) = guard.rate_headers() {
                 h.apply(resp.headers_mut());
             }
-            resp
+            // The body owns the request from here to its end.
+            let (head, timed) = resp.into_parts();
+            return Response::from_parts(head, Body::new(timed.with_guard(guard)));
+        }
+        Err(error) => {
+            guard.fail(&error);
+            error.into_response()
         }
     };
-    resp.headers_mut().insert(X_REQUEST_ID.clone(), rid);
+    if let Some(h) = guard.rate_headers() {
+        h.apply(resp.headers_mut());
+    }
     resp
 }
 
-/// A failed request; `recorded` when a [`Completion`] already counted it;
-/// `headers` when a rate-limit admission had already been made.
-struct Failure {
-    recorded: bool,
-    error: GatewayError,
-    headers: Option<crate::limits::RateHeaders>,
-}
-
-fn unrecorded(error: GatewayError) -> Failure {
-    Failure {
-        recorded: false,
-        error,
-        headers: None,
-    }
-}
-
-fn recorded(error: GatewayError) -> Failure {
-    Failure {
-        recorded: true,
-        error,
-        headers: None,
-    }
+/// A successful answer: whole, or a stream whose body is still to get the
+/// request's guard.
+enum Reply {
+    Full(Response),
+    /// Boxed: a stream's body is large, and most replies are streams anyway.
+    Stream(Box<http::Response<TimedBody>>),
 }
 
 async fn proxy(
     state: &AppState,
     endpoint: Endpoint,
-    arrival: Instant,
     parts: &Parts,
     body: Body,
     rid: &HeaderValue,
-) -> Result<Response, Failure> {
+    guard: &mut RequestGuard,
+) -> Result<Reply, GatewayError> {
     // Who is calling, before the body is read: an unknown caller costs nothing.
     let identity = match &state.limiter {
-        Some(l) => Some(l.identify(&parts.headers).map_err(unrecorded)?),
+        Some(l) => {
+            let id = l.identify(&parts.headers)?;
+            guard.identified(&id);
+            Some(id)
+        }
         None => None,
     };
     let limit = state.config.server.max_body_bytes.as_usize();
     let body_timeout = state.config.server.body_timeout;
-    let bytes = match tokio::time::timeout(
+    let bytes = tokio::time::timeout(
         body_timeout,
-        request::read_body(&parts.headers, body, limit),
+        inbound::read_body(&parts.headers, body, limit),
     )
     .await
-    {
-        Ok(read) => read.map_err(unrecorded)?,
-        Err(_) => return Err(unrecorded(GatewayError::BodyTimeout(body_timeout))),
-    };
+    .map_err(|_| GatewayError::BodyTimeout(body_timeout))??;
     let prefix = state.policy.wants_prefix().then(|| {
         let p = &state.config.routing.prefix_kv;
-        request::PrefixParams {
+        inbound::PrefixParams {
             block_chars: p.block_chars,
             max_blocks: p.max_blocks,
         }
     });
-    let needs = request::Needs {
+    let needs = inbound::Needs {
         prefix,
         estimate: identity.is_some(),
         text: state
@@ -134,74 +122,49 @@ async fn proxy(
             .as_ref()
             .is_some_and(|l| l.include_prompts),
     };
-    let mut inbound = match request::inspect_with(endpoint, bytes, needs) {
+    let mut inbound = match inbound::inspect_with(endpoint, bytes, needs) {
         // Other `/v1/*` routes are forwarded only when they name a model;
         // without one there is nothing to route by: an unknown URL.
         Err(GatewayError::MissingModel) if endpoint == Endpoint::Passthrough => {
-            return Err(unrecorded(GatewayError::UnknownRoute {
+            return Err(GatewayError::UnknownRoute {
                 method: parts.method.to_string(),
                 path: parts.uri.path().to_string(),
-            }));
+            });
         }
-        r => r.map_err(unrecorded)?,
+        r => r?,
     };
-    let trace = TraceCtx::from_headers(&parts.headers);
-    let new_completion = |model: Arc<str>| {
-        let mut record = RequestRecord::new(endpoint, model, inbound.stream, arrival);
-        record.request_id = rid.to_str().unwrap_or_default().to_string();
-        record.trace = Some(trace);
-        record.max_tokens = inbound.max_tokens;
-        if let Some(id) = &identity {
-            record.tier = Some(id.tier.clone());
-            record.key_name = Some(id.name.clone());
-        }
-        record.prompt_estimate = inbound.prompt_estimate;
-        let mut c = Completion::new(
-            record,
-            state.telemetry.clone(),
-            state.config.telemetry.stall_threshold,
-        );
-        c.prompt_text = inbound.prompt_text.clone();
-        c
-    };
+    guard.record.stream = inbound.stream;
+    guard.record.max_tokens = inbound.max_tokens;
+    guard.record.prompt_estimate = inbound.prompt_estimate;
+    guard.set_prompt_text(inbound.prompt_text.take());
     let candidates = match state.pool.resolve(&inbound.model) {
         Ok(ok) => ok,
         Err(e @ GatewayError::NoHealthyBackend(_)) => {
-            let mut c = new_completion(served_name(state, &inbound));
-            c.fail(e.status().as_u16(), e.kind());
-            return Err(recorded(e));
+            // A known model: labelled with its served name.
+            guard.set_model(served_name(state, &inbound));
+            return Err(e);
         }
-        Err(e) => return Err(unrecorded(e)),
+        Err(e) => return Err(e),
     };
     let model = candidates.model.clone();
-    let mut completion = new_completion(model.clone());
-    let fail = |c: &mut Completion, e: GatewayError| {
-        c.fail(e.status().as_u16(), e.kind());
-        recorded(e)
-    };
+    guard.set_model(model.clone());
     if *model != *inbound.model {
-        completion.record.requested_model = Some(Arc::from(inbound.model.as_str()));
-        inbound.body =
-            request::with_model(&inbound.body, &model).map_err(|e| fail(&mut completion, e))?;
+        guard.record.requested_model = Some(Arc::from(inbound.model.as_str()));
+        inbound.body = inbound::with_model(&inbound.body, &model)?;
     }
     crate::routing::prefix::bind_model(&mut inbound.prefix, &model);
 
-    let mut rate_headers = None;
     if let (Some(limiter), Some(id)) = (&state.limiter, &identity) {
         let generates = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
         let mut max_tokens = inbound.max_tokens;
         if let Some(cap) = limiter.max_tokens_cap(id, &model) {
             match inbound.max_tokens {
                 Some(asked) if asked > cap => {
-                    return Err(fail(
-                        &mut completion,
-                        GatewayError::MaxTokensOverCap { asked, cap },
-                    ));
+                    return Err(GatewayError::MaxTokensOverCap { asked, cap });
                 }
                 None if generates => {
                     // The tier bounds every generation, also one that set no limit.
-                    inbound.body = request::with_max_tokens(&inbound.body, cap)
-                        .map_err(|e| fail(&mut completion, e))?;
+                    inbound.body = inbound::with_max_tokens(&inbound.body, cap)?;
                     max_tokens = Some(cap);
                 }
                 _ => {}
@@ -214,41 +177,17 @@ async fn proxy(
             .admit(id, &model, inbound.prompt_estimate, max_tokens)
             .await
         {
-            Ok(admission) => {
-                completion.record.ratelimit = Some(if admission.is_unlimited() {
-                    "admitted_store_down"
-                } else {
-                    "admitted"
-                });
-                rate_headers = Some(admission.headers.clone());
-                completion.admission = Some(admission);
-            }
+            Ok(admission) => guard.admitted(admission),
             Err(e) => {
-                completion.record.ratelimit = Some(match e {
+                guard.record.ratelimit = Some(match e {
                     GatewayError::RateLimitUnavailable => "rejected_store_down",
                     _ => "rejected",
                 });
-                return Err(fail(&mut completion, e));
+                return Err(e);
             }
         }
     }
-    match forward(
-        state, endpoint, parts, &inbound, candidates, completion, rid,
-    )
-    .await
-    {
-        Ok(mut resp) => {
-            if let Some(h) = &rate_headers {
-                h.apply(resp.headers_mut());
-            }
-            Ok(resp)
-        }
-        Err(e) => Err(Failure {
-            recorded: true,
-            error: e,
-            headers: rate_headers,
-        }),
-    }
+    forward(state, endpoint, parts, &inbound, candidates, rid, guard).await
 }
 
 /// The served name of a known model (for labels), never the client's string.
@@ -261,21 +200,36 @@ fn served_name(state: &AppState, inbound: &Inbound) -> Arc<str> {
         .unwrap_or_else(|| Arc::from(inbound.model.as_str()))
 }
 
+/// What routing sees of a replica now.
+pub fn view(r: &Replica) -> ReplicaView {
+    ReplicaView {
+        name: r.name.clone(),
+        in_flight: r.in_flight(),
+        load: r.load().map(|s| LoadView {
+            kv_usage: s.kv_usage,
+            waiting: s.waiting,
+            running: s.running,
+            at: s.at,
+        }),
+        tpot: r.tpot_recent.fresh(LATENCY_MEMORY),
+    }
+}
+
 async fn forward(
     state: &AppState,
     endpoint: Endpoint,
     parts: &Parts,
     inbound: &Inbound,
     candidates: Candidates,
-    mut completion: Completion,
     rid: &HeaderValue,
-) -> Result<Response, GatewayError> {
+    guard: &mut RequestGuard,
+) -> Result<Reply, GatewayError> {
     let fallback = candidates.fallback;
     let mut candidates = candidates.replicas;
     let cfg = &state.config.upstream;
-    let deadline = completion.record.arrival + cfg.timeouts.total;
+    let deadline = guard.record.arrival + cfg.timeouts.total;
     let mut headers = upstream_headers(&parts.headers, rid);
-    if let Some(t) = completion.record.trace {
+    if let Some(t) = guard.record.trace {
         // The replica's spans hang under the gateway's upstream span.
         headers.insert("traceparent", t.upstream_header());
     }
@@ -284,23 +238,21 @@ async fn forward(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    let model = completion.record.model.clone();
+    let model = guard.record.model.clone();
     let max_attempts = 1 + cfg.max_retries;
-    let mut attempt = 0;
     loop {
+        let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
         let ctx = RouteCtx {
             model: &model,
             hashes: &inbound.prefix,
-            now: Instant::now(),
+            now: std::time::Instant::now(),
         };
-        let Some(decision) = state.policy.pick(&ctx, &candidates) else {
+        let Some(decision) = state.policy.pick(&ctx, &views) else {
             // Only reachable after retries exhausted the candidates.
-            let e = GatewayError::NoHealthyBackend(completion.record.model.to_string());
-            completion.fail(e.status().as_u16(), e.kind());
-            return Err(e);
+            return Err(GatewayError::NoHealthyBackend(model.to_string()));
         };
         let replica = candidates.swap_remove(decision.index);
-        let reason = if attempt > 0 {
+        let reason = if guard.record.attempts > 0 {
             RouteReason::Retry
         } else if fallback {
             RouteReason::Fallback
@@ -310,13 +262,8 @@ async fn forward(
         state
             .metrics
             .routing
-            .get(&(completion.record.model.clone(), reason.as_str()))
+            .get(&(model.clone(), reason.as_str()))
             .inc();
-        completion.record.route_reason = Some(reason);
-        attempt += 1;
-        completion.record.attempts = attempt;
-        completion.set_backend(replica.name.clone(), replica.series.clone());
-        let in_flight = InFlight::new(replica.clone());
 
         let mut req = Request::builder()
             .method(parts.method.clone())
@@ -331,8 +278,7 @@ async fn forward(
         }
 
         let sent = Instant::now();
-        completion.record.upstream_sent = Some(sent);
-        completion.record.first_sent.get_or_insert(sent);
+        guard.start_attempt(replica.clone(), reason, sent);
         // Streams must show a first event within `first_token`; a non-streamed
         // answer only comes when generation is over, so only `total` bounds it.
         let headers_by = if inbound.stream {
@@ -340,44 +286,27 @@ async fn forward(
         } else {
             deadline
         };
-        let result = match send(&replica, req, headers_by, inbound.stream).await {
+        let error = match send(&replica, req, headers_by, inbound.stream).await {
             Ok((resp, conn)) => {
-                let up = Upstream {
-                    resp,
-                    conn,
-                    in_flight,
-                };
-                return respond(
-                    state, endpoint, inbound, up, completion, rid, headers_by, deadline,
-                )
-                .await;
+                let up = ReplicaConn { conn, replica };
+                return respond(state, endpoint, inbound, resp, up, rid, headers_by, guard).await;
             }
             Err(e) => e,
         };
-        completion.upstream_error(result.kind());
-        if result.blames_replica() {
-            replica.record_failure();
-        }
-        let can_retry = result.retryable() && attempt < max_attempts && !candidates.is_empty();
+        guard.attempt_error(&error);
+        guard.end_attempt();
+        let can_retry =
+            error.retryable() && guard.record.attempts < max_attempts && !candidates.is_empty();
         if !can_retry {
-            completion.fail(result.status().as_u16(), result.kind());
-            return Err(result);
+            return Err(error);
         }
-        tracing::debug!(backend = %replica.name, error = %result, "retrying on another replica");
+        tracing::debug!(backend = %replica.name, error = %error, "retrying on another replica");
         state
             .metrics
             .retries
-            .get(&(completion.record.model.clone(), result.kind()))
+            .get(&(model.clone(), error.kind()))
             .inc();
     }
-}
-
-/// A replica's answer: its head and body, the connection it arrives on, and
-/// the in-flight count it holds on the replica.
-struct Upstream {
-    resp: http::Response<()>,
-    conn: Conn,
-    in_flight: InFlight,
 }
 
 /// Send one attempt and wait for response headers; non-2xx answers become errors
@@ -410,7 +339,7 @@ async fn send(
         let resp = resp.map_err(SendError::into_gateway)?;
         Ok::<_, GatewayError>((resp, conn))
     };
-    let (resp, mut conn) = match tokio::time::timeout_at(headers_by.into(), attempt).await {
+    let (resp, mut conn) = match tokio::time::timeout_at(headers_by, attempt).await {
         Err(_) => return Err(GatewayError::UpstreamTimeout { phase }),
         Ok(r) => r?,
     };
@@ -418,7 +347,7 @@ async fn send(
     if status.is_success() {
         return Ok((resp, conn));
     }
-    let read = tokio::time::timeout_at(headers_by.into(), conn.collect(MAX_ERROR_BODY));
+    let read = tokio::time::timeout_at(headers_by, conn.collect(MAX_ERROR_BODY));
     let body = match read.await {
         Ok(Ok(b)) => {
             replica.conns.checkin(conn);
@@ -440,18 +369,13 @@ async fn respond(
     state: &AppState,
     endpoint: Endpoint,
     inbound: &Inbound,
-    upstream: Upstream,
-    mut completion: Completion,
+    resp: http::Response<()>,
+    mut up: ReplicaConn,
     rid: &HeaderValue,
     first_by: Instant,
-    deadline: Instant,
-) -> Result<Response, GatewayError> {
-    let Upstream {
-        resp,
-        mut conn,
-        in_flight,
-    } = upstream;
-    completion.record.upstream_first_byte = Some(Instant::now());
+    guard: &mut RequestGuard,
+) -> Result<Reply, GatewayError> {
+    guard.record.upstream_first_byte = Some(Instant::now());
     let (parts, ()) = resp.into_parts();
     let headers = downstream_headers(&parts.headers, rid);
     let is_sse = parts
@@ -459,7 +383,8 @@ async fn respond(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    completion.record.status = parts.status.as_u16();
+    guard.record.status = parts.status.as_u16();
+    let deadline = guard.record.arrival + state.config.upstream.timeouts.total;
 
     if is_sse || endpoint == Endpoint::Passthrough {
         let mode = if is_sse && endpoint != Endpoint::Passthrough {
@@ -470,24 +395,24 @@ async fn respond(
             Mode::Raw
         };
         let idle = state.config.upstream.timeouts.idle;
-        let mut timed = TimedBody::new(conn, completion, in_flight, mode, idle, deadline);
+        let mut timed = TimedBody::new(up, mode, idle, deadline, state.cut.clone());
         if is_sse {
-            match tokio::time::timeout_at(first_by.into(), timed.first_chunk()).await {
-                Ok(Ok(())) => {
-                    let first = timed.frame_time();
-                    timed.completion_mut().record.upstream_first_byte = Some(first);
-                }
-                Ok(Err(e)) => return Err(fail_before_first_byte(&mut timed, e)),
-                Err(_) => {
-                    let e = GatewayError::UpstreamTimeout {
-                        phase: TimeoutPhase::FirstToken,
-                    };
-                    return Err(fail_before_first_byte(&mut timed, e));
-                }
+            let first = match tokio::time::timeout_at(first_by, timed.first_chunk()).await {
+                Ok(r) => r,
+                Err(_) => Err(GatewayError::UpstreamTimeout {
+                    phase: TimeoutPhase::FirstToken,
+                }),
+            };
+            if let Err(e) = first {
+                // Nothing reached the client: still a plain HTTP error.
+                drop(timed);
+                guard.attempt_error(&e);
+                return Err(e);
             }
+            guard.record.upstream_first_byte = Some(timed.frame_time());
         }
-        timed.completion_mut().record.response_ready = Some(Instant::now());
-        let mut out = Response::new(Body::new(timed));
+        guard.record.response_ready = Some(Instant::now());
+        let mut out = http::Response::new(timed);
         *out.status_mut() = parts.status;
         *out.headers_mut() = headers;
         if is_sse {
@@ -495,57 +420,38 @@ async fn respond(
             out.headers_mut()
                 .insert("x-accel-buffering", HeaderValue::from_static("no"));
         }
-        return Ok(out);
+        return Ok(Reply::Stream(Box::new(out)));
     }
 
     // Non-streamed JSON: read it whole (bounded), take usage and finish reason.
     let limit = state.config.upstream.max_response_bytes.as_usize();
-    let collected = tokio::time::timeout_at(deadline.into(), conn.collect(limit)).await;
-    let bytes = match collected {
-        Err(_) => {
-            let e = GatewayError::UpstreamTimeout {
-                phase: TimeoutPhase::Total,
-            };
-            in_flight.replica().record_failure();
-            completion.upstream_error(e.kind());
-            completion.fail(e.status().as_u16(), e.kind());
-            return Err(e);
-        }
-        Ok(Err(err)) => {
-            let e = GatewayError::UpstreamProtocol(format!("reading the response: {err}"));
-            in_flight.replica().record_failure();
-            completion.upstream_error(e.kind());
-            completion.fail(e.status().as_u16(), e.kind());
-            return Err(e);
-        }
-        Ok(Ok(b)) => b,
+    let bytes = match tokio::time::timeout_at(deadline, up.conn.collect(limit)).await {
+        Err(_) => Err(GatewayError::UpstreamTimeout {
+            phase: TimeoutPhase::Total,
+        }),
+        Ok(Err(err)) => Err(GatewayError::UpstreamProtocol(format!(
+            "reading the response: {err}"
+        ))),
+        Ok(Ok(b)) => Ok(b),
     };
-    in_flight.replica().conns.checkin(conn);
-    if parts.status.is_success() {
-        in_flight.replica().record_success();
-    }
-    drop(in_flight);
+    let bytes = match bytes {
+        Ok(b) => b,
+        Err(e) => {
+            guard.attempt_error(&e);
+            return Err(e);
+        }
+    };
+    up.replica.conns.checkin(up.conn);
     if let Some(info) = chunk_info(&bytes) {
-        completion.record.usage = info.usage;
-        completion.record.finish_reason = info.finish_reason;
+        guard.record.usage = info.usage;
+        guard.record.finish_reason = info.finish_reason;
     }
     let now = Instant::now();
-    completion.record.end = Some(now);
-    completion.record.response_ready = Some(now);
-    drop(completion);
+    guard.record.end = Some(now);
+    guard.record.response_ready = Some(now);
     let mut out = (parts.status, bytes).into_response();
     *out.headers_mut() = headers;
-    Ok(out)
-}
-
-fn fail_before_first_byte(timed: &mut TimedBody, e: GatewayError) -> GatewayError {
-    if e.blames_replica() {
-        timed.replica().record_failure();
-    }
-    let c = timed.completion_mut();
-    c.upstream_error(e.kind());
-    c.fail(e.status().as_u16(), e.kind());
-    e
+    Ok(Reply::Full(out))
 }
 
 /// 404 for anything that is not an API route.

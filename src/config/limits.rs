@@ -10,7 +10,7 @@ use super::Secret;
 
 /// Who may call, and as which tier. Without this section the gateway is open
 /// and unlimited.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Tier of requests that carry no key; `None`: they get 401.
@@ -21,7 +21,7 @@ pub struct AuthConfig {
     pub keys_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKey {
     /// Shown in logs and traces (never in metrics); never the key itself.
@@ -34,7 +34,7 @@ pub struct ApiKey {
 
 /// Limits of one tier. Each key gets its own buckets of these sizes; an absent
 /// limit is no limit.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TierConfig {
     /// Requests per minute; also the burst a key may spend at once.
@@ -52,7 +52,7 @@ pub struct TierConfig {
 }
 
 /// The overridable part of a tier.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TierLimits {
     pub requests_per_minute: Option<u32>,
@@ -81,7 +81,7 @@ pub enum OnStoreError {
     FailClosed,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RateLimitConfig {
     pub store: StoreKind,
@@ -90,7 +90,7 @@ pub struct RateLimitConfig {
     pub on_store_error: OnStoreError,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
     /// `redis://[:password@]host:port[/db]`.

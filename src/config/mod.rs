@@ -28,7 +28,7 @@ use url::Url;
 
 /// The whole configuration. Every section has defaults, so an empty file is a
 /// valid (if backend-less) config.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub server: ServerConfig,
@@ -45,7 +45,7 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// The OpenAI-compatible API listener (the chart's public Service points here).
@@ -84,7 +84,7 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     pub timeouts: Timeouts,
@@ -119,7 +119,7 @@ impl Default for UpstreamConfig {
 
 /// No whole-request timeout applies to a healthy stream by default beyond `total`:
 /// a long generation is fine as long as tokens keep coming (`idle`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timeouts {
     /// TCP connect to a replica. Short: a replica that does not accept is down.
@@ -149,7 +149,7 @@ impl Default for Timeouts {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthCheckConfig {
     /// How often each replica's `/v1/models` is fetched (health and model list).
@@ -168,7 +168,7 @@ impl Default for HealthCheckConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     /// Base URL of the replica's OpenAI server, e.g. `http://vllm-0:8000`.
@@ -207,7 +207,7 @@ impl BackendConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelsConfig {
     /// Client-facing name -> served model name, e.g. `gpt-4o: llama-3.1-8b`.
@@ -237,7 +237,7 @@ impl PolicyKind {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RoutingConfig {
     pub policy: PolicyKind,
@@ -248,7 +248,7 @@ pub struct RoutingConfig {
 
 /// The `prefix_kv` policy's knobs. Defaults come from the routing benchmark on
 /// the simulator (docs/BENCHMARKS.md, "Routing"), with the reasoning there.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrefixKvConfig {
     /// Characters per prefix block: 64 is ~16 tokens, vLLM's KV block size.
@@ -288,7 +288,7 @@ impl Default for PrefixKvConfig {
 /// The score of a candidate: `prefix x matched share + home x [is home]
 /// - kv x usage - queue x waiting/queue_high - load x in-flight/bound
 /// - latency x (its recent TPOT / the candidates' median - 1, at most 2)`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Weights {
     pub prefix: f64,
@@ -312,7 +312,7 @@ impl Default for Weights {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScrapeConfig {
     pub enabled: bool,
@@ -322,7 +322,7 @@ pub struct ScrapeConfig {
     #[serde(with = "humantime_serde")]
     pub stale_after: Duration,
     /// Metric names to read: auto, vllm, sglang, llamacpp, trtllm, tgi.
-    pub engine: crate::upstream::scrape::EngineKind,
+    pub engine: crate::vocab::EngineKind,
 }
 
 impl Default for ScrapeConfig {
@@ -331,13 +331,13 @@ impl Default for ScrapeConfig {
             enabled: true,
             interval: Duration::from_secs(1),
             stale_after: Duration::from_secs(5),
-            engine: crate::upstream::scrape::EngineKind::Auto,
+            engine: crate::vocab::EngineKind::Auto,
         }
     }
 }
 
 /// Passive health: replicas failing requests are ejected for a while.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierConfig {
     /// Consecutive failed requests (connect errors, 5xx, timeouts, broken
@@ -361,7 +361,7 @@ impl Default for OutlierConfig {
 }
 
 /// Replicas found by DNS, e.g. a Kubernetes headless Service.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DiscoveryConfig {
     pub dns: Vec<DnsSource>,
@@ -369,7 +369,7 @@ pub struct DiscoveryConfig {
     pub nameserver: Option<SocketAddr>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DnsSource {
     /// The name whose A/AAAA records are the replicas.
@@ -389,7 +389,7 @@ fn default_dns_interval() -> Duration {
     Duration::from_secs(10)
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// A gap between two tokens longer than this counts as a stall.
@@ -411,9 +411,42 @@ impl Default for TelemetryConfig {
     }
 }
 
-/// Histogram bucket upper bounds, in seconds. Defaults are in
-/// `telemetry::metrics` with the reasoning behind each.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// Default bucket bounds (seconds unless noted), overridable in `telemetry.buckets`.
+pub mod buckets {
+    /// Time to first token. Interactive SLAs sit between 200 ms and 2 s, so the
+    /// bounds are dense there; the tail reaches 80 s for long prompts and queueing.
+    pub const TTFT: &[f64] = &[
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+        7.5, 10.0, 20.0, 40.0, 80.0,
+    ];
+    /// Inter-token gap and TPOT. Healthy decode is 5-60 ms per token, so the
+    /// bounds are fine below 100 ms; 1-10 s catches stalls and preemption.
+    pub const INTER_TOKEN: &[f64] = &[
+        0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
+        0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    /// End-to-end latency: seconds to minutes (long generations), dense around
+    /// the usual 5-30 s chat SLAs.
+    pub const E2E: &[f64] = &[
+        0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+        180.0, 300.0, 600.0, 1200.0,
+    ];
+    /// Time spent in the gateway before the upstream send: sub-millisecond when
+    /// healthy, so the bounds start at 100 us.
+    pub const QUEUE: &[f64] = &[
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        5.0,
+    ];
+    /// Tokens per request (counts, not seconds): powers of two up to 128k context.
+    pub const TOKENS: &[f64] = &[
+        1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+        32768.0, 65536.0, 131072.0,
+    ];
+}
+
+/// Histogram bucket upper bounds, in seconds. Defaults are in [`buckets`]
+/// with the reasoning behind each.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Buckets {
     pub ttft: Vec<f64>,
@@ -425,7 +458,6 @@ pub struct Buckets {
 
 impl Default for Buckets {
     fn default() -> Self {
-        use crate::telemetry::metrics::buckets;
         Self {
             ttft: buckets::TTFT.to_vec(),
             inter_token: buckets::INTER_TOKEN.to_vec(),

@@ -18,7 +18,7 @@ pub enum OtlpProtocol {
 /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), `OTEL_EXPORTER_OTLP_PROTOCOL`,
 /// `OTEL_SERVICE_NAME`. Tracing is on when `enabled: true`, or when it is not
 /// set and an endpoint variable is.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TracingConfig {
     pub enabled: Option<bool>,
@@ -32,7 +32,7 @@ pub struct TracingConfig {
 
 /// Tail-based sampling, decided when a request ends. The defaults keep every
 /// error and every slow request, so turning tracing on needs nothing else.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SamplingConfig {
     pub keep_errors: bool,
@@ -130,7 +130,7 @@ pub enum LogTarget {
 }
 
 /// One JSON line per request.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccessLogConfig {
     pub enabled: bool,

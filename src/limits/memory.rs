@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::gcra::{self, window};
-use super::{Ask, LimitKind, Refusal, Verdict};
+use super::{Ask, Refusal, Verdict};
+use crate::vocab::LimitKind;
 
 #[derive(Default)]
 struct State {

@@ -20,9 +20,10 @@ use http::{HeaderMap, HeaderValue, header};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{ApiKey, Config, OnStoreError, StoreKind, TierConfig};
+use crate::config::{ApiKey, Config, OnStoreError, RedisConfig, StoreKind, TierConfig};
 use crate::error::GatewayError;
 use crate::telemetry::metrics::Metrics;
+use crate::vocab::LimitKind;
 use gcra::{Rate, Window};
 use memory::MemoryStore;
 use redis::RedisStore;
@@ -32,23 +33,6 @@ use redis::RedisStore;
 pub struct Identity {
     pub name: Arc<str>,
     pub tier: Arc<str>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitKind {
-    Requests,
-    Tokens,
-    Concurrency,
-}
-
-impl LimitKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LimitKind::Requests => "requests",
-            LimitKind::Tokens => "tokens",
-            LimitKind::Concurrency => "concurrency",
-        }
-    }
 }
 
 /// One admission question to the store.
@@ -102,6 +86,13 @@ pub struct RateHeaders {
 }
 
 impl RateHeaders {
+    /// The headers as a map of their own (for an error response).
+    pub fn to_map(&self) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        self.apply(&mut h);
+        h
+    }
+
     pub fn apply(&self, h: &mut HeaderMap) {
         let mut put = |name: &'static str, v: String| {
             if let Ok(v) = HeaderValue::from_str(&v) {
@@ -166,7 +157,7 @@ pub struct Limiter {
     /// settings did not change: counters and concurrency slots carry on.
     store: Arc<Store>,
     /// The store settings (`rate_limits.store` and its Redis section).
-    store_settings: String,
+    store_settings: (StoreKind, Option<RedisConfig>),
     store_name: &'static str,
     on_error: OnStoreError,
     metrics: Arc<Metrics>,
@@ -225,15 +216,10 @@ impl Limiter {
             })
         });
         let rl = &cfg.rate_limits;
-        let store_settings = match rl.store {
-            StoreKind::Memory => "memory".to_string(),
-            StoreKind::Redis => format!(
-                "redis {} {} {:?}",
-                rl.redis.url.expose(),
-                rl.redis.key_prefix,
-                rl.redis.timeout
-            ),
-        };
+        let store_settings = (
+            rl.store,
+            (rl.store == StoreKind::Redis).then(|| rl.redis.clone()),
+        );
         let store_name = match rl.store {
             StoreKind::Memory => "memory",
             StoreKind::Redis => "redis",
@@ -409,7 +395,9 @@ impl Limiter {
                     headers: RateHeaders {
                         requests: r.requests,
                         tokens: r.tokens,
-                    },
+                    }
+                    .to_map()
+                    .into(),
                 })
             }
         }

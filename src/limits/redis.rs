@@ -10,8 +10,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
 use super::gcra::Window;
-use super::{Ask, LimitKind, Refusal, Settlement, Verdict};
+use super::{Ask, Refusal, Settlement, Verdict};
 use crate::config::RedisConfig;
+use crate::vocab::LimitKind;
 
 /// KEYS: requests TAT, tokens TAT, in-flight zset.
 /// ARGV: req interval ms (0: no limit), req capacity, tok interval ms (0: no

@@ -4,12 +4,11 @@
 //! Ties are broken by a rotating start so equal replicas share work.
 //! Cost: one pass over the candidates, O(n), no allocation.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
-use super::{Decision, RouteCtx, RouteReason, RoutingPolicy};
-use crate::upstream::pool::Replica;
+use super::{Decision, ReplicaView, RouteCtx, RoutingPolicy};
+use crate::vocab::RouteReason;
 
 pub struct LeastLoaded {
     rotate: AtomicUsize,
@@ -34,15 +33,12 @@ const STALE_WORK: f64 = 1e9;
 /// In-flight from this gateway plus the replica's own queue from its fresh
 /// metrics; stale or missing metrics count as saturated ([`STALE_WORK`]).
 /// With scraping off (`stale_after` unset) in-flight alone decides.
-pub fn work(r: &Replica, ctx: &RouteCtx<'_>, stale_after: Option<Duration>) -> f64 {
-    let in_flight = f64::from(r.in_flight());
+pub fn work(r: &ReplicaView, ctx: &RouteCtx<'_>, stale_after: Option<Duration>) -> f64 {
+    let in_flight = f64::from(r.in_flight);
     let Some(d) = stale_after else {
         return in_flight;
     };
-    match r
-        .load()
-        .filter(|s| ctx.now.saturating_duration_since(s.at) <= d)
-    {
+    match r.fresh_load(ctx.now, d) {
         Some(s) => in_flight + s.waiting.unwrap_or(0.0),
         None => in_flight + STALE_WORK,
     }
@@ -53,7 +49,7 @@ impl RoutingPolicy for LeastLoaded {
         "least_loaded"
     }
 
-    fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[Arc<Replica>]) -> Option<Decision> {
+    fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Option<Decision> {
         let n = candidates.len();
         if n == 0 {
             return None;

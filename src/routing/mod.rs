@@ -1,26 +1,62 @@
 //! Choosing a replica for a request: a small trait, one file per policy.
 //!
-//! A policy sees the request's routing context and the candidates that serve
-//! its model (healthy, not ejected, and excluding replicas tried by earlier
-//! attempts) and returns a [`Decision`] with a reason from a closed set, which
-//! is counted in metrics and recorded with the request.
+//! A policy sees the request's routing context and a [`ReplicaView`] of each
+//! candidate that serves its model (healthy, not ejected, and excluding
+//! replicas tried by earlier attempts): a snapshot of the few numbers routing
+//! needs, not the pool's types. It returns a [`Decision`] with a reason from a
+//! closed set, which is counted in metrics and recorded with the request.
+//! What a policy remembers between decisions lives in [`Affinity`].
 
+pub mod affinity;
 pub mod index;
 mod least_loaded;
 pub mod prefix;
 mod prefix_kv;
 mod round_robin;
 
+pub use affinity::Affinity;
 pub use least_loaded::LeastLoaded;
 pub use prefix_kv::PrefixKv;
 pub use round_robin::RoundRobin;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::config::PolicyKind;
-use crate::config::RoutingConfig;
-use crate::upstream::pool::Replica;
+use crate::config::{PolicyKind, RoutingConfig};
+use crate::vocab::RouteReason;
+
+/// One candidate as a policy sees it, taken for this decision.
+#[derive(Debug, Clone)]
+pub struct ReplicaView {
+    /// The replica's stable name (the same in every gateway process).
+    pub name: Arc<str>,
+    /// Requests this gateway has sent there and not yet finished.
+    pub in_flight: u32,
+    /// The latest scrape of the replica's own metrics, if any.
+    pub load: Option<LoadView>,
+    /// Time per output token this gateway measured there recently (seconds).
+    pub tpot: Option<f64>,
+}
+
+/// A scrape of a replica's own metrics, as routing uses it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadView {
+    /// KV-cache usage, 0..1.
+    pub kv_usage: Option<f64>,
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    /// When it was scraped.
+    pub at: Instant,
+}
+
+impl ReplicaView {
+    /// The scrape, if it is no older than `max_age` at `now`.
+    pub fn fresh_load(&self, now: Instant, max_age: Duration) -> Option<&LoadView> {
+        self.load
+            .as_ref()
+            .filter(|l| now.saturating_duration_since(l.at) <= max_age)
+    }
+}
 
 /// What a policy may look at besides the candidates.
 pub struct RouteCtx<'a> {
@@ -30,55 +66,6 @@ pub struct RouteCtx<'a> {
     /// the policy does not use them or the prompt is shorter than a block.
     pub hashes: &'a [u64],
     pub now: Instant,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteReason {
-    RoundRobin,
-    LeastLoaded,
-    /// The replica holding the prompt's prefix (or its consistent-hash home).
-    Affinity,
-    /// The preferred replica's KV cache was above `kv_high`.
-    SpillKv,
-    /// The preferred replica's queue was above `queue_high`.
-    SpillQueue,
-    /// The preferred replica's metrics were too old to trust.
-    SpillStale,
-    /// The home replica carried more than its bounded share of in-flight load.
-    SpillLoad,
-    /// Every candidate was filtered out (pressure, stale metrics, ejection):
-    /// the least loaded of them was used rather than failing.
-    Fallback,
-    /// An earlier attempt failed before the first byte; this is the next replica.
-    Retry,
-}
-
-impl RouteReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RouteReason::RoundRobin => "round_robin",
-            RouteReason::LeastLoaded => "least_loaded",
-            RouteReason::Affinity => "affinity",
-            RouteReason::SpillKv => "spill_kv",
-            RouteReason::SpillQueue => "spill_queue",
-            RouteReason::SpillStale => "spill_stale",
-            RouteReason::SpillLoad => "spill_load",
-            RouteReason::Fallback => "fallback",
-            RouteReason::Retry => "retry",
-        }
-    }
-
-    pub const ALL: [RouteReason; 9] = [
-        RouteReason::RoundRobin,
-        RouteReason::LeastLoaded,
-        RouteReason::Affinity,
-        RouteReason::SpillKv,
-        RouteReason::SpillQueue,
-        RouteReason::SpillStale,
-        RouteReason::SpillLoad,
-        RouteReason::Fallback,
-        RouteReason::Retry,
-    ];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,16 +82,20 @@ pub trait RoutingPolicy: Send + Sync {
         false
     }
     /// `None` only when `candidates` is empty.
-    fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[Arc<Replica>]) -> Option<Decision>;
+    fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Option<Decision>;
 }
 
-pub fn build(cfg: &RoutingConfig) -> Arc<dyn RoutingPolicy> {
+/// The configured policy; `affinity` is what it remembers per replica (kept
+/// across reloads by the caller while `index_capacity` is unchanged).
+pub fn build(cfg: &RoutingConfig, affinity: Arc<Affinity>) -> Arc<dyn RoutingPolicy> {
     // Without scraping there are no samples to distrust: pressure is unknown,
     // not saturated.
     let stale_after = cfg.metrics.enabled.then_some(cfg.metrics.stale_after);
     match cfg.policy {
         PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
         PolicyKind::LeastLoaded => Arc::new(LeastLoaded::new(stale_after)),
-        PolicyKind::PrefixKv => Arc::new(PrefixKv::new(cfg.prefix_kv.clone(), stale_after)),
+        PolicyKind::PrefixKv => {
+            Arc::new(PrefixKv::new(cfg.prefix_kv.clone(), stale_after, affinity))
+        }
     }
 }

@@ -38,20 +38,31 @@ use std::time::Duration;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{Decision, RouteCtx, RouteReason, RoutingPolicy, least_loaded};
+use super::affinity::{Affinity, ReplicaMemory};
+use super::{Decision, ReplicaView, RouteCtx, RoutingPolicy, least_loaded};
 use crate::config::PrefixKvConfig;
-use crate::upstream::pool::Replica;
+use crate::vocab::RouteReason;
 
 pub struct PrefixKv {
     cfg: PrefixKvConfig,
     /// `None`: scraping is off, so there is no pressure information to trust
     /// or distrust; only prefix and load decide.
     stale_after: Option<Duration>,
+    /// Each replica's index of the prefix blocks routed there.
+    affinity: Arc<Affinity>,
 }
 
 impl PrefixKv {
-    pub fn new(cfg: PrefixKvConfig, stale_after: Option<Duration>) -> Self {
-        Self { cfg, stale_after }
+    pub fn new(
+        cfg: PrefixKvConfig,
+        stale_after: Option<Duration>,
+        affinity: Arc<Affinity>,
+    ) -> Self {
+        Self {
+            cfg,
+            stale_after,
+            affinity,
+        }
     }
 }
 
@@ -73,11 +84,8 @@ struct View {
     rank: u64,
     /// Recent time per output token measured here, if fresh.
     tpot: Option<f64>,
+    memory: Arc<ReplicaMemory>,
 }
-
-/// How long a replica's recent TPOT counts: a replica that got no traffic
-/// because it was slow is tried again once its old measurement fades.
-const LATENCY_MEMORY: Duration = Duration::from_secs(30);
 
 /// A replica's rendezvous weight for a prefix key (stable across processes).
 pub fn rendezvous(key: u64, name: &str) -> u64 {
@@ -93,7 +101,7 @@ impl RoutingPolicy for PrefixKv {
         true
     }
 
-    fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[Arc<Replica>]) -> Option<Decision> {
+    fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Option<Decision> {
         let n = candidates.len();
         if n == 0 {
             return None;
@@ -108,11 +116,7 @@ impl RoutingPolicy for PrefixKv {
         let views: Vec<View> = candidates
             .iter()
             .map(|r| {
-                let sample = r.load();
-                let fresh = sample.as_ref().filter(|s| {
-                    self.stale_after
-                        .is_some_and(|d| ctx.now.saturating_duration_since(s.at) <= d)
-                });
+                let fresh = self.stale_after.and_then(|d| r.fresh_load(ctx.now, d));
                 let kv = fresh.and_then(|s| s.kv_usage).unwrap_or(0.0);
                 let waiting = fresh.and_then(|s| s.waiting).unwrap_or(0.0);
                 let blocked = match fresh {
@@ -122,22 +126,21 @@ impl RoutingPolicy for PrefixKv {
                     Some(_) if waiting >= c.queue_high => Blocked::Queue,
                     Some(_) => Blocked::No,
                 };
+                let memory = self.affinity.of(&r.name);
                 let matched = if ctx.hashes.is_empty() {
                     0
                 } else {
-                    r.prefix_index
-                        .lock()
-                        .map(|ix| ix.longest_match(ctx.hashes))
-                        .unwrap_or(0)
+                    memory.prefixes.lock().longest_match(ctx.hashes)
                 };
                 View {
                     blocked,
                     kv,
                     waiting,
-                    in_flight: f64::from(r.in_flight()),
+                    in_flight: f64::from(r.in_flight),
                     matched,
                     rank: rendezvous(key, &r.name),
-                    tpot: r.series.tpot_recent.fresh(LATENCY_MEMORY),
+                    tpot: r.tpot,
+                    memory,
                 }
             })
             .collect();
@@ -211,10 +214,8 @@ impl RoutingPolicy for PrefixKv {
                 (i, reason)
             }
         };
-        if !ctx.hashes.is_empty()
-            && let Ok(mut ix) = candidates[index].prefix_index.lock()
-        {
-            ix.insert(ctx.hashes);
+        if !ctx.hashes.is_empty() {
+            views[index].memory.prefixes.lock().insert(ctx.hashes);
         }
         Some(Decision { index, reason })
     }
@@ -225,46 +226,38 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::config::{BackendConfig, PrefixKvConfig, UpstreamConfig};
+    use crate::routing::LoadView;
     use crate::routing::least_loaded::LeastLoaded;
-    use crate::telemetry::metrics::Metrics;
-    use crate::upstream::pool::InFlight;
-    use crate::upstream::scrape::{EngineKind, LoadSample};
 
-    fn replicas(n: usize) -> Vec<Arc<Replica>> {
-        let m = Metrics::new(&Default::default());
+    fn replicas(n: usize) -> Vec<ReplicaView> {
         (0..n)
-            .map(|i| {
-                let b = BackendConfig::from_url(
-                    format!("http://10.0.0.{i}:8000")
-                        .parse()
-                        .unwrap_or_else(|_| unreachable!()),
-                );
-                let r = Replica::from_config(&b, None, &UpstreamConfig::default(), &m, 1024);
-                r.set_load(sample(0.1, 0.0));
-                Arc::new(r)
+            .map(|i| ReplicaView {
+                name: Arc::from(format!("10.0.0.{i}:8000")),
+                in_flight: 0,
+                load: Some(sample(0.1, 0.0)),
+                tpot: None,
             })
             .collect()
     }
 
-    fn sample(kv: f64, waiting: f64) -> LoadSample {
-        LoadSample {
-            engine: EngineKind::Vllm,
+    fn sample(kv: f64, waiting: f64) -> LoadView {
+        LoadView {
             kv_usage: Some(kv),
             waiting: Some(waiting),
             running: Some(1.0),
-            block_size: None,
-            num_blocks: None,
-            prefix_hit_rate: None,
             at: Instant::now(),
         }
     }
 
     fn policy() -> PrefixKv {
-        PrefixKv::new(PrefixKvConfig::default(), Some(Duration::from_secs(5)))
+        PrefixKv::new(
+            PrefixKvConfig::default(),
+            Some(Duration::from_secs(5)),
+            Affinity::new(1024),
+        )
     }
 
-    fn pick(p: &PrefixKv, reps: &[Arc<Replica>], hashes: &[u64]) -> Decision {
+    fn pick(p: &PrefixKv, reps: &[ReplicaView], hashes: &[u64]) -> Decision {
         let ctx = RouteCtx {
             model: "m",
             hashes,
@@ -294,32 +287,32 @@ mod tests {
 
     #[test]
     fn pressure_and_staleness_spill() {
-        let reps = replicas(3);
+        let mut reps = replicas(3);
         let p = policy();
         let h = [7, 8, 9];
         let home = pick(&p, &reps, &h).index;
-        reps[home].set_load(sample(0.97, 0.0));
+        reps[home].load = Some(sample(0.97, 0.0));
         let d = pick(&p, &reps, &h);
         assert_ne!(d.index, home);
         assert_eq!(d.reason, RouteReason::SpillKv);
-        reps[home].set_load(sample(0.2, 50.0));
+        reps[home].load = Some(sample(0.2, 50.0));
         assert_eq!(pick(&p, &reps, &h).reason, RouteReason::SpillQueue);
         let mut old = sample(0.1, 0.0);
         old.at = Instant::now() - Duration::from_secs(60);
-        reps[home].set_load(old);
+        reps[home].load = Some(old);
         assert_eq!(pick(&p, &reps, &h).reason, RouteReason::SpillStale);
-        reps[home].set_load(sample(0.1, 0.0));
+        reps[home].load = Some(sample(0.1, 0.0));
         let back = pick(&p, &reps, &h);
         assert_eq!((back.index, back.reason), (home, RouteReason::Affinity));
-        for r in &reps {
-            r.set_load(sample(0.99, 0.0));
+        for r in &mut reps {
+            r.load = Some(sample(0.99, 0.0));
         }
         assert_eq!(pick(&p, &reps, &h).reason, RouteReason::Fallback);
     }
 
     #[test]
     fn stale_metrics_count_as_saturated_for_least_loaded() {
-        let reps = replicas(2);
+        let mut reps = replicas(2);
         let ll = LeastLoaded::new(Some(Duration::from_secs(5)));
         let ctx = RouteCtx {
             model: "m",
@@ -329,32 +322,29 @@ mod tests {
         // Replica 0 is silent (stale) and idle; replica 1 is fresh with a queue.
         let mut old = sample(0.1, 0.0);
         old.at = Instant::now() - Duration::from_secs(60);
-        reps[0].set_load(old);
-        reps[1].set_load(sample(0.5, 30.0));
+        reps[0].load = Some(old);
+        reps[1].load = Some(sample(0.5, 30.0));
         for _ in 0..4 {
             assert_eq!(ll.pick(&ctx, &reps).map(|d| d.index), Some(1));
         }
         // Everything stale: in-flight decides.
-        let mut old1 = sample(0.1, 0.0);
-        old1.at = Instant::now() - Duration::from_secs(60);
-        reps[1].set_load(old1);
-        let _busy = InFlight::new(reps[1].clone());
+        reps[1].load = Some(old);
+        reps[1].in_flight = 1;
         assert_eq!(ll.pick(&ctx, &reps).map(|d| d.index), Some(0));
     }
 
     #[test]
     fn a_hot_prefix_spreads_under_bounded_loads() {
-        let reps = replicas(3);
+        let mut reps = replicas(3);
         let p = policy();
         let h = [42, 43];
-        let mut held = Vec::new();
         let mut per = [0usize; 3];
         let mut spilled = 0;
         for _ in 0..12 {
             let d = pick(&p, &reps, &h);
             per[d.index] += 1;
             spilled += usize::from(d.reason == RouteReason::SpillLoad);
-            held.push(InFlight::new(reps[d.index].clone()));
+            reps[d.index].in_flight += 1;
         }
         // No replica beyond its bounded share (load_factor x 12 / 3, plus the
         // request that reaches the bound), and more than one replica used.

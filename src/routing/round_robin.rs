@@ -1,11 +1,10 @@
 //! `round_robin`: each candidate in turn. One relaxed atomic increment per
 //! decision; the baseline the other policies are measured against.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use super::{Decision, RouteCtx, RouteReason, RoutingPolicy};
-use crate::upstream::pool::Replica;
+use super::{Decision, ReplicaView, RouteCtx, RoutingPolicy};
+use crate::vocab::RouteReason;
 
 #[derive(Default)]
 pub struct RoundRobin {
@@ -17,7 +16,7 @@ impl RoutingPolicy for RoundRobin {
         "round_robin"
     }
 
-    fn pick(&self, _: &RouteCtx<'_>, candidates: &[Arc<Replica>]) -> Option<Decision> {
+    fn pick(&self, _: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Option<Decision> {
         if candidates.is_empty() {
             return None;
         }

@@ -7,45 +7,11 @@
 
 use std::fmt;
 
+use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::{Deserialize, Serialize};
+
+use crate::vocab::{FinishReason, Usage};
 use serde_json::value::RawValue;
-
-/// Why a generation stopped, from the closed set engines report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    Stop,
-    Length,
-    ToolCalls,
-    ContentFilter,
-    FunctionCall,
-    Abort,
-    #[serde(other)]
-    Other,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::ToolCalls => "tool_calls",
-            FinishReason::ContentFilter => "content_filter",
-            FinishReason::FunctionCall => "function_call",
-            FinishReason::Abort => "abort",
-            FinishReason::Other => "other",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-pub struct Usage {
-    #[serde(default)]
-    pub prompt_tokens: u32,
-    #[serde(default)]
-    pub completion_tokens: u32,
-}
 
 /// The gateway's view of one `data:` JSON payload.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -11,41 +11,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use super::registry::{Counter, Encoder, Family, FloatGauge, Gauge, Histogram, Kind};
-use crate::config::Buckets;
-use crate::upstream::scrape::LoadSample;
-
-/// Default bucket bounds (seconds unless noted), overridable in `telemetry.buckets`.
-pub mod buckets {
-    /// Time to first token. Interactive SLAs sit between 200 ms and 2 s, so the
-    /// bounds are dense there; the tail reaches 80 s for long prompts and queueing.
-    pub const TTFT: &[f64] = &[
-        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
-        7.5, 10.0, 20.0, 40.0, 80.0,
-    ];
-    /// Inter-token gap and TPOT. Healthy decode is 5-60 ms per token, so the
-    /// bounds are fine below 100 ms; 1-10 s catches stalls and preemption.
-    pub const INTER_TOKEN: &[f64] = &[
-        0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
-        0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0,
-    ];
-    /// End-to-end latency: seconds to minutes (long generations), dense around
-    /// the usual 5-30 s chat SLAs.
-    pub const E2E: &[f64] = &[
-        0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
-        180.0, 300.0, 600.0, 1200.0,
-    ];
-    /// Time spent in the gateway before the upstream send: sub-millisecond when
-    /// healthy, so the bounds start at 100 us.
-    pub const QUEUE: &[f64] = &[
-        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-        5.0,
-    ];
-    /// Tokens per request (counts, not seconds): powers of two up to 128k context.
-    pub const TOKENS: &[f64] = &[
-        1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
-        32768.0, 65536.0, 131072.0,
-    ];
-}
+use crate::config::{Buckets, buckets};
 
 /// All series of one model, resolved once per request and then used lock-free.
 pub struct ModelSeries {
@@ -65,6 +31,15 @@ pub struct ModelSeries {
     pub client_disconnects: Counter,
 }
 
+/// The re-exported part of a replica's scrape.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScrapedLoad {
+    pub kv_usage: Option<f64>,
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    pub prefix_hit_rate: Option<f64>,
+}
+
 pub struct BackendSeries {
     pub healthy: Gauge,
     pub in_flight: Gauge,
@@ -77,43 +52,6 @@ pub struct BackendSeries {
     pub prefix_hit_rate: FloatGauge,
     /// Nanoseconds since [`epoch`] of the last successful scrape (0: none yet).
     scraped_at: AtomicU64,
-    /// Moving averages of what this gateway measured on the replica.
-    pub ttft_recent: Ewma,
-    pub tpot_recent: Ewma,
-}
-
-/// An exponentially weighted moving average (weight 0.2 per sample) in an
-/// atomic, with the time of its last sample: racing updates may lose a
-/// sample, never corrupt the value.
-#[derive(Debug, Default)]
-pub struct Ewma {
-    bits: AtomicU64,
-    /// Nanoseconds since [`epoch`] of the last sample (0: none).
-    at: AtomicU64,
-}
-
-impl Ewma {
-    pub fn observe(&self, v: f64) {
-        let old = f64::from_bits(self.bits.load(Relaxed));
-        let new = if old == 0.0 { v } else { old * 0.8 + v * 0.2 };
-        self.bits.store(new.to_bits(), Relaxed);
-        let ns = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.at.store(ns.max(1), Relaxed);
-    }
-
-    pub fn get(&self) -> Option<f64> {
-        let v = f64::from_bits(self.bits.load(Relaxed));
-        (v > 0.0).then_some(v)
-    }
-
-    /// The average if its last sample is younger than `max_age`.
-    pub fn fresh(&self, max_age: std::time::Duration) -> Option<f64> {
-        let at = self.at.load(Relaxed);
-        let age_ns = epoch().elapsed().as_nanos().saturating_sub(u128::from(at));
-        (at != 0 && age_ns <= max_age.as_nanos())
-            .then(|| self.get())
-            .flatten()
-    }
 }
 
 /// A process-wide time origin for timestamps kept in atomics.
@@ -134,22 +72,20 @@ impl BackendSeries {
             running: FloatGauge::default(),
             prefix_hit_rate: FloatGauge::default(),
             scraped_at: AtomicU64::new(0),
-            ttft_recent: Ewma::default(),
-            tpot_recent: Ewma::default(),
         }
     }
 
-    /// Export a scrape of the replica's metrics; returns it unchanged.
-    pub fn record_load(&self, s: LoadSample) -> LoadSample {
-        self.kv_usage.set(s.kv_usage.unwrap_or(f64::NAN));
-        self.waiting.set(s.waiting.unwrap_or(f64::NAN));
-        self.running.set(s.running.unwrap_or(f64::NAN));
+    /// Export a scrape of the replica's metrics (unknown values as NaN),
+    /// taken at `at`.
+    pub fn record_load(&self, load: ScrapedLoad, at: Instant) {
+        self.kv_usage.set(load.kv_usage.unwrap_or(f64::NAN));
+        self.waiting.set(load.waiting.unwrap_or(f64::NAN));
+        self.running.set(load.running.unwrap_or(f64::NAN));
         self.prefix_hit_rate
-            .set(s.prefix_hit_rate.unwrap_or(f64::NAN));
-        let ns = s.at.saturating_duration_since(epoch()).as_nanos();
+            .set(load.prefix_hit_rate.unwrap_or(f64::NAN));
+        let ns = at.saturating_duration_since(epoch()).as_nanos();
         self.scraped_at
             .store(u64::try_from(ns).unwrap_or(u64::MAX).max(1), Relaxed);
-        s
     }
 
     /// Seconds since the last scrape; +Inf before the first.

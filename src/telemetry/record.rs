@@ -1,35 +1,19 @@
-//! The per-request timing record, filled on the hot path and emitted once.
+//! The per-request timing record: filled on the hot path, reported once.
 //!
-//! A [`Completion`] owns the record; it is created when the request's model is
-//! known and emits metrics exactly once, in `Drop`, so that every way a request
-//! can end (finished, failed, client gone, handler cancelled) is accounted for.
+//! The record is plain data plus the token clock ([`RequestRecord::on_output`]).
+//! Who owns it and when it is reported is the request guard's business
+//! (`crate::request`); [`Telemetry::report`](super::Telemetry::report) turns a
+//! finished record into metrics, a trace decision and an access-log line.
+//! Times are tokio's, so tests on paused time see the clock they drive.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::metrics::{BackendSeries, Metrics, ModelSeries, StatusLabel};
-use crate::stream::event::{FinishReason, Usage};
+use tokio::time::Instant;
 
-/// Which API a request used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-    Embeddings,
-    /// Any other `POST /v1/*` naming a model, forwarded untouched.
-    Passthrough,
-}
-
-impl Endpoint {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chat",
-            Endpoint::Completions => "completions",
-            Endpoint::Embeddings => "embeddings",
-            Endpoint::Passthrough => "passthrough",
-        }
-    }
-}
+use super::Telemetry;
+use super::metrics::{ModelSeries, StatusLabel};
+use crate::vocab::{Endpoint, FinishReason, RouteReason, Usage};
 
 /// Status recorded for a request the client abandoned (nginx's convention).
 pub const CLIENT_CLOSED: u16 = 499;
@@ -69,7 +53,7 @@ pub struct RequestRecord {
     pub response_ready: Option<Instant>,
     pub backend: Option<Arc<str>>,
     /// Why the serving replica was chosen (for the access log and traces).
-    pub route_reason: Option<crate::routing::RouteReason>,
+    pub route_reason: Option<RouteReason>,
     /// The caller's tier and key name, when keys are configured.
     pub tier: Option<Arc<str>>,
     pub key_name: Option<Arc<str>>,
@@ -99,7 +83,9 @@ pub struct RequestRecord {
 
 impl RequestRecord {
     pub fn new(endpoint: Endpoint, model: Arc<str>, stream: bool, arrival: Instant) -> Self {
-        let wall_arrival = std::time::SystemTime::now() - arrival.elapsed();
+        let wall_arrival = std::time::SystemTime::now()
+            .checked_sub(arrival.elapsed())
+            .unwrap_or_else(std::time::SystemTime::now);
         Self {
             request_id: String::new(),
             trace: None,
@@ -165,75 +151,44 @@ impl RequestRecord {
     pub fn succeeded(&self) -> bool {
         self.error_kind.is_none() && !self.disconnected && (200..300).contains(&self.status)
     }
-}
 
-/// Owns a request's record and its model's series; emits on drop.
-pub struct Completion {
-    pub record: RequestRecord,
-    series: Arc<ModelSeries>,
-    /// The replica serving the request, for its recent-latency averages.
-    backend: Option<Arc<BackendSeries>>,
-    /// The rate-limit reservation, settled with the real usage at the end.
-    pub admission: Option<crate::limits::Admission>,
-    tele: Arc<super::Telemetry>,
-    stall_threshold: Duration,
-    /// The prompt's text, only when the access log is to include prompts.
-    pub prompt_text: Option<String>,
-}
-
-impl Completion {
-    pub fn new(
-        record: RequestRecord,
-        tele: Arc<super::Telemetry>,
-        stall_threshold: Duration,
-    ) -> Self {
-        let series = tele.metrics.models.get(&(record.model.clone(),));
-        series.in_flight.inc();
-        Self {
-            record,
-            series,
-            backend: None,
-            admission: None,
-            tele,
-            stall_threshold,
-            prompt_text: None,
-        }
+    /// Mark the request failed with a closed-set kind and status.
+    pub fn fail(&mut self, status: u16, kind: &'static str) {
+        self.status = status;
+        self.error_kind = Some(kind);
     }
 
     /// An event carrying generated output arrived at `now`. Per token: a few
     /// atomics, no allocation, no lock.
     #[inline]
-    pub fn on_output(&mut self, now: Instant) {
-        let r = &mut self.record;
-        match r.last_token {
+    pub fn on_output(&mut self, now: Instant, series: &ModelSeries, stall: Duration) {
+        match self.last_token {
             None => {
-                r.first_token = Some(now);
-                self.series.ttft.observe_duration(now - r.arrival);
+                self.first_token = Some(now);
+                series.ttft.observe_duration(now - self.arrival);
             }
             Some(prev) => {
                 let gap = now - prev;
-                self.series.inter_token.observe_duration(gap);
-                self.note_gap(now, gap);
+                series.inter_token.observe_duration(gap);
+                self.note_gap(now, gap, series, stall);
             }
         }
-        let r = &mut self.record;
-        r.last_token = Some(now);
-        r.output_events += 1;
+        self.last_token = Some(now);
+        self.output_events += 1;
     }
 
     /// A silence of `gap` ending at `now`: the largest gap, and a stall when
     /// over the threshold.
     #[inline]
-    fn note_gap(&mut self, now: Instant, gap: Duration) {
-        let r = &mut self.record;
-        if gap > r.max_gap {
-            r.max_gap = gap;
+    fn note_gap(&mut self, now: Instant, gap: Duration, series: &ModelSeries, stall: Duration) {
+        if gap > self.max_gap {
+            self.max_gap = gap;
         }
-        if gap > self.stall_threshold {
-            r.stalls += 1;
-            self.series.stalls.inc();
-            if r.stall_events.len() < MAX_STALL_EVENTS {
-                r.stall_events.push(StallEvent { at: now, gap });
+        if gap > stall {
+            self.stalls += 1;
+            series.stalls.inc();
+            if self.stall_events.len() < MAX_STALL_EVENTS {
+                self.stall_events.push(StallEvent { at: now, gap });
             }
         }
     }
@@ -243,56 +198,37 @@ impl Completion {
     /// gap too. It counts toward the largest gap and as a stall when over the
     /// threshold (a stall cut by the idle timeout is the clearest stall of
     /// all); it is not an inter-token latency, as no token ended it.
-    pub fn on_cut(&mut self, now: Instant) {
-        if let Some(prev) = self.record.last_token {
-            self.note_gap(now, now.saturating_duration_since(prev));
+    pub fn on_cut(&mut self, now: Instant, series: &ModelSeries, stall: Duration) {
+        if let Some(prev) = self.last_token {
+            self.note_gap(now, now.saturating_duration_since(prev), series, stall);
         }
-    }
-
-    /// Mark the request failed with a closed-set kind and status.
-    pub fn fail(&mut self, status: u16, kind: &'static str) {
-        self.record.status = status;
-        self.record.error_kind = Some(kind);
-    }
-
-    /// The attempt now under way goes to this replica.
-    pub fn set_backend(&mut self, name: Arc<str>, series: Arc<BackendSeries>) {
-        self.record.backend = Some(name);
-        self.backend = Some(series);
-    }
-
-    /// Count a failed attempt or broken stream against the replica.
-    pub fn upstream_error(&self, kind: &'static str) {
-        if let Some(b) = &self.record.backend {
-            self.tele
-                .metrics
-                .upstream_errors
-                .get(&(b.clone(), kind))
-                .inc();
-        }
-    }
-
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.tele.metrics
     }
 
     /// Tokens the request consumed: the replica's usage, or, for a stream cut
     /// short (no usage chunk), the prompt estimate plus the output events seen.
     pub fn used_tokens(&self) -> u32 {
-        let r = &self.record;
-        match r.usage {
+        match self.usage {
             Some(u) => u.prompt_tokens.saturating_add(u.completion_tokens),
-            None if r.upstream_sent.is_some() => r.prompt_estimate.saturating_add(r.output_events),
+            None if self.upstream_sent.is_some() => {
+                self.prompt_estimate.saturating_add(self.output_events)
+            }
             None => 0,
         }
     }
+}
 
-    fn emit(&mut self) {
-        let used = self.used_tokens();
-        if let Some(mut a) = self.admission.take() {
-            a.finish(used);
-        }
-        let r = &mut self.record;
+impl Telemetry {
+    /// Report a finished request once: its status settled (a request that
+    /// produced no response was abandoned by its client), then histograms and
+    /// counters (the model's `series` when its model was known), the tail
+    /// sampler's decision with exemplars for a kept trace, and the access-log
+    /// line (`prompt` only when the log includes prompts).
+    pub fn report(
+        &self,
+        r: &mut RequestRecord,
+        series: Option<&ModelSeries>,
+        prompt: Option<&str>,
+    ) {
         let end = *r.end.get_or_insert_with(Instant::now);
         if r.status == 0 {
             // Dropped before any response was produced: the client left.
@@ -301,44 +237,11 @@ impl Completion {
         if r.disconnected {
             r.status = CLIENT_CLOSED;
             r.error_kind.get_or_insert("client_disconnect");
-            self.series.client_disconnects.inc();
         }
-        let s = &self.series;
-        if let Some(sent) = r.upstream_sent {
-            s.queue
-                .observe_duration(sent.saturating_duration_since(r.arrival));
+        if let Some(s) = series {
+            observe(r, end, s);
         }
-        if let Some(o) = r.gateway_overhead() {
-            s.overhead.observe_duration(o);
-        }
-        if let Some(u) = r.usage {
-            s.prompt_tokens.add(u64::from(u.prompt_tokens));
-            s.generation_tokens.add(u64::from(u.completion_tokens));
-            s.prompt_tokens_per_request
-                .observe(f64::from(u.prompt_tokens));
-            if r.endpoint != Endpoint::Embeddings {
-                s.generation_tokens_per_request
-                    .observe(f64::from(u.completion_tokens));
-            }
-        }
-        if r.succeeded() {
-            s.e2e.observe_duration(end - r.arrival);
-            if let Some(tpot) = r.tpot() {
-                s.tpot.observe_duration(tpot);
-            }
-            if let Some(b) = &self.backend {
-                if let Some(t) = r.ttft() {
-                    b.ttft_recent.observe(t.as_secs_f64());
-                }
-                if let Some(t) = r.tpot() {
-                    b.tpot_recent.observe(t.as_secs_f64());
-                }
-            }
-            if r.output_events >= 2 {
-                s.max_gap.observe_duration(r.max_gap);
-            }
-        }
-        let m = &self.tele.metrics;
+        let m = &self.metrics;
         if let Some(f) = r.finish_reason {
             m.finish_reasons.get(&(r.model.clone(), f.as_str())).inc();
         }
@@ -352,8 +255,8 @@ impl Completion {
             ))
             .inc();
         // Tail sampling: decided now that the request is over.
-        let kept = self.tele.traces.as_ref().and_then(|t| t.finish(r));
-        if let (Some(_), Some(t)) = (kept, r.trace) {
+        let kept = self.traces.as_ref().and_then(|t| t.finish(r));
+        if let (Some(_), Some(t), Some(s)) = (kept, r.trace, series) {
             // Exemplars point from a latency bucket to a trace that exists.
             let id = t.trace_id_hex();
             if let Some(v) = r.ttft() {
@@ -369,15 +272,41 @@ impl Completion {
                 }
             }
         }
-        if let Some(log) = &self.tele.access_log {
-            log.write(r, kept.map(|k| k.as_str()), self.prompt_text.as_deref());
+        if let Some(log) = &self.access_log {
+            log.write(r, kept.map(|k| k.as_str()), prompt);
         }
     }
 }
 
-impl Drop for Completion {
-    fn drop(&mut self) {
-        self.series.in_flight.dec();
-        self.emit();
+/// The model's histograms and token counters for a finished request.
+fn observe(r: &RequestRecord, end: Instant, s: &ModelSeries) {
+    if r.disconnected {
+        s.client_disconnects.inc();
+    }
+    if let Some(sent) = r.upstream_sent {
+        s.queue
+            .observe_duration(sent.saturating_duration_since(r.arrival));
+    }
+    if let Some(o) = r.gateway_overhead() {
+        s.overhead.observe_duration(o);
+    }
+    if let Some(u) = r.usage {
+        s.prompt_tokens.add(u64::from(u.prompt_tokens));
+        s.generation_tokens.add(u64::from(u.completion_tokens));
+        s.prompt_tokens_per_request
+            .observe(f64::from(u.prompt_tokens));
+        if r.endpoint != Endpoint::Embeddings {
+            s.generation_tokens_per_request
+                .observe(f64::from(u.completion_tokens));
+        }
+    }
+    if r.succeeded() {
+        s.e2e.observe_duration(end - r.arrival);
+        if let Some(tpot) = r.tpot() {
+            s.tpot.observe_duration(tpot);
+        }
+        if r.output_events >= 2 {
+            s.max_gap.observe_duration(r.max_gap);
+        }
     }
 }

@@ -22,9 +22,10 @@ use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter, SpanLinks};
 use tokio::sync::mpsc;
 
 use super::metrics::Metrics;
-use super::record::{Endpoint, RequestRecord};
+use super::record::RequestRecord;
 use super::registry::Counter;
 use crate::config::{OtlpProtocol, TracingConfig};
+use crate::vocab::Endpoint;
 
 /// Why a trace was kept (also its `sluice.sampling.reason` attribute).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,7 +230,7 @@ async fn export_loop(
     }
 }
 
-fn wall(r: &RequestRecord, at: Instant) -> SystemTime {
+fn wall(r: &RequestRecord, at: tokio::time::Instant) -> SystemTime {
     r.wall_arrival + at.saturating_duration_since(r.arrival)
 }
 
@@ -259,7 +260,7 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
             TraceState::default(),
         )
     };
-    let end = r.end.unwrap_or_else(Instant::now);
+    let end = r.end.unwrap_or_else(tokio::time::Instant::now);
     let op = operation(r.endpoint);
     let mut attrs = vec![
         KeyValue::new("gen_ai.operation.name", op),

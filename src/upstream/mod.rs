@@ -8,3 +8,4 @@ pub mod health;
 mod http1;
 pub mod pool;
 pub mod scrape;
+pub mod signals;

@@ -6,19 +6,18 @@
 //! loop publish new ones. Per-replica counters are atomics.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use http::HeaderValue;
 
 use super::conn::ConnPool;
-use super::scrape::LoadSample;
+use super::signals::{Ewma, LoadSample};
 use crate::config::{BackendConfig, Config, OutlierConfig, UpstreamConfig};
 use crate::error::GatewayError;
-use crate::routing::index::PrefixIndex;
-use crate::telemetry::metrics::{BackendSeries, Metrics};
+use crate::telemetry::metrics::{BackendSeries, Metrics, ScrapedLoad};
 
 /// What the last health check found.
 #[derive(Debug, Clone, Default)]
@@ -70,8 +69,10 @@ pub struct Replica {
     pub health: ArcSwap<Health>,
     /// The latest scrape of the replica's own metrics.
     load: ArcSwapOption<LoadSample>,
-    /// Prefix blocks this gateway routed here recently (`prefix_kv`).
-    pub prefix_index: Mutex<PrefixIndex>,
+    /// Moving averages of what this gateway measured here (successful
+    /// requests only): time to first token and time per output token.
+    pub ttft_recent: Ewma,
+    pub tpot_recent: Ewma,
     failures: AtomicU32,
     ejections: AtomicU32,
     /// Milliseconds since `epoch` until which the replica is ejected (0: never).
@@ -92,8 +93,8 @@ impl Replica {
     }
 
     /// Start from what `old` (the same replica before a reload rebuilt it)
-    /// knew: health, models, the latest metrics sample. Connections, circuit
-    /// and prefix index start anew.
+    /// knew: health, models, the latest metrics sample. Connections and
+    /// circuit start anew.
     fn inherit(&self, old: &Replica) {
         self.healthy.store(old.healthy.load(Relaxed), Relaxed);
         self.health.store(old.health.load_full());
@@ -105,7 +106,6 @@ impl Replica {
         source: Option<usize>,
         up: &UpstreamConfig,
         metrics: &Metrics,
-        index_capacity: usize,
     ) -> Self {
         let name: Arc<str> = Arc::from(b.label());
         let base = b.url.as_str().trim_end_matches('/').to_string();
@@ -144,7 +144,8 @@ impl Replica {
             in_flight: AtomicU32::new(0),
             health: ArcSwap::from_pointee(Health::default()),
             load: ArcSwapOption::empty(),
-            prefix_index: Mutex::new(PrefixIndex::new(index_capacity)),
+            ttft_recent: Ewma::default(),
+            tpot_recent: Ewma::default(),
             failures: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
@@ -176,7 +177,13 @@ impl Replica {
     }
 
     pub fn set_load(&self, s: LoadSample) {
-        let s = self.series.record_load(s);
+        let exported = ScrapedLoad {
+            kv_usage: s.kv_usage,
+            waiting: s.waiting,
+            running: s.running,
+            prefix_hit_rate: s.prefix_hit_rate,
+        };
+        self.series.record_load(exported, s.at);
         self.load.store(Some(Arc::new(s)));
     }
 
@@ -286,7 +293,6 @@ pub struct Pool {
     index: ArcSwap<ModelIndex>,
     /// What new replicas (found by discovery) are built with.
     upstream: UpstreamConfig,
-    index_capacity: usize,
     /// The DNS sources' names and ports, to tell on a reload whether a
     /// source's replicas still belong to it.
     dns: Vec<(String, u16)>,
@@ -297,26 +303,20 @@ impl Pool {
     /// The pool for `config`. On a reload, `previous` is the pool it replaces:
     /// a replica that stays as it was (same name, URL, key, models, and the
     /// same upstream settings) is carried over with its connections, health,
-    /// circuit, prefix index and in-flight count; replicas from a DNS source
+    /// circuit and in-flight count; replicas from a DNS source
     /// that still exists are kept until its next resolution.
     pub fn new(config: &Config, metrics: Arc<Metrics>, previous: Option<&Pool>) -> Self {
-        let cap = config.routing.prefix_kv.index_capacity;
         metrics
             .scraping
             .store(config.routing.metrics.enabled, Relaxed);
         let old = previous.map(|p| p.replicas()).unwrap_or_default();
         // Replicas can be carried over whole only if they would be built alike.
-        let reusable = previous.is_some_and(|p| {
-            let json = |u: &UpstreamConfig| serde_json::to_string(u).ok();
-            p.index_capacity == cap
-                && json(&p.upstream).is_some()
-                && json(&p.upstream) == json(&config.upstream)
-        });
+        let reusable = previous.is_some_and(|p| p.upstream == config.upstream);
         // The replica for `b` from `source`: the old one if nothing about it
         // changed; else a new one that starts from the old one's health and
         // models (a reload must not make a healthy replica look unknown).
         let place = |b: &BackendConfig, source: Option<usize>| {
-            let fresh = Replica::from_config(b, source, &config.upstream, &metrics, cap);
+            let fresh = Replica::from_config(b, source, &config.upstream, &metrics);
             match old
                 .iter()
                 .find(|r| r.source == source && r.name == fresh.name)
@@ -371,7 +371,6 @@ impl Pool {
             aliases,
             index: ArcSwap::from_pointee(ModelIndex::default()),
             upstream: config.upstream.clone(),
-            index_capacity: cap,
             dns: config
                 .discovery
                 .dns
@@ -390,7 +389,7 @@ impl Pool {
     }
 
     /// Make the replicas of discovery source `source` exactly `wanted`, keeping
-    /// the state (connections, health, prefix index) of those that stay.
+    /// the state (connections, health, circuit) of those that stay.
     /// Returns whether anything changed.
     pub fn sync_source(&self, source: usize, wanted: &[BackendConfig]) -> bool {
         let current = self.replicas();
@@ -418,7 +417,6 @@ impl Pool {
                     Some(source),
                     &self.upstream,
                     &self.metrics,
-                    self.index_capacity,
                 ))),
             }
         }

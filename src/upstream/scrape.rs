@@ -13,56 +13,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, Request, header};
 use http_body_util::{BodyExt, Full, Limited};
-use serde::{Deserialize, Serialize};
+
+use crate::vocab::EngineKind;
 
 use super::client::HttpClient;
 use super::pool::{Pool, Replica};
-
-/// Which engine's metric names a replica uses.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EngineKind {
-    /// Decide from the names found.
-    #[default]
-    Auto,
-    Vllm,
-    Sglang,
-    Llamacpp,
-    /// TensorRT-LLM behind Triton (`nv_trt_llm_*`); names per the Triton
-    /// TensorRT-LLM backend, not yet checked against a live server.
-    Trtllm,
-    /// Hugging Face TGI (`tgi_*`): queue and batch size; TGI exports no KV-cache
-    /// usage, so only queue pressure steers work away from it.
-    Tgi,
-}
-
-impl EngineKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EngineKind::Auto => "unknown",
-            EngineKind::Vllm => "vllm",
-            EngineKind::Sglang => "sglang",
-            EngineKind::Llamacpp => "llamacpp",
-            EngineKind::Trtllm => "trtllm",
-            EngineKind::Tgi => "tgi",
-        }
-    }
-}
-
-/// One scrape's worth of what routing needs.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LoadSample {
-    pub engine: EngineKind,
-    /// KV-cache usage, 0..1.
-    pub kv_usage: Option<f64>,
-    pub waiting: Option<f64>,
-    pub running: Option<f64>,
-    pub block_size: Option<u32>,
-    pub num_blocks: Option<u32>,
-    /// Prefix-cache hits / queries since the replica started.
-    pub prefix_hit_rate: Option<f64>,
-    pub at: Instant,
-}
+use super::signals::LoadSample;
 
 #[derive(Default)]
 struct Acc {

@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
 use crate::error::GatewayError;
-use crate::telemetry::record::Endpoint;
+use crate::vocab::Endpoint;
 
 /// The parts of a request body the gateway acts on.
 #[derive(Debug, Clone)]

@@ -1,0 +1,35 @@
+//! The request id: taken from the client's `x-request-id` when sane, else
+//! generated; set on every response (errors, 404s and 405s included) and sent
+//! to the replica. The app's outermost layer assigns it.
+
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::Response;
+use http::HeaderValue;
+use http::request::Parts;
+
+use crate::upstream::client::{X_REQUEST_ID, request_id};
+
+/// The id assigned to a request, in its extensions.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub HeaderValue);
+
+impl RequestId {
+    /// The id of a request (assigned by [`layer`]; derived from the headers
+    /// when the request did not pass through it).
+    pub fn of(parts: &Parts) -> HeaderValue {
+        match parts.extensions.get::<RequestId>() {
+            Some(id) => id.0.clone(),
+            None => request_id(&parts.headers),
+        }
+    }
+}
+
+/// Middleware: assign the id, and answer with it whatever the response.
+pub async fn layer(mut req: Request, next: Next) -> Response {
+    let id = request_id(req.headers());
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let mut resp = next.run(req).await;
+    resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
+    resp
+}

@@ -1,0 +1,214 @@
+//! One owner per request: the guard created when a request arrives.
+//!
+//! [`RequestGuard`] holds everything a request accounts for: its timing
+//! record, its rate-limit admission, and the in-flight count of the replica
+//! its current attempt went to. Every way a request can end (answered,
+//! failed before the model was known, failed upstream, stream cut, client
+//! gone, handler cancelled) ends in [`Drop`], which does, in this order:
+//!
+//! 1. **settle** the admission with the tokens really used (refund or extra
+//!    charge; the concurrency slot is freed),
+//! 2. **report** the record once (metrics, trace decision, access log),
+//! 3. **release** the replica: its recent-latency averages learn from a
+//!    success, its success streak (outlier detection) is credited, its
+//!    in-flight count and the model's fall.
+//!
+//! The order is explicit in [`RequestGuard::end`], not a consequence of field
+//! order. A failed attempt is recorded in one place,
+//! [`RequestGuard::attempt_failed`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::GatewayError;
+use crate::limits::{Admission, Identity, RateHeaders};
+use crate::telemetry::Telemetry;
+use crate::telemetry::metrics::ModelSeries;
+use crate::telemetry::record::RequestRecord;
+use crate::telemetry::tracecontext::TraceCtx;
+use crate::upstream::pool::{InFlight, Replica};
+use crate::vocab::{Endpoint, RouteReason};
+
+pub struct RequestGuard {
+    pub record: RequestRecord,
+    /// The model's series, once the model is known (its in-flight gauge was
+    /// raised then).
+    series: Option<Arc<ModelSeries>>,
+    admission: Option<Admission>,
+    /// The current attempt's replica, holding its in-flight count.
+    attempt: Option<InFlight>,
+    tele: Arc<Telemetry>,
+    stall_threshold: Duration,
+    /// The prompt's text, only when the access log includes prompts.
+    prompt_text: Option<String>,
+}
+
+impl RequestGuard {
+    /// A request arrived at `arrival`; nothing about it is known yet but its
+    /// id and trace context.
+    pub fn new(
+        tele: Arc<Telemetry>,
+        endpoint: Endpoint,
+        arrival: Instant,
+        request_id: String,
+        trace: TraceCtx,
+        stall_threshold: Duration,
+    ) -> Self {
+        let mut record = RequestRecord::new(endpoint, Arc::from(""), false, arrival);
+        record.request_id = request_id;
+        record.trace = Some(trace);
+        Self {
+            record,
+            series: None,
+            admission: None,
+            attempt: None,
+            tele,
+            stall_threshold,
+            prompt_text: None,
+        }
+    }
+
+    /// The caller is known: its tier labels the request from now on, also
+    /// when it fails before its model is known.
+    pub fn identified(&mut self, id: &Identity) {
+        self.record.tier = Some(id.tier.clone());
+        self.record.key_name = Some(id.name.clone());
+    }
+
+    /// The served model is known (aliases resolved): its series label the
+    /// request and count it in flight.
+    pub fn set_model(&mut self, model: Arc<str>) {
+        let series = self.tele.metrics.models.get(&(model.clone(),));
+        series.in_flight.inc();
+        if let Some(old) = self.series.replace(series) {
+            old.in_flight.dec();
+        }
+        self.record.model = model;
+    }
+
+    pub fn set_prompt_text(&mut self, text: Option<String>) {
+        self.prompt_text = text;
+    }
+
+    /// The rate limiter admitted the request; settled at the end.
+    pub fn admitted(&mut self, admission: Admission) {
+        self.record.ratelimit = Some(if admission.is_unlimited() {
+            "admitted_store_down"
+        } else {
+            "admitted"
+        });
+        self.admission = Some(admission);
+    }
+
+    /// The `x-ratelimit-*` headers of the admission, if one was made.
+    pub fn rate_headers(&self) -> Option<&RateHeaders> {
+        self.admission.as_ref().map(|a| &a.headers)
+    }
+
+    /// The request goes to `replica` (attempt number `attempts + 1`): its
+    /// in-flight count rises until the attempt fails or the request ends.
+    pub fn start_attempt(&mut self, replica: Arc<Replica>, reason: RouteReason, now: Instant) {
+        self.record.route_reason = Some(reason);
+        self.record.attempts += 1;
+        self.record.backend = Some(replica.name.clone());
+        self.record.upstream_sent = Some(now);
+        self.record.first_sent.get_or_insert(now);
+        self.attempt = Some(InFlight::new(replica));
+    }
+
+    /// The replica of the current attempt.
+    pub fn replica(&self) -> Option<&Arc<Replica>> {
+        self.attempt.as_ref().map(InFlight::replica)
+    }
+
+    /// The current attempt failed with `kind`: counted against its replica,
+    /// and towards its ejection when `blames_replica`. The attempt stays open
+    /// (a stream that reported an error in-band still runs to its end); see
+    /// [`end_attempt`](Self::end_attempt).
+    pub fn attempt_failed(&mut self, kind: &'static str, blames_replica: bool) {
+        let Some(replica) = self.replica() else {
+            return;
+        };
+        self.tele
+            .metrics
+            .upstream_errors
+            .get(&(replica.name.clone(), kind))
+            .inc();
+        if blames_replica {
+            replica.record_failure();
+        }
+    }
+
+    /// [`attempt_failed`](Self::attempt_failed) for a gateway error.
+    pub fn attempt_error(&mut self, e: &GatewayError) {
+        self.attempt_failed(e.kind(), e.blames_replica());
+    }
+
+    /// The current attempt is over (failed; another may follow): the replica's
+    /// in-flight count falls now.
+    pub fn end_attempt(&mut self) {
+        self.attempt = None;
+    }
+
+    /// The request failed with `e`: its status and kind.
+    pub fn fail(&mut self, e: &GatewayError) {
+        self.record.fail(e.status().as_u16(), e.kind());
+    }
+
+    /// An event carrying generated output arrived at `now` (the token clock).
+    #[inline]
+    pub fn on_output(&mut self, now: Instant) {
+        if let Some(s) = &self.series {
+            self.record.on_output(now, s, self.stall_threshold);
+        }
+    }
+
+    /// The stream ended at `now` without another token (see
+    /// [`RequestRecord::on_cut`]).
+    pub fn on_cut(&mut self, now: Instant) {
+        if let Some(s) = &self.series {
+            self.record.on_cut(now, s, self.stall_threshold);
+        }
+    }
+
+    /// The end, in its order: settle, report, release.
+    fn end(&mut self) {
+        // 1. Settle the reservation with what was really used.
+        let used = self.record.used_tokens();
+        if let Some(mut a) = self.admission.take() {
+            a.finish(used);
+        }
+        // 2. Report once.
+        self.tele.report(
+            &mut self.record,
+            self.series.as_deref(),
+            self.prompt_text.as_deref(),
+        );
+        // 3. Release the replica, with what it taught us.
+        if let Some(attempt) = self.attempt.take() {
+            let r = &self.record;
+            if r.succeeded() {
+                let replica = attempt.replica();
+                replica.record_success();
+                if let Some(t) = r.ttft() {
+                    replica.ttft_recent.observe(t.as_secs_f64());
+                }
+                if let Some(t) = r.tpot() {
+                    replica.tpot_recent.observe(t.as_secs_f64());
+                }
+            }
+            drop(attempt);
+        }
+        if let Some(s) = &self.series {
+            s.in_flight.dec();
+        }
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.end();
+    }
+}

@@ -1,0 +1,112 @@
+//! What routing remembers per replica between decisions: the prefix blocks
+//! this gateway sent there (`prefix_kv`'s index).
+//!
+//! Keyed by replica name, so it outlives a config reload that keeps the
+//! replica, and is shared by the policy of the old and the new state. A
+//! replica that disappears is forgotten lazily: entries unused for
+//! [`FORGET_AFTER`] are dropped when a new replica is first seen.
+//! Lookups are lock-free (`ArcSwap` of the map); only the index itself,
+//! during one decision, takes a short lock.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use super::index::PrefixIndex;
+use crate::telemetry::metrics::epoch;
+
+/// Replicas not routed to for this long are forgotten (a DNS-discovered pod
+/// that went away must not keep its index forever).
+pub const FORGET_AFTER: Duration = Duration::from_secs(600);
+
+pub struct ReplicaMemory {
+    pub prefixes: Mutex<PrefixIndex>,
+    /// Nanoseconds since `epoch()` of the last decision that looked here.
+    used: AtomicU64,
+}
+
+impl ReplicaMemory {
+    fn touch(&self) {
+        let ns = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.used.store(ns, Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let now = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(now.saturating_sub(self.used.load(Relaxed)))
+    }
+}
+
+pub struct Affinity {
+    replicas: ArcSwap<HashMap<Arc<str>, Arc<ReplicaMemory>>>,
+    capacity: usize,
+}
+
+impl Affinity {
+    /// `capacity`: prefix blocks remembered per replica.
+    pub fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self {
+            replicas: ArcSwap::from_pointee(HashMap::new()),
+            capacity,
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The memory of replica `name`, created on first use.
+    pub fn of(&self, name: &Arc<str>) -> Arc<ReplicaMemory> {
+        if let Some(m) = self.replicas.load().get(name) {
+            m.touch();
+            return m.clone();
+        }
+        let fresh = Arc::new(ReplicaMemory {
+            prefixes: Mutex::new(PrefixIndex::new(self.capacity)),
+            used: AtomicU64::new(0),
+        });
+        fresh.touch();
+        let mut out = fresh.clone();
+        self.replicas.rcu(|map| {
+            let mut next: HashMap<_, _> = map
+                .iter()
+                .filter(|(_, m)| m.idle_for() < FORGET_AFTER)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            // Another decision may have added it meanwhile: keep that one.
+            out = next
+                .entry(name.clone())
+                .or_insert_with(|| fresh.clone())
+                .clone();
+            next
+        });
+        out
+    }
+
+    /// Prefix blocks remembered for `name` (0 when unknown), for `/admin`.
+    pub fn blocks(&self, name: &str) -> usize {
+        self.replicas
+            .load()
+            .get(name)
+            .map_or(0, |m| m.prefixes.lock().len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_per_name_and_shared() {
+        let a = Affinity::new(64);
+        let x: Arc<str> = Arc::from("x");
+        a.of(&x).prefixes.lock().insert(&[1, 2, 3]);
+        assert_eq!(a.blocks("x"), 3);
+        assert_eq!(a.of(&x).prefixes.lock().longest_match(&[1, 2, 9]), 2);
+        assert_eq!(a.blocks("y"), 0);
+    }
+}

@@ -1,0 +1,150 @@
+//! The gateway's state: everything a request needs (`AppState`), and the
+//! live pointer a config reload swaps (`Live`). Below the handlers, so they
+//! and the router both build on it without importing each other.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use axum::extract::FromRequestParts;
+use http::request::Parts;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::limits::Limiter;
+use crate::routing::{self, Affinity, RoutingPolicy};
+use crate::telemetry::Telemetry;
+use crate::telemetry::access_log::AccessLog;
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::traces::Traces;
+use crate::upstream::client::{HttpClient, build_client};
+use crate::upstream::pool::Pool;
+
+/// Everything a request needs, shared by all handlers.
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub pool: Arc<Pool>,
+    pub client: HttpClient,
+    pub policy: Arc<dyn RoutingPolicy>,
+    pub metrics: Arc<Metrics>,
+    /// Metrics, traces and the access log, for finished requests.
+    pub telemetry: Arc<Telemetry>,
+    /// What routing remembers per replica (prefix indexes).
+    pub affinity: Arc<Affinity>,
+    /// Cancelled when the drain deadline passes at shutdown: every stream
+    /// still open then ends with an error event. Shared by every state.
+    pub cut: CancellationToken,
+    /// API keys and tier limits; `None` when the gateway is open.
+    pub limiter: Option<Arc<Limiter>>,
+    /// For the `created` field of `/v1/models`.
+    pub started_unix: u64,
+}
+
+impl AppState {
+    pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+        Self::build(config, None)
+    }
+
+    /// The state for `config`; on a reload, `previous` hands over what must
+    /// outlive it: the metric registry, replicas that stay (connections,
+    /// health, prefix index, in-flight counts), the rate-limit store when its
+    /// settings are unchanged (counters and concurrency slots carry on), and
+    /// the trace exporter when tracing is unchanged, routing's per-replica
+    /// memory while its capacity is unchanged. The access log is opened again
+    /// (a rotated file is picked up).
+    pub fn build(config: Config, previous: Option<&AppState>) -> anyhow::Result<Arc<Self>> {
+        let metrics = match previous {
+            Some(p) => p.metrics.clone(),
+            None => Arc::new(Metrics::new(&config.telemetry.buckets)),
+        };
+        let limiter = Limiter::from_config(
+            &config,
+            metrics.clone(),
+            previous.and_then(|p| p.limiter.as_deref()),
+        )?;
+        let traces = match previous {
+            Some(p) if p.config.telemetry.tracing == config.telemetry.tracing => {
+                p.telemetry.traces.clone()
+            }
+            _ => Traces::start(&config.telemetry.tracing, &metrics)?,
+        };
+        let telemetry = Arc::new(Telemetry {
+            metrics: metrics.clone(),
+            traces,
+            access_log: AccessLog::open(&config.telemetry.access_log)?,
+        });
+        let pool = Arc::new(Pool::new(
+            &config,
+            metrics.clone(),
+            previous.map(|p| &*p.pool),
+        ));
+        // The client of health checks and scrapes, with its kept-alive
+        // connections, unless its settings changed.
+        let client = match previous {
+            Some(p) if p.config.upstream == config.upstream => p.client.clone(),
+            _ => build_client(&config.upstream),
+        };
+        let capacity = config.routing.prefix_kv.index_capacity;
+        let affinity = match previous {
+            Some(p) if p.affinity.capacity() == capacity => p.affinity.clone(),
+            _ => Affinity::new(capacity),
+        };
+        let policy = routing::build(&config.routing, affinity.clone());
+        let cut = previous.map_or_else(CancellationToken::new, |p| p.cut.clone());
+        let started_unix = previous.map_or_else(
+            || {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0)
+            },
+            |p| p.started_unix,
+        );
+        Ok(Arc::new(Self {
+            config: Arc::new(config),
+            pool,
+            client,
+            policy,
+            metrics,
+            telemetry,
+            affinity,
+            cut,
+            limiter,
+            started_unix,
+        }))
+    }
+}
+
+/// The gateway's live state, swapped whole by a config reload. A request
+/// loads it once and keeps that snapshot to its end, so a reload never
+/// changes a request midway: its stream keeps its replica, its limits and
+/// its telemetry.
+pub struct Live {
+    current: ArcSwap<AppState>,
+}
+
+impl Live {
+    pub fn new(state: Arc<AppState>) -> Arc<Self> {
+        Arc::new(Self {
+            current: ArcSwap::new(state),
+        })
+    }
+
+    pub fn load(&self) -> Arc<AppState> {
+        self.current.load_full()
+    }
+
+    pub fn store(&self, state: Arc<AppState>) {
+        self.current.store(state);
+    }
+}
+
+/// Extractor: the state current when the request arrived.
+pub struct Current(pub Arc<AppState>);
+
+impl FromRequestParts<Arc<Live>> for Current {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(_: &mut Parts, live: &Arc<Live>) -> Result<Self, Self::Rejection> {
+        Ok(Current(live.load()))
+    }
+}

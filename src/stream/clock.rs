@@ -1,0 +1,62 @@
+//! A stream's deadlines: the idle gap since the last upstream chunk and the
+//! request's total time, on one timer.
+//!
+//! The timer is re-armed lazily: only when it fires does it look at when the
+//! last chunk came and move to the real deadline, so a busy stream pays no
+//! timer work per token. Times are tokio's (tests run it on paused time).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Context;
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+
+use crate::error::TimeoutPhase;
+
+pub struct Deadlines {
+    idle: Duration,
+    total: Instant,
+    /// When the latest upstream chunk arrived.
+    last: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl Deadlines {
+    pub fn new(now: Instant, idle: Duration, total: Instant) -> Self {
+        Self {
+            idle,
+            total,
+            last: now,
+            timer: Box::pin(tokio::time::sleep_until(total.min(now + idle))),
+        }
+    }
+
+    /// A chunk arrived at `now`.
+    #[inline]
+    pub fn touch(&mut self, now: Instant) {
+        self.last = now;
+    }
+
+    pub fn last(&self) -> Instant {
+        self.last
+    }
+
+    /// Which deadline has passed, if one has; otherwise the timer is armed
+    /// for the next one and wakes `cx`.
+    pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<TimeoutPhase> {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            if now >= self.total {
+                return Some(TimeoutPhase::Total);
+            }
+            let idle_at = self.last + self.idle;
+            if now >= idle_at {
+                return Some(TimeoutPhase::Idle);
+            }
+            // Not due yet (chunks kept coming): re-arm for the real deadline.
+            self.timer.as_mut().reset(idle_at.min(self.total));
+        }
+        None
+    }
+}

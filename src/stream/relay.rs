@@ -1,0 +1,175 @@
+//! Relaying events: a replica's bytes cut into whole SSE events, each read
+//! once for what the request accounts (output? finish? usage? error?), and
+//! queued for the client untouched (the usage chunk the client did not ask
+//! for excepted).
+//!
+//! Events that sit side by side in one upstream chunk leave as one slice of
+//! it (no copy), so a replica that batches events costs one downstream write,
+//! not one per event. No I/O and no clock here: the body hands in each chunk
+//! with the time it arrived.
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+use tokio::time::Instant;
+
+use super::event::{Event, classify};
+use super::sse::SseSplitter;
+use crate::error::GatewayError;
+use crate::request::RequestGuard;
+
+/// Largest single SSE event accepted from a replica.
+pub const MAX_EVENT_BYTES: usize = 4 << 20;
+
+/// How a response's events are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// An OpenAI chat/completions stream: events parsed for timing and usage.
+    OpenAi {
+        /// Drop the usage-only chunk: the gateway asked for it, the client did not.
+        strip_usage: bool,
+    },
+    /// Any other response: bytes forwarded as they come, only the end is timed.
+    Raw,
+}
+
+pub struct Relay {
+    splitter: SseSplitter,
+    /// What goes to the client next, in order (usually one slice per chunk).
+    out: VecDeque<Bytes>,
+    strip_usage: bool,
+    /// `data: [DONE]` was seen.
+    pub done_seen: bool,
+}
+
+impl Relay {
+    pub fn new(strip_usage: bool) -> Self {
+        Self {
+            splitter: SseSplitter::new(MAX_EVENT_BYTES),
+            out: VecDeque::with_capacity(4),
+            strip_usage,
+            done_seen: false,
+        }
+    }
+
+    /// Account every complete event of `data` (arrived at `at`) on `guard`
+    /// and queue what goes to the client. A broken event is an error: what
+    /// came before it is still queued, nothing after it is read.
+    pub fn ingest(
+        &mut self,
+        data: Bytes,
+        at: Instant,
+        guard: &mut RequestGuard,
+    ) -> Result<(), GatewayError> {
+        if self.splitter.pending_len() == 0 && super::sse::is_single_event(&data) {
+            // One whole event, nothing carried over: no splitting, no bookkeeping.
+            if let Some(ev) = self.on_event(data, at, guard)? {
+                self.out.push_back(ev);
+            }
+            return Ok(());
+        }
+        let origin = data.clone();
+        self.splitter.push(data);
+        loop {
+            let ev = match self.splitter.next_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return Ok(()),
+                Err(_) => {
+                    return Err(GatewayError::UpstreamProtocol(format!(
+                        "an SSE event exceeded {MAX_EVENT_BYTES} bytes"
+                    )));
+                }
+            };
+            if let Some(ev) = self.on_event(ev, at, guard)? {
+                self.enqueue(ev, &origin);
+            }
+        }
+    }
+
+    /// Read one whole event: forward it (`Some`) or drop it.
+    fn on_event(
+        &mut self,
+        ev: Bytes,
+        at: Instant,
+        guard: &mut RequestGuard,
+    ) -> Result<Option<Bytes>, GatewayError> {
+        match classify(&ev) {
+            Event::Done => {
+                self.done_seen = true;
+                guard.record.end = Some(at);
+                Ok(Some(ev))
+            }
+            Event::Chunk(c) => {
+                if c.has_output {
+                    guard.on_output(at);
+                }
+                if let Some(f) = c.finish_reason {
+                    guard.record.finish_reason = Some(f);
+                }
+                if let Some(u) = c.usage {
+                    guard.record.usage = Some(u);
+                }
+                if c.is_error {
+                    // The engine reported a failure in-band; the client gets it as is.
+                    let status = guard.record.status;
+                    guard.record.fail(status, "upstream_stream_error");
+                    guard.attempt_failed("upstream_stream_error", true);
+                }
+                if self.strip_usage && c.is_usage_only() {
+                    return Ok(None);
+                }
+                Ok(Some(ev))
+            }
+            Event::Other => Ok(Some(ev)),
+            Event::Malformed(why) => Err(GatewayError::UpstreamProtocol(why.into())),
+        }
+    }
+
+    fn enqueue(&mut self, ev: Bytes, origin: &Bytes) {
+        if let Some(last) = self.out.back_mut()
+            && let Some(start) = offset_in(origin, last)
+            && offset_in(origin, &ev) == Some(start + last.len())
+        {
+            *last = origin.slice(start..start + last.len() + ev.len());
+            return;
+        }
+        self.out.push_back(ev);
+    }
+
+    /// Queue bytes of the gateway's own (an error event).
+    pub fn push(&mut self, b: Bytes) {
+        self.out.push_back(b);
+    }
+
+    /// Bytes of an event that has not ended yet.
+    pub fn pending_len(&self) -> usize {
+        self.splitter.pending_len()
+    }
+
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    pub fn queued_bytes(&self) -> usize {
+        self.out.iter().map(Bytes::len).sum()
+    }
+
+    /// Everything queued, as one buffer: the slice itself when there is one
+    /// (the common case, no copy), else one copy that saves a write per event.
+    pub fn take_out(&mut self) -> Bytes {
+        if self.out.len() == 1 {
+            return self.out.pop_front().unwrap_or_default();
+        }
+        let mut buf = BytesMut::with_capacity(self.queued_bytes());
+        for b in self.out.drain(..) {
+            buf.extend_from_slice(&b);
+        }
+        buf.freeze()
+    }
+}
+
+/// Where `part` starts inside `whole`, if it is a slice of it.
+fn offset_in(whole: &Bytes, part: &Bytes) -> Option<usize> {
+    let (w, p) = (whole.as_ptr() as usize, part.as_ptr() as usize);
+    (p >= w && p + part.len() <= w + whole.len()).then(|| p - w)
+}

@@ -1,0 +1,163 @@
+//! The small shared vocabulary every layer speaks: which API a request used,
+//! why a generation stopped and what it used, which engine a replica runs, why
+//! a replica was chosen, which limit was hit. Closed sets with `as_str()` for
+//! metric labels; no behaviour beyond naming. The bottom of the module graph:
+//! it imports nothing from the crate.
+
+use serde::{Deserialize, Serialize};
+
+/// Which API a request used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+    Embeddings,
+    /// Any other `POST /v1/*` naming a model, forwarded untouched.
+    Passthrough,
+}
+
+impl Endpoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat",
+            Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Passthrough => "passthrough",
+        }
+    }
+}
+
+/// Why a generation stopped, from the closed set engines report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+    FunctionCall,
+    Abort,
+    #[serde(other)]
+    Other,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
+            FinishReason::FunctionCall => "function_call",
+            FinishReason::Abort => "abort",
+            FinishReason::Other => "other",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u32,
+    #[serde(default)]
+    pub completion_tokens: u32,
+}
+
+/// Which engine's metric names a replica uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// Decide from the names found.
+    #[default]
+    Auto,
+    Vllm,
+    Sglang,
+    Llamacpp,
+    /// TensorRT-LLM behind Triton (`nv_trt_llm_*`); names per the Triton
+    /// TensorRT-LLM backend, not yet checked against a live server.
+    Trtllm,
+    /// Hugging Face TGI (`tgi_*`): queue and batch size; TGI exports no KV-cache
+    /// usage, so only queue pressure steers work away from it.
+    Tgi,
+}
+
+impl EngineKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Auto => "unknown",
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::Llamacpp => "llamacpp",
+            EngineKind::Trtllm => "trtllm",
+            EngineKind::Tgi => "tgi",
+        }
+    }
+}
+
+/// Why a replica was chosen for a request (a routing decision's reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteReason {
+    RoundRobin,
+    LeastLoaded,
+    /// The replica holding the prompt's prefix (or its consistent-hash home).
+    Affinity,
+    /// The preferred replica's KV cache was above `kv_high`.
+    SpillKv,
+    /// The preferred replica's queue was above `queue_high`.
+    SpillQueue,
+    /// The preferred replica's metrics were too old to trust.
+    SpillStale,
+    /// The home replica carried more than its bounded share of in-flight load.
+    SpillLoad,
+    /// Every candidate was filtered out (pressure, stale metrics, ejection):
+    /// the least loaded of them was used rather than failing.
+    Fallback,
+    /// An earlier attempt failed before the first byte; this is the next replica.
+    Retry,
+}
+
+impl RouteReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteReason::RoundRobin => "round_robin",
+            RouteReason::LeastLoaded => "least_loaded",
+            RouteReason::Affinity => "affinity",
+            RouteReason::SpillKv => "spill_kv",
+            RouteReason::SpillQueue => "spill_queue",
+            RouteReason::SpillStale => "spill_stale",
+            RouteReason::SpillLoad => "spill_load",
+            RouteReason::Fallback => "fallback",
+            RouteReason::Retry => "retry",
+        }
+    }
+
+    pub const ALL: [RouteReason; 9] = [
+        RouteReason::RoundRobin,
+        RouteReason::LeastLoaded,
+        RouteReason::Affinity,
+        RouteReason::SpillKv,
+        RouteReason::SpillQueue,
+        RouteReason::SpillStale,
+        RouteReason::SpillLoad,
+        RouteReason::Fallback,
+        RouteReason::Retry,
+    ];
+}
+
+/// Which rate limit refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    Requests,
+    Tokens,
+    Concurrency,
+}
+
+impl LimitKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitKind::Requests => "requests",
+            LimitKind::Tokens => "tokens",
+            LimitKind::Concurrency => "concurrency",
+        }
+    }
+}
