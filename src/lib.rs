@@ -19,17 +19,14 @@ pub mod sim;
 pub mod state;
 pub mod stream;
 pub mod telemetry;
+pub mod term;
 pub mod tokens;
 pub mod upstream;
 pub mod vocab;
 
 use anyhow::Context as _;
 
-/// Print a result to stdout; a closed pipe (`| head`) is not an error worth a panic.
-pub fn print_out(text: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stdout(), "{text}");
-}
+pub use term::print_out;
 
 /// The config `sluice serve` runs with: the file (or defaults), then the
 /// command-line overrides, validated. Read again on SIGHUP.

@@ -224,7 +224,7 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     if let Some(path) = &cfg.json {
         let text = serde_json::to_string_pretty(&report)?;
         if path.as_os_str() == "-" {
-            crate::print_out(&text);
+            crate::term::print_out(&text);
         } else {
             std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
         }

@@ -10,27 +10,9 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+pub use super::chunk::ChunkInfo;
 use crate::vocab::{FinishReason, Usage};
 use serde_json::value::RawValue;
-
-/// The gateway's view of one `data:` JSON payload.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkInfo {
-    /// Some choice carries generated text, reasoning or a tool call.
-    pub has_output: bool,
-    pub n_choices: u32,
-    pub finish_reason: Option<FinishReason>,
-    pub usage: Option<Usage>,
-    /// The payload is an error object (the engine failed mid-stream).
-    pub is_error: bool,
-}
-
-impl ChunkInfo {
-    /// The trailing chunk of `stream_options.include_usage`: usage, no choices.
-    pub fn is_usage_only(&self) -> bool {
-        self.n_choices == 0 && self.usage.is_some() && !self.is_error
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {

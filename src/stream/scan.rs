@@ -10,7 +10,7 @@
 //! (control characters, UTF-8): such an event is forwarded as sent and the
 //! client's JSON parser reports it. Cost: O(payload bytes), no allocation.
 
-use super::event::ChunkInfo;
+use super::chunk::ChunkInfo;
 use crate::vocab::{FinishReason, Usage};
 
 /// Read a chunk, or `None` to let the serde reader decide.

@@ -2,7 +2,7 @@
 //!
 //! The record is plain data plus the token clock ([`RequestRecord::on_output`]).
 //! Who owns it and when it is reported is the request guard's business
-//! (`crate::request`); [`Telemetry::report`](super::Telemetry::report) turns a
+//! (the `request` module); [`Telemetry::report`](super::Telemetry::report) turns a
 //! finished record into metrics, a trace decision and an access-log line.
 //! Times are tokio's, so tests on paused time see the clock they drive.
 

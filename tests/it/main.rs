@@ -9,6 +9,7 @@ mod common;
 mod deploy;
 mod errors;
 mod forwarding;
+mod layers;
 mod limits;
 mod observability;
 mod routing;
