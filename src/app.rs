@@ -44,7 +44,7 @@ async fn method_not_allowed(req: Request) -> Response {
 /// answer carries it (404s, 405s and errors too). Nothing else is a layer:
 /// each handler does its own body limit (to answer 413 in the OpenAI shape)
 /// and no layer may buffer or time out a stream as a whole.
-pub fn build_app(state: Arc<Live>) -> Router {
+pub(crate) fn build_app(state: Arc<Live>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -60,7 +60,7 @@ pub fn build_app(state: Arc<Live>) -> Router {
 }
 
 /// The admin listener: metrics, probes and introspection.
-pub fn build_admin(state: Arc<Live>) -> Router {
+pub(crate) fn build_admin(state: Arc<Live>) -> Router {
     Router::new()
         .route("/metrics", get(admin::metrics))
         .route("/healthz", get(admin::healthz))

@@ -18,7 +18,7 @@ const MODEL: &str = "demo-model";
 /// KV blocks per simulated replica: 16k tokens, a few concurrent long prompts.
 const DEMO_BLOCKS: u32 = 1024;
 
-pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut sims = Vec::new();
     for _ in 0..3 {
         let listener = TcpListener::bind("127.0.0.1:0").await?;

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 /// Who caused a failure: decides the error `type` and whether a retry can help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorSource {
+pub(crate) enum ErrorSource {
     Client,
     Upstream,
     Internal,
@@ -72,7 +72,7 @@ pub enum TimeoutPhase {
 }
 
 impl TimeoutPhase {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TimeoutPhase::Connect => "connect",
             TimeoutPhase::FirstToken => "first_token",
@@ -89,7 +89,7 @@ impl std::fmt::Display for TimeoutPhase {
 }
 
 impl GatewayError {
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             GatewayError::InvalidRequest(_) | GatewayError::MissingModel => StatusCode::BAD_REQUEST,
             GatewayError::ModelNotFound(_) | GatewayError::UnknownRoute { .. } => {
@@ -114,7 +114,7 @@ impl GatewayError {
     }
 
     /// A closed-set label for metrics (`error_kind`) and logs.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             GatewayError::InvalidRequest(_) => "invalid_request",
             GatewayError::MissingModel => "missing_model",
@@ -145,7 +145,7 @@ impl GatewayError {
         }
     }
 
-    pub fn source(&self) -> ErrorSource {
+    pub(crate) fn source(&self) -> ErrorSource {
         match self {
             GatewayError::InvalidRequest(_)
             | GatewayError::MissingModel
@@ -171,7 +171,7 @@ impl GatewayError {
     /// risk of running the generation twice: the request never reached a
     /// replica's engine (connect failure, timeout before any answer) or the
     /// replica refused it outright (503 overloaded, 429 rate limited).
-    pub fn retryable(&self) -> bool {
+    pub(crate) fn retryable(&self) -> bool {
         match self {
             GatewayError::UpstreamConnect(_) => true,
             GatewayError::UpstreamTimeout { phase } => *phase == TimeoutPhase::Connect,
@@ -186,7 +186,7 @@ impl GatewayError {
     /// Whether the failure counts against the replica's health (outlier
     /// detection): it could not be reached, timed out, broke the response, or
     /// answered 5xx. Client errors and rate limiting (429) do not count.
-    pub fn blames_replica(&self) -> bool {
+    pub(crate) fn blames_replica(&self) -> bool {
         match self {
             GatewayError::UpstreamConnect(_)
             | GatewayError::UpstreamTimeout { .. }
@@ -234,7 +234,7 @@ impl GatewayError {
     }
 
     /// The OpenAI error body: `{"error":{"message","type","param","code"}}`.
-    pub fn body(&self) -> Bytes {
+    pub(crate) fn body(&self) -> Bytes {
         if let GatewayError::Upstream { body, .. } = self {
             return body.clone();
         }
@@ -247,7 +247,7 @@ impl GatewayError {
     }
 
     /// The same error as one SSE event, for failures after a stream has started.
-    pub fn sse_event(&self) -> Bytes {
+    pub(crate) fn sse_event(&self) -> Bytes {
         let body = self.body();
         let mut out = Vec::with_capacity(body.len() + 24);
         out.extend_from_slice(b"data: ");
@@ -271,7 +271,12 @@ struct ErrorObject<'a> {
     code: Option<&'a str>,
 }
 
-pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: Option<&str>) -> Bytes {
+pub(crate) fn error_body(
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Bytes {
     let env = ErrorEnvelope {
         error: ErrorObject {
             message,
@@ -287,7 +292,7 @@ pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: Option<&
 ///
 /// Accepts `{"error":{...}}` (OpenAI, newer vLLM), `{"object":"error","message":..}`
 /// (older vLLM), `{"error":"text"}` (TGI) and plain text.
-pub fn normalise_upstream_error(status: StatusCode, body: &[u8]) -> Bytes {
+pub(crate) fn normalise_upstream_error(status: StatusCode, body: &[u8]) -> Bytes {
     #[derive(serde::Deserialize)]
     struct Flat {
         message: Option<String>,

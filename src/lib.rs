@@ -5,13 +5,13 @@
 //! ([`sim::start`]) in-process on loopback sockets.
 
 pub mod api;
-pub mod app;
-pub mod bench;
+mod app;
+mod bench;
 pub mod cli;
 pub mod config;
-pub mod demo;
-pub mod error;
-pub mod limits;
+mod demo;
+mod error;
+mod limits;
 pub mod request;
 pub mod routing;
 pub mod server;
@@ -19,8 +19,8 @@ pub mod sim;
 pub mod state;
 pub mod stream;
 pub mod telemetry;
-pub mod term;
-pub mod tokens;
+mod term;
+mod tokens;
 pub mod upstream;
 pub mod vocab;
 

@@ -72,7 +72,7 @@ impl RequestGuard {
 
     /// The caller is known: its tier labels the request from now on, also
     /// when it fails before its model is known.
-    pub fn identified(&mut self, id: &Identity) {
+    pub(crate) fn identified(&mut self, id: &Identity) {
         self.record.tier = Some(id.tier.clone());
         self.record.key_name = Some(id.name.clone());
     }
@@ -88,12 +88,12 @@ impl RequestGuard {
         self.record.model = model;
     }
 
-    pub fn set_prompt_text(&mut self, text: Option<String>) {
+    pub(crate) fn set_prompt_text(&mut self, text: Option<String>) {
         self.prompt_text = text;
     }
 
     /// The rate limiter admitted the request; settled at the end.
-    pub fn admitted(&mut self, admission: Admission) {
+    pub(crate) fn admitted(&mut self, admission: Admission) {
         self.record.ratelimit = Some(if admission.is_unlimited() {
             "admitted_store_down"
         } else {
@@ -103,13 +103,18 @@ impl RequestGuard {
     }
 
     /// The `x-ratelimit-*` headers of the admission, if one was made.
-    pub fn rate_headers(&self) -> Option<&RateHeaders> {
+    pub(crate) fn rate_headers(&self) -> Option<&RateHeaders> {
         self.admission.as_ref().map(|a| &a.headers)
     }
 
     /// The request goes to `replica` (attempt number `attempts + 1`): its
     /// in-flight count rises until the attempt fails or the request ends.
-    pub fn start_attempt(&mut self, replica: Arc<Replica>, reason: RouteReason, now: Instant) {
+    pub(crate) fn start_attempt(
+        &mut self,
+        replica: Arc<Replica>,
+        reason: RouteReason,
+        now: Instant,
+    ) {
         self.record.route_reason = Some(reason);
         self.record.attempts += 1;
         self.record.backend = Some(replica.name.clone());
@@ -119,7 +124,7 @@ impl RequestGuard {
     }
 
     /// The replica of the current attempt.
-    pub fn replica(&self) -> Option<&Arc<Replica>> {
+    pub(crate) fn replica(&self) -> Option<&Arc<Replica>> {
         self.attempt.as_ref().map(InFlight::replica)
     }
 
@@ -127,7 +132,7 @@ impl RequestGuard {
     /// and towards its ejection when `blames_replica`. The attempt stays open
     /// (a stream that reported an error in-band still runs to its end); see
     /// [`end_attempt`](Self::end_attempt).
-    pub fn attempt_failed(&mut self, kind: &'static str, blames_replica: bool) {
+    pub(crate) fn attempt_failed(&mut self, kind: &'static str, blames_replica: bool) {
         let Some(replica) = self.replica() else {
             return;
         };
@@ -142,18 +147,18 @@ impl RequestGuard {
     }
 
     /// [`attempt_failed`](Self::attempt_failed) for a gateway error.
-    pub fn attempt_error(&mut self, e: &GatewayError) {
+    pub(crate) fn attempt_error(&mut self, e: &GatewayError) {
         self.attempt_failed(e.kind(), e.blames_replica());
     }
 
     /// The current attempt is over (failed; another may follow): the replica's
     /// in-flight count falls now.
-    pub fn end_attempt(&mut self) {
+    pub(crate) fn end_attempt(&mut self) {
         self.attempt = None;
     }
 
     /// The request failed with `e`: its status and kind.
-    pub fn fail(&mut self, e: &GatewayError) {
+    pub(crate) fn fail(&mut self, e: &GatewayError) {
         self.record.fail(e.status().as_u16(), e.kind());
     }
 
@@ -167,7 +172,7 @@ impl RequestGuard {
 
     /// The stream ended at `now` without another token (see
     /// [`RequestRecord::on_cut`]).
-    pub fn on_cut(&mut self, now: Instant) {
+    pub(crate) fn on_cut(&mut self, now: Instant) {
         if let Some(s) = &self.series {
             self.record.on_cut(now, s, self.stall_threshold);
         }

@@ -183,7 +183,10 @@ impl Gateway {
 
     /// [`reload`](Self::reload) with the config read by `load` (a file that
     /// no longer parses counts as a failed reload too).
-    pub fn reload_with(&self, load: impl FnOnce() -> anyhow::Result<Config>) -> anyhow::Result<()> {
+    pub(crate) fn reload_with(
+        &self,
+        load: impl FnOnce() -> anyhow::Result<Config>,
+    ) -> anyhow::Result<()> {
         let result = load().and_then(|c| self.try_reload(c));
         let outcome = if result.is_ok() { "ok" } else { "error" };
         self.live
@@ -285,16 +288,16 @@ impl Gateway {
 
 /// After the drain deadline, how long connections have to send the error
 /// event of their cut stream (and any other response already under way).
-pub const CUT_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const CUT_GRACE: Duration = Duration::from_secs(5);
 
 /// SIGHUP, the conventional "reload your config" signal.
-pub struct Hangups {
+pub(crate) struct Hangups {
     #[cfg(unix)]
     signal: Option<tokio::signal::unix::Signal>,
 }
 
 impl Hangups {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             #[cfg(unix)]
             signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
@@ -302,7 +305,7 @@ impl Hangups {
     }
 
     /// The next SIGHUP (never, where there are no signals).
-    pub async fn recv(&mut self) {
+    pub(crate) async fn recv(&mut self) {
         #[cfg(unix)]
         if let Some(s) = &mut self.signal
             && s.recv().await.is_some()
@@ -320,7 +323,7 @@ impl Default for Hangups {
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

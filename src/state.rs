@@ -40,7 +40,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+    pub(crate) fn new(config: Config) -> anyhow::Result<Arc<Self>> {
         Self::build(config, None)
     }
 
@@ -51,7 +51,7 @@ impl AppState {
     /// the trace exporter when tracing is unchanged, routing's per-replica
     /// memory while its capacity is unchanged. The access log is opened again
     /// (a rotated file is picked up).
-    pub fn build(config: Config, previous: Option<&AppState>) -> anyhow::Result<Arc<Self>> {
+    pub(crate) fn build(config: Config, previous: Option<&AppState>) -> anyhow::Result<Arc<Self>> {
         let metrics = match previous {
             Some(p) => p.metrics.clone(),
             None => Arc::new(Metrics::new(&config.telemetry.buckets)),
@@ -118,28 +118,28 @@ impl AppState {
 /// loads it once and keeps that snapshot to its end, so a reload never
 /// changes a request midway: its stream keeps its replica, its limits and
 /// its telemetry.
-pub struct Live {
+pub(crate) struct Live {
     current: ArcSwap<AppState>,
 }
 
 impl Live {
-    pub fn new(state: Arc<AppState>) -> Arc<Self> {
+    pub(crate) fn new(state: Arc<AppState>) -> Arc<Self> {
         Arc::new(Self {
             current: ArcSwap::new(state),
         })
     }
 
-    pub fn load(&self) -> Arc<AppState> {
+    pub(crate) fn load(&self) -> Arc<AppState> {
         self.current.load_full()
     }
 
-    pub fn store(&self, state: Arc<AppState>) {
+    pub(crate) fn store(&self, state: Arc<AppState>) {
         self.current.store(state);
     }
 }
 
 /// Extractor: the state current when the request arrived.
-pub struct Current(pub Arc<AppState>);
+pub(crate) struct Current(pub Arc<AppState>);
 
 impl FromRequestParts<Arc<Live>> for Current {
     type Rejection = std::convert::Infallible;

@@ -9,18 +9,18 @@
 //! from the replica's usage, never from here.
 
 /// Characters per token.
-pub const CHARS_PER_TOKEN: usize = 4;
+pub(crate) const CHARS_PER_TOKEN: usize = 4;
 /// Framing tokens per chat message (role markers, separators).
-pub const TOKENS_PER_MESSAGE: u32 = 3;
+pub(crate) const TOKENS_PER_MESSAGE: u32 = 3;
 
 /// Tokens in a piece of text.
-pub fn estimate(text: &str) -> u32 {
+pub(crate) fn estimate(text: &str) -> u32 {
     let chars = text.chars().count();
     u32::try_from(chars.div_ceil(CHARS_PER_TOKEN)).unwrap_or(u32::MAX)
 }
 
 /// Tokens of a prompt given as chat messages' contents.
-pub fn estimate_messages<'a>(contents: impl IntoIterator<Item = &'a str>) -> u32 {
+pub(crate) fn estimate_messages<'a>(contents: impl IntoIterator<Item = &'a str>) -> u32 {
     contents
         .into_iter()
         .map(|c| estimate(c).saturating_add(TOKENS_PER_MESSAGE))

@@ -9,13 +9,13 @@ use serde::Serialize;
 
 use crate::state::Current;
 
-pub async fn healthz() -> &'static str {
+pub(crate) async fn healthz() -> &'static str {
     "ok\n"
 }
 
 /// Ready when the config is loaded (it is, or we would not be running) and at
 /// least one replica is healthy.
-pub async fn readyz(Current(state): Current) -> Response {
+pub(crate) async fn readyz(Current(state): Current) -> Response {
     if state.pool.any_healthy() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
@@ -25,7 +25,7 @@ pub async fn readyz(Current(state): Current) -> Response {
 
 /// Prometheus text by default; OpenMetrics (with exemplars linking latency
 /// buckets to traces) when the scraper asks for it.
-pub async fn metrics(Current(state): Current, headers: http::HeaderMap) -> Response {
+pub(crate) async fn metrics(Current(state): Current, headers: http::HeaderMap) -> Response {
     let om = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -41,7 +41,7 @@ pub async fn metrics(Current(state): Current, headers: http::HeaderMap) -> Respo
 }
 
 #[derive(Serialize)]
-pub struct BackendView {
+pub(crate) struct BackendView {
     name: String,
     url: String,
     healthy: bool,
@@ -71,7 +71,7 @@ pub struct BackendView {
     tpot_recent_seconds: Option<f64>,
 }
 
-pub async fn backends(Current(state): Current) -> Json<Vec<BackendView>> {
+pub(crate) async fn backends(Current(state): Current) -> Json<Vec<BackendView>> {
     let out = state
         .pool
         .replicas()
@@ -108,6 +108,6 @@ pub async fn backends(Current(state): Current) -> Json<Vec<BackendView>> {
 }
 
 /// The effective config; secrets print as `[redacted]`.
-pub async fn config(Current(state): Current) -> Response {
+pub(crate) async fn config(Current(state): Current) -> Response {
     Json(&*state.config).into_response()
 }

@@ -34,7 +34,7 @@ pub struct Inbound {
 
 /// What else to extract besides the fields every request needs.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Needs {
+pub(crate) struct Needs {
     pub prefix: Option<PrefixParams>,
     pub estimate: bool,
     pub text: bool,
@@ -152,7 +152,7 @@ struct StreamOptions {
 
 /// Read the whole body, refusing more than `limit` bytes (413) early when the
 /// client declares its length.
-pub async fn read_body(
+pub(crate) async fn read_body(
     headers: &HeaderMap,
     body: axum::body::Body,
     limit: usize,
@@ -192,7 +192,7 @@ pub fn inspect(
 }
 
 /// [`inspect`], extracting what `needs` asks for.
-pub fn inspect_with(
+pub(crate) fn inspect_with(
     endpoint: Endpoint,
     body: Bytes,
     needs: Needs,
@@ -266,7 +266,7 @@ pub fn inspect_with(
 
 /// The body with its `model` replaced (an alias resolved to the served name).
 /// Re-serialised: aliases are a convenience, not the hot path.
-pub fn with_model(body: &Bytes, model: &str) -> Result<Bytes, GatewayError> {
+pub(crate) fn with_model(body: &Bytes, model: &str) -> Result<Bytes, GatewayError> {
     let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
         .map_err(|e| GatewayError::InvalidRequest(format!("invalid request body: {e}")))?;
     v.insert("model".into(), serde_json::Value::String(model.to_string()));
@@ -298,7 +298,7 @@ fn with_leading_member(body: &Bytes, member: &[u8]) -> Result<Bytes, GatewayErro
 
 /// The body with `"max_tokens": n` added (the tier's cap applied to a request
 /// that set none).
-pub fn with_max_tokens(body: &Bytes, n: u32) -> Result<Bytes, GatewayError> {
+pub(crate) fn with_max_tokens(body: &Bytes, n: u32) -> Result<Bytes, GatewayError> {
     with_leading_member(body, format!("\"max_tokens\":{n}").as_bytes())
 }
 

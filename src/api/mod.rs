@@ -1,7 +1,7 @@
 //! Thin HTTP handlers: the proxied API, the model list, and the admin endpoints.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod inbound;
-pub mod models;
+pub(crate) mod models;
 pub mod proxy;
-pub mod request_id;
+pub(crate) mod request_id;

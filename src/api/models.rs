@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::state::Current;
 
 #[derive(Serialize)]
-pub struct ModelList {
+pub(crate) struct ModelList {
     object: &'static str,
     data: Vec<ModelCard>,
 }
@@ -21,7 +21,7 @@ struct ModelCard {
     owned_by: &'static str,
 }
 
-pub async fn list(Current(state): Current) -> Json<ModelList> {
+pub(crate) async fn list(Current(state): Current) -> Json<ModelList> {
     let created = state.started_unix;
     let data = state
         .pool

@@ -38,7 +38,11 @@ const MAX_ERROR_BODY: usize = 1 << 20;
 /// traffic because it was slow is tried again once its old measurement fades.
 const LATENCY_MEMORY: std::time::Duration = std::time::Duration::from_secs(30);
 
-pub async fn handle(state: Arc<AppState>, endpoint: Endpoint, req: Request<Body>) -> Response {
+pub(crate) async fn handle(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    req: Request<Body>,
+) -> Response {
     let arrival = Instant::now();
     let (parts, body) = req.into_parts();
     let rid = RequestId::of(&parts);
@@ -455,7 +459,7 @@ async fn respond(
 }
 
 /// 404 for anything that is not an API route.
-pub async fn not_found(req: Request<Body>) -> Response {
+pub(crate) async fn not_found(req: Request<Body>) -> Response {
     GatewayError::UnknownRoute {
         method: req.method().to_string(),
         path: req.uri().path().to_string(),

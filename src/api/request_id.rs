@@ -12,12 +12,12 @@ use crate::upstream::client::{X_REQUEST_ID, request_id};
 
 /// The id assigned to a request, in its extensions.
 #[derive(Debug, Clone)]
-pub struct RequestId(pub HeaderValue);
+pub(crate) struct RequestId(pub HeaderValue);
 
 impl RequestId {
     /// The id of a request (assigned by [`layer`]; derived from the headers
     /// when the request did not pass through it).
-    pub fn of(parts: &Parts) -> HeaderValue {
+    pub(crate) fn of(parts: &Parts) -> HeaderValue {
         match parts.extensions.get::<RequestId>() {
             Some(id) => id.0.clone(),
             None => request_id(&parts.headers),
@@ -26,7 +26,7 @@ impl RequestId {
 }
 
 /// Middleware: assign the id, and answer with it whatever the response.
-pub async fn layer(mut req: Request, next: Next) -> Response {
+pub(crate) async fn layer(mut req: Request, next: Next) -> Response {
     let id = request_id(req.headers());
     req.extensions_mut().insert(RequestId(id.clone()));
     let mut resp = next.run(req).await;

@@ -7,7 +7,7 @@
 //! output), every gap between output events, and E2E, with the same SSE reader
 //! the gateway uses; token counts come from the endpoint's usage.
 
-pub mod workload;
+pub(crate) mod workload;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use crate::stream::event::{Event, classify};
 use crate::stream::sse::SseSplitter;
 
 #[derive(Debug, Clone)]
-pub struct BenchConfig {
+pub(crate) struct BenchConfig {
     /// Base URL, e.g. `http://127.0.0.1:8080` (`/v1/...` is appended).
     pub url: String,
     /// Model to request; `None` asks `/v1/models` and takes the first.
@@ -48,7 +48,7 @@ pub struct BenchConfig {
 
 /// When requests are sent.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Arrival {
+pub(crate) enum Arrival {
     /// A new request as soon as one of `concurrency` ends.
     Closed,
     /// Poisson arrivals at this many requests per second.
@@ -69,7 +69,7 @@ struct Sample {
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
-pub struct Percentiles {
+pub(crate) struct Percentiles {
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
@@ -80,7 +80,7 @@ pub struct Percentiles {
 
 impl Percentiles {
     /// Nearest-rank percentiles of durations, in seconds.
-    pub fn of(mut v: Vec<f64>) -> Self {
+    pub(crate) fn of(mut v: Vec<f64>) -> Self {
         if v.is_empty() {
             return Self::default();
         }
@@ -98,7 +98,7 @@ impl Percentiles {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub url: String,
     pub model: String,
     pub workload: String,
@@ -119,7 +119,7 @@ pub struct Report {
 
 type BenchClient = Client<HttpConnector, Full<Bytes>>;
 
-pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
+pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     anyhow::ensure!(cfg.concurrency > 0, "--concurrency must be at least 1");
     anyhow::ensure!(
         cfg.requests.is_some() || cfg.duration.is_some(),
@@ -378,7 +378,7 @@ fn summarise(cfg: &BenchConfig, model: &str, samples: Vec<Sample>, elapsed: f64)
 
 impl Report {
     /// The human summary printed at the end.
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         let ms = |p: &Percentiles| {
             format!(
                 "p50 {:>9.3}  p90 {:>9.3}  p99 {:>9.3}  max {:>9.3}  (ms, n={})",

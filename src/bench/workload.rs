@@ -22,7 +22,7 @@ pub enum Workload {
 }
 
 #[derive(Debug, Clone)]
-pub struct Shape {
+pub(crate) struct Shape {
     pub workload: Workload,
     pub prompt_tokens: u32,
     pub max_tokens: u32,
@@ -31,7 +31,7 @@ pub struct Shape {
 }
 
 /// Builds prompts; deterministic for a given seed.
-pub struct Generator {
+pub(crate) struct Generator {
     shape: Shape,
     rng: fastrand::Rng,
     prefixes: Vec<String>,
@@ -53,7 +53,7 @@ fn text_of_tokens(tokens: u32, salt: &str) -> String {
 }
 
 impl Generator {
-    pub fn new(shape: Shape, seed: u64) -> Self {
+    pub(crate) fn new(shape: Shape, seed: u64) -> Self {
         let prefixes = (0..shape.prefixes.max(1))
             .map(|i| text_of_tokens(shape.prefix_tokens, &format!("[document {i}] ")))
             .collect();
@@ -70,7 +70,7 @@ impl Generator {
     }
 
     /// The chat messages and `max_tokens` of request number `n`.
-    pub fn next(&mut self, n: u64) -> (serde_json::Value, u32) {
+    pub(crate) fn next(&mut self, n: u64) -> (serde_json::Value, u32) {
         let s = self.shape.clone();
         let unique = format!("#{n} ");
         let (system, user, max_tokens) = match s.workload {

@@ -111,7 +111,7 @@ pub fn parse_str(text: &str, file: &str) -> Result<Config, ConfigError> {
 
 /// The 1-based line of a dotted key path (`a.b[2].c`) in block-style YAML, found
 /// by walking indentation. Flow-style sections are not searched; `None` then.
-pub fn locate(text: &str, path: &str) -> Option<u64> {
+pub(crate) fn locate(text: &str, path: &str) -> Option<u64> {
     if path.is_empty() {
         return None;
     }

@@ -10,14 +10,14 @@
 
 /// One limit: `capacity` units per `period_ms`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rate {
+pub(crate) struct Rate {
     pub capacity: f64,
     /// Milliseconds per unit.
     pub interval_ms: f64,
 }
 
 impl Rate {
-    pub fn per_minute(n: u32) -> Self {
+    pub(crate) fn per_minute(n: u32) -> Self {
         Self {
             capacity: f64::from(n),
             interval_ms: 60_000.0 / f64::from(n.max(1)),
@@ -27,7 +27,7 @@ impl Rate {
 
 /// What a bucket reports for the response headers.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Window {
+pub(crate) struct Window {
     pub limit: u32,
     pub remaining: u32,
     /// Milliseconds until the bucket is full again.
@@ -35,7 +35,7 @@ pub struct Window {
 }
 
 /// The bucket's state as seen at `now`, without spending.
-pub fn window(rate: Rate, tat: f64, now: f64) -> Window {
+pub(crate) fn window(rate: Rate, tat: f64, now: f64) -> Window {
     let used = (tat.max(now) - now).max(0.0);
     let free = (rate.capacity * rate.interval_ms - used) / rate.interval_ms;
     Window {
@@ -46,14 +46,14 @@ pub fn window(rate: Rate, tat: f64, now: f64) -> Window {
 }
 
 /// Spend `cost` units: the new TAT, or how long until it would fit.
-pub fn spend(rate: Rate, tat: f64, now: f64, cost: f64) -> Result<f64, f64> {
+pub(crate) fn spend(rate: Rate, tat: f64, now: f64, cost: f64) -> Result<f64, f64> {
     let new_tat = tat.max(now) + cost * rate.interval_ms;
     let over = new_tat - now - rate.capacity * rate.interval_ms;
     if over > 1e-6 { Err(over) } else { Ok(new_tat) }
 }
 
 /// Settle `delta` units after the fact (negative: refund).
-pub fn settle(rate: Rate, tat: f64, now: f64, delta: f64) -> f64 {
+pub(crate) fn settle(rate: Rate, tat: f64, now: f64, delta: f64) -> f64 {
     (tat + delta * rate.interval_ms).max(now)
 }
 

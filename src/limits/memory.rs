@@ -1,9 +1,9 @@
 //! The in-process store: GCRA state per bucket in sharded maps. One short lock
 //! per admission and per settlement, never per token.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use super::gcra::{self, window};
@@ -17,7 +17,7 @@ struct State {
     in_flight: u32,
 }
 
-pub struct MemoryStore {
+pub(super) struct MemoryStore {
     shards: Vec<Mutex<HashMap<String, State>>>,
     epoch: Instant,
 }
@@ -44,12 +44,9 @@ impl MemoryStore {
         self.epoch.elapsed().as_secs_f64() * 1000.0
     }
 
-    pub fn admit(&self, ask: &Ask<'_>) -> Verdict {
+    pub(super) fn admit(&self, ask: &Ask<'_>) -> Verdict {
         let now = self.now_ms();
-        let mut map = self
-            .shard(ask.bucket)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut map = self.shard(ask.bucket).lock();
         let st = map.entry(ask.bucket.to_string()).or_default();
         let req_window = ask.requests.map(|r| window(r, st.requests_tat, now));
         let tok_window = ask.tokens.map(|r| window(r, st.tokens_tat, now));
@@ -95,12 +92,9 @@ impl MemoryStore {
         }
     }
 
-    pub fn settle(&self, s: &super::Settlement) {
+    pub(super) fn settle(&self, s: &super::Settlement) {
         let now = self.now_ms();
-        let mut map = self
-            .shard(&s.bucket)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut map = self.shard(&s.bucket).lock();
         if let Some(st) = map.get_mut(&s.bucket) {
             if let Some(r) = s.tokens {
                 st.tokens_tat = gcra::settle(r, st.tokens_tat, now, s.delta_tokens as f64);

@@ -7,7 +7,7 @@
 //! the end the reservation is settled with the real usage (refund or extra
 //! charge) and the concurrency slot released, also when the client left.
 
-pub mod gcra;
+pub(crate) mod gcra;
 mod memory;
 mod redis;
 
@@ -30,13 +30,13 @@ use redis::RedisStore;
 
 /// A caller: the key's name (logs and traces only) and its tier (metrics too).
 #[derive(Debug)]
-pub struct Identity {
+pub(crate) struct Identity {
     pub name: Arc<str>,
     pub tier: Arc<str>,
 }
 
 /// One admission question to the store.
-pub struct Ask<'a> {
+pub(crate) struct Ask<'a> {
     pub bucket: &'a str,
     pub requests: Option<Rate>,
     pub tokens: Option<Rate>,
@@ -47,7 +47,7 @@ pub struct Ask<'a> {
     pub ticket: u64,
 }
 
-pub enum Verdict {
+pub(crate) enum Verdict {
     Admitted {
         requests: Option<Window>,
         tokens: Option<Window>,
@@ -55,7 +55,7 @@ pub enum Verdict {
     Refused(Refusal),
 }
 
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub limit: LimitKind,
     pub retry_after_ms: f64,
     pub requests: Option<Window>,
@@ -64,7 +64,7 @@ pub struct Refusal {
 
 /// What to tell the store when a request ends.
 #[derive(Debug, Clone)]
-pub struct Settlement {
+pub(crate) struct Settlement {
     pub bucket: String,
     pub tokens: Option<Rate>,
     pub ticket: u64,
@@ -80,20 +80,20 @@ enum Store {
 
 /// The `x-ratelimit-*` headers of a response (OpenAI's names and formats).
 #[derive(Debug, Clone, Default)]
-pub struct RateHeaders {
+pub(crate) struct RateHeaders {
     pub requests: Option<Window>,
     pub tokens: Option<Window>,
 }
 
 impl RateHeaders {
     /// The headers as a map of their own (for an error response).
-    pub fn to_map(&self) -> HeaderMap {
+    pub(crate) fn to_map(&self) -> HeaderMap {
         let mut h = HeaderMap::new();
         self.apply(&mut h);
         h
     }
 
-    pub fn apply(&self, h: &mut HeaderMap) {
+    pub(crate) fn apply(&self, h: &mut HeaderMap) {
         let mut put = |name: &'static str, v: String| {
             if let Ok(v) = HeaderValue::from_str(&v) {
                 h.insert(name, v);
@@ -113,7 +113,7 @@ impl RateHeaders {
 }
 
 /// A duration the way OpenAI writes reset times: `20ms`, `1s`, `1.5s`, `6m0s`, `1h2m3s`.
-pub fn duration_string(ms: f64) -> String {
+pub(crate) fn duration_string(ms: f64) -> String {
     let ms = ms.max(0.0);
     if ms < 1000.0 {
         return format!("{}ms", ms.ceil() as u64);
@@ -147,7 +147,7 @@ struct Limits {
 }
 
 /// Tokens reserved for the answer when neither the request nor the tier says.
-pub const DEFAULT_RESERVED_OUTPUT: u32 = 1024;
+pub(crate) const DEFAULT_RESERVED_OUTPUT: u32 = 1024;
 
 pub struct Limiter {
     keys: HashMap<[u8; 32], Arc<Identity>>,
@@ -170,7 +170,7 @@ impl Limiter {
     /// is open and sends no rate-limit headers.
     /// `previous`: the limiter of the config being replaced, if any; its store
     /// is kept when the store settings are the same.
-    pub fn from_config(
+    pub(crate) fn from_config(
         cfg: &Config,
         metrics: Arc<Metrics>,
         previous: Option<&Limiter>,
@@ -246,7 +246,7 @@ impl Limiter {
     }
 
     /// Who is calling, from `Authorization: Bearer KEY`.
-    pub fn identify(&self, headers: &HeaderMap) -> Result<Arc<Identity>, GatewayError> {
+    pub(crate) fn identify(&self, headers: &HeaderMap) -> Result<Arc<Identity>, GatewayError> {
         let Some(value) = headers.get(header::AUTHORIZATION) else {
             return self.anonymous.clone().ok_or_else(|| {
                 GatewayError::Unauthorized(
@@ -303,12 +303,12 @@ impl Limiter {
     }
 
     /// The largest `max_tokens` this caller may ask of `model`.
-    pub fn max_tokens_cap(&self, id: &Identity, model: &str) -> Option<u32> {
+    pub(crate) fn max_tokens_cap(&self, id: &Identity, model: &str) -> Option<u32> {
         self.limits(id, model).1.max_tokens
     }
 
     /// Check and reserve. `max_tokens` is the request's, after the cap.
-    pub async fn admit(
+    pub(crate) async fn admit(
         self: &Arc<Self>,
         id: &Arc<Identity>,
         model: &str,
@@ -459,7 +459,7 @@ impl Limiter {
 
 /// A granted request's reservation. [`Admission::finish`] settles it; if it
 /// is dropped unfinished the reservation stands and the slot is released.
-pub struct Admission {
+pub(crate) struct Admission {
     limiter: Option<Arc<Limiter>>,
     settlement: Option<Settlement>,
     /// Tokens reserved at admission.
@@ -469,7 +469,7 @@ pub struct Admission {
 
 impl Admission {
     /// No limits apply (store down, failing open).
-    pub fn unlimited() -> Self {
+    pub(crate) fn unlimited() -> Self {
         Self {
             limiter: None,
             settlement: None,
@@ -479,12 +479,12 @@ impl Admission {
     }
 
     /// Whether this admission bypassed the limits (store down, failing open).
-    pub fn is_unlimited(&self) -> bool {
+    pub(crate) fn is_unlimited(&self) -> bool {
         self.limiter.is_none()
     }
 
     /// Settle with the tokens really used.
-    pub fn finish(&mut self, used_tokens: u32) {
+    pub(crate) fn finish(&mut self, used_tokens: u32) {
         if let (Some(l), Some(mut s)) = (self.limiter.take(), self.settlement.take()) {
             if s.tokens.is_some() {
                 s.delta_tokens = i64::from(used_tokens) - i64::from(self.reserved);

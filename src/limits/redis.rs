@@ -81,7 +81,7 @@ return 1
 /// mid-request must not hold a concurrency slot forever).
 const STALE_IN_FLIGHT: Duration = Duration::from_secs(3600);
 
-pub struct RedisStore {
+pub(super) struct RedisStore {
     conn: ConnectionManager,
     prefix: String,
     timeout: Duration,
@@ -90,12 +90,12 @@ pub struct RedisStore {
 }
 
 #[derive(Debug)]
-pub struct StoreError(pub String);
+pub(super) struct StoreError(pub String);
 
 impl RedisStore {
     /// Connects lazily: an unreachable Redis at start is handled like one that
     /// goes away later (per `on_store_error`), not as a startup failure.
-    pub fn new(cfg: &RedisConfig) -> anyhow::Result<Self> {
+    pub(super) fn new(cfg: &RedisConfig) -> anyhow::Result<Self> {
         let client = Client::open(cfg.url.expose())
             .map_err(|e| anyhow::anyhow!("rate_limits.redis.url: {e}"))?;
         let conf = ConnectionManagerConfig::new()
@@ -119,7 +119,7 @@ impl RedisStore {
         [format!("{b}:r"), format!("{b}:t"), format!("{b}:c")]
     }
 
-    pub async fn admit(&self, ask: &Ask<'_>) -> Result<(Verdict, Duration), StoreError> {
+    pub(super) async fn admit(&self, ask: &Ask<'_>) -> Result<(Verdict, Duration), StoreError> {
         let [r, t, c] = self.keys(ask.bucket);
         let (rt, rc) = ask
             .requests
@@ -174,7 +174,7 @@ impl RedisStore {
         Ok((verdict, rtt))
     }
 
-    pub async fn settle(&self, s: &Settlement) -> Result<(), StoreError> {
+    pub(super) async fn settle(&self, s: &Settlement) -> Result<(), StoreError> {
         let [_, t, c] = self.keys(&s.bucket);
         let mut inv = self.settle.prepare_invoke();
         inv.key(t).key(c);

@@ -21,9 +21,9 @@ use crate::telemetry::metrics::epoch;
 
 /// Replicas not routed to for this long are forgotten (a DNS-discovered pod
 /// that went away must not keep its index forever).
-pub const FORGET_AFTER: Duration = Duration::from_secs(600);
+pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(600);
 
-pub struct ReplicaMemory {
+pub(crate) struct ReplicaMemory {
     pub prefixes: Mutex<PrefixIndex>,
     /// Nanoseconds since `epoch()` of the last decision that looked here.
     used: AtomicU64,
@@ -55,12 +55,12 @@ impl Affinity {
         })
     }
 
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// The memory of replica `name`, created on first use.
-    pub fn of(&self, name: &Arc<str>) -> Arc<ReplicaMemory> {
+    pub(crate) fn of(&self, name: &Arc<str>) -> Arc<ReplicaMemory> {
         if let Some(m) = self.replicas.load().get(name) {
             m.touch();
             return m.clone();
@@ -88,7 +88,7 @@ impl Affinity {
     }
 
     /// Prefix blocks remembered for `name` (0 when unknown), for `/admin`.
-    pub fn blocks(&self, name: &str) -> usize {
+    pub(crate) fn blocks(&self, name: &str) -> usize {
         self.replicas
             .load()
             .get(name)

@@ -13,7 +13,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// The keys are already hashes: use them as they are.
 #[derive(Default)]
-pub struct Identity(u64);
+pub(crate) struct Identity(u64);
 
 impl Hasher for Identity {
     fn finish(&self) -> u64 {
@@ -31,14 +31,14 @@ impl Hasher for Identity {
 
 type Set = HashSet<u64, BuildHasherDefault<Identity>>;
 
-pub struct PrefixIndex {
+pub(crate) struct PrefixIndex {
     current: Set,
     previous: Set,
     capacity: usize,
 }
 
 impl PrefixIndex {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             current: Set::default(),
             previous: Set::default(),
@@ -51,7 +51,7 @@ impl PrefixIndex {
     }
 
     /// How many leading blocks of `hashes` are cached here.
-    pub fn longest_match(&self, hashes: &[u64]) -> usize {
+    pub(crate) fn longest_match(&self, hashes: &[u64]) -> usize {
         let (mut lo, mut hi) = (0usize, hashes.len());
         // Invariant: the first `lo` blocks are cached; block `hi` (if any) is not.
         while lo < hi {
@@ -65,7 +65,7 @@ impl PrefixIndex {
         lo
     }
 
-    pub fn insert(&mut self, hashes: &[u64]) {
+    pub(crate) fn insert(&mut self, hashes: &[u64]) {
         for &h in hashes {
             if self.current.len() * 2 >= self.capacity {
                 self.previous = std::mem::take(&mut self.current);
@@ -74,12 +74,8 @@ impl PrefixIndex {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.current.len() + self.previous.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -10,13 +10,13 @@ use std::time::Duration;
 use super::{Decision, ReplicaView, RouteCtx, RoutingPolicy};
 use crate::vocab::RouteReason;
 
-pub struct LeastLoaded {
+pub(crate) struct LeastLoaded {
     rotate: AtomicUsize,
     stale_after: Option<Duration>,
 }
 
 impl LeastLoaded {
-    pub fn new(stale_after: Option<Duration>) -> Self {
+    pub(crate) fn new(stale_after: Option<Duration>) -> Self {
         Self {
             rotate: AtomicUsize::new(0),
             stale_after,
@@ -33,7 +33,7 @@ const STALE_WORK: f64 = 1e9;
 /// In-flight from this gateway plus the replica's own queue from its fresh
 /// metrics; stale or missing metrics count as saturated ([`STALE_WORK`]).
 /// With scraping off (`stale_after` unset) in-flight alone decides.
-pub fn work(r: &ReplicaView, ctx: &RouteCtx<'_>, stale_after: Option<Duration>) -> f64 {
+pub(super) fn work(r: &ReplicaView, ctx: &RouteCtx<'_>, stale_after: Option<Duration>) -> f64 {
     let in_flight = f64::from(r.in_flight);
     let Some(d) = stale_after else {
         return in_flight;

@@ -7,15 +7,15 @@
 //! closed set, which is counted in metrics and recorded with the request.
 //! What a policy remembers between decisions lives in [`Affinity`].
 
-pub mod affinity;
-pub mod index;
+pub(crate) mod affinity;
+pub(crate) mod index;
 mod least_loaded;
-pub mod prefix;
+pub(crate) mod prefix;
 mod prefix_kv;
 mod round_robin;
 
 pub use affinity::Affinity;
-pub use least_loaded::LeastLoaded;
+pub(crate) use least_loaded::LeastLoaded;
 pub use prefix_kv::PrefixKv;
 pub use round_robin::RoundRobin;
 
@@ -51,7 +51,7 @@ pub struct LoadView {
 
 impl ReplicaView {
     /// The scrape, if it is no older than `max_age` at `now`.
-    pub fn fresh_load(&self, now: Instant, max_age: Duration) -> Option<&LoadView> {
+    pub(crate) fn fresh_load(&self, now: Instant, max_age: Duration) -> Option<&LoadView> {
         self.load
             .as_ref()
             .filter(|l| now.saturating_duration_since(l.at) <= max_age)
@@ -87,7 +87,7 @@ pub trait RoutingPolicy: Send + Sync {
 
 /// The configured policy; `affinity` is what it remembers per replica (kept
 /// across reloads by the caller while `index_capacity` is unchanged).
-pub fn build(cfg: &RoutingConfig, affinity: Arc<Affinity>) -> Arc<dyn RoutingPolicy> {
+pub(crate) fn build(cfg: &RoutingConfig, affinity: Arc<Affinity>) -> Arc<dyn RoutingPolicy> {
     // Without scraping there are no samples to distrust: pressure is unknown,
     // not saturated.
     let stale_after = cfg.metrics.enabled.then_some(cfg.metrics.stale_after);

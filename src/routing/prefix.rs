@@ -14,14 +14,14 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_64_with_seed};
 
 /// The pieces of a prompt, in order, as borrowed text.
 #[derive(Debug, Default)]
-pub struct PromptText<'a> {
+pub(crate) struct PromptText<'a> {
     pub pieces: Vec<&'a str>,
 }
 
 /// Hashes of the full blocks of `prompt`, at most `max_blocks`, not yet tied
 /// to a model (see [`bind_model`]: the served name is known only after alias
 /// resolution, and the chain need not be computed twice).
-pub fn block_hashes(
+pub(crate) fn block_hashes(
     salt: Option<&str>,
     prompt: &PromptText<'_>,
     block_chars: usize,
@@ -64,7 +64,7 @@ pub fn block_hashes(
 
 /// Tie a chain to the served model: the same text under two models must not
 /// look cached on one replica for the other. O(blocks).
-pub fn bind_model(hashes: &mut [u64], model: &str) {
+pub(crate) fn bind_model(hashes: &mut [u64], model: &str) {
     let m = xxh3_64(model.as_bytes());
     for h in hashes {
         *h = xxh3_64_with_seed(&h.to_le_bytes(), m);

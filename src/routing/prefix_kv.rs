@@ -88,7 +88,7 @@ struct View {
 }
 
 /// A replica's rendezvous weight for a prefix key (stable across processes).
-pub fn rendezvous(key: u64, name: &str) -> u64 {
+pub(super) fn rendezvous(key: u64, name: &str) -> u64 {
     xxh3_64_with_seed(name.as_bytes(), key)
 }
 

@@ -31,7 +31,7 @@ use super::profile::Profile;
 /// What one request shares with its HTTP stream: tokens produced so far and
 /// whether it is over. The engine writes, the stream reads and may cancel.
 #[derive(Default)]
-pub struct Slot {
+pub(crate) struct Slot {
     produced: AtomicU32,
     done: AtomicU8,
     cancelled: AtomicBool,
@@ -42,22 +42,22 @@ pub struct Slot {
 }
 
 impl Slot {
-    pub fn produced(&self) -> u32 {
+    pub(crate) fn produced(&self) -> u32 {
         self.produced.load(Ordering::Acquire)
     }
 
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire) != 0
     }
 
     /// The client went away: the engine drops the request at its next step.
-    pub fn cancel(&self) {
+    pub(crate) fn cancel(&self) {
         self.cancelled.store(true, Ordering::Release);
         self.cancel_waker.wake();
     }
 
     /// Resolves once the request is cancelled.
-    pub async fn cancelled(&self) {
+    pub(crate) async fn cancelled(&self) {
         std::future::poll_fn(|cx| {
             self.cancel_waker.register(cx.waker());
             if self.is_cancelled() {
@@ -69,11 +69,11 @@ impl Slot {
         .await
     }
 
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
     }
 
-    pub fn register(&self, w: &Waker) {
+    pub(crate) fn register(&self, w: &Waker) {
         self.waker.register(w);
     }
 
@@ -89,7 +89,7 @@ impl Slot {
 }
 
 /// A request as the engine sees it.
-pub struct Request {
+pub(crate) struct Request {
     pub prompt_tokens: u32,
     /// Chained hashes of the prompt's full blocks (for the prefix cache).
     pub hashes: Vec<u64>,
@@ -125,27 +125,27 @@ impl Seq {
     }
 }
 
-pub struct Engine {
-    intake: std::sync::Mutex<Vec<Seq>>,
+pub(crate) struct Engine {
+    intake: parking_lot::Mutex<Vec<Seq>>,
     notify: Notify,
 }
 
 impl Engine {
     /// Start the engine loop on the current runtime.
-    pub fn spawn(
+    pub(crate) fn spawn(
         profile: Profile,
         speed: f64,
         metrics: Arc<SimMetrics>,
     ) -> (Arc<Engine>, tokio::task::JoinHandle<()>) {
         let engine = Arc::new(Engine {
-            intake: std::sync::Mutex::new(Vec::new()),
+            intake: parking_lot::Mutex::new(Vec::new()),
             notify: Notify::new(),
         });
         let task = tokio::spawn(run(engine.clone(), profile, speed, metrics));
         (engine, task)
     }
 
-    pub fn submit(&self, req: Request, slot: Arc<Slot>) {
+    pub(crate) fn submit(&self, req: Request, slot: Arc<Slot>) {
         let seq = Seq {
             req,
             slot: slot.clone(),
@@ -158,9 +158,7 @@ impl Engine {
             paused_until: None,
             last_token: None,
         };
-        if let Ok(mut q) = self.intake.lock() {
-            q.push(seq);
-        }
+        self.intake.lock().push(seq);
         self.notify.notify_one();
     }
 }
@@ -184,7 +182,7 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
     let speed = if speed > 0.0 { speed } else { 1.0 };
     let mut clock = Instant::now();
     loop {
-        let arrived = std::mem::take(&mut *engine.intake.lock().unwrap_or_else(|p| p.into_inner()));
+        let arrived = std::mem::take(&mut *engine.intake.lock());
         st.waiting.extend(arrived);
         if st.running.is_empty() && st.waiting.is_empty() {
             st.publish();
@@ -404,7 +402,7 @@ impl State {
 
 /// The fixed-timing producer: first token at `first_at`, then one every
 /// `token_delay`, independent of load (the overhead benchmarks want this).
-pub fn spawn_fixed(
+pub(crate) fn spawn_fixed(
     req: Request,
     slot: Arc<Slot>,
     first_at: Instant,

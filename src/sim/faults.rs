@@ -22,7 +22,7 @@ pub struct Faults {
     pub error_event_after: Option<u32>,
 }
 
-pub const HEADER: &str = "x-sim-fault";
+pub(crate) const HEADER: &str = "x-sim-fault";
 
 impl Faults {
     pub fn parse(spec: &str) -> Result<Self, String> {
@@ -63,12 +63,12 @@ impl Faults {
         Ok(f)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == Faults::default()
     }
 
     /// The spec that parses back to these faults.
-    pub fn to_spec(&self) -> String {
+    pub(crate) fn to_spec(&self) -> String {
         let mut parts = Vec::new();
         if let Some(c) = self.error {
             parts.push(format!("error={c}"));

@@ -82,7 +82,7 @@ impl FreeQueue {
     }
 }
 
-pub struct BlockPool {
+pub(crate) struct BlockPool {
     pub block_size: u32,
     num_blocks: u32,
     ref_cnt: Vec<u32>,
@@ -92,7 +92,7 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
-    pub fn new(num_blocks: u32, block_size: u32) -> Self {
+    pub(crate) fn new(num_blocks: u32, block_size: u32) -> Self {
         Self {
             block_size,
             num_blocks,
@@ -103,18 +103,18 @@ impl BlockPool {
         }
     }
 
-    pub fn num_blocks(&self) -> u32 {
+    pub(crate) fn num_blocks(&self) -> u32 {
         self.num_blocks
     }
 
     /// Blocks an allocation can take (free, including cached-but-unused ones).
-    pub fn num_free(&self) -> u32 {
+    pub(crate) fn num_free(&self) -> u32 {
         self.free.len
     }
 
     /// vLLM's `kv_cache_usage_perc`: the share of blocks in use by requests
     /// (cached blocks nobody uses count as free).
-    pub fn usage(&self) -> f64 {
+    pub(crate) fn usage(&self) -> f64 {
         if self.num_blocks == 0 {
             return 0.0;
         }
@@ -122,13 +122,13 @@ impl BlockPool {
     }
 
     /// Blocks needed to hold `tokens` tokens.
-    pub fn blocks_for(&self, tokens: u32) -> u32 {
+    pub(crate) fn blocks_for(&self, tokens: u32) -> u32 {
         tokens.div_ceil(self.block_size)
     }
 
     /// The cached blocks of the longest prefix of `hashes`, taken for a request
     /// (reference counted, out of the free queue).
-    pub fn take_prefix(&mut self, hashes: &[u64]) -> Vec<u32> {
+    pub(crate) fn take_prefix(&mut self, hashes: &[u64]) -> Vec<u32> {
         let mut out = Vec::new();
         for h in hashes {
             let Some(&b) = self.cached.get(h) else { break };
@@ -143,7 +143,7 @@ impl BlockPool {
 
     /// `n` fresh blocks, evicting the least recently freed cached blocks if
     /// needed; `None` (and nothing taken) if there are not enough.
-    pub fn allocate(&mut self, n: u32, into: &mut Vec<u32>) -> bool {
+    pub(crate) fn allocate(&mut self, n: u32, into: &mut Vec<u32>) -> bool {
         if self.free.len < n {
             return false;
         }
@@ -164,7 +164,7 @@ impl BlockPool {
 
     /// Release a request's blocks. Tail blocks go to the free queue first, so
     /// they are evicted before the shared prefix blocks (as vLLM does).
-    pub fn release(&mut self, blocks: &[u32]) {
+    pub(crate) fn release(&mut self, blocks: &[u32]) {
         for &b in blocks.iter().rev() {
             let i = b as usize;
             self.ref_cnt[i] = self.ref_cnt[i].saturating_sub(1);
@@ -175,7 +175,7 @@ impl BlockPool {
     }
 
     /// Mark a full block as holding the prefix with this chained hash.
-    pub fn register(&mut self, block: u32, hash: u64) {
+    pub(crate) fn register(&mut self, block: u32, hash: u64) {
         if self.hash_of[block as usize].is_some() {
             return;
         }
@@ -187,7 +187,7 @@ impl BlockPool {
 /// Chained block hashes of a prompt's text: one per full block of
 /// `block_size` tokens (at [`crate::tokens::CHARS_PER_TOKEN`] characters per
 /// token), each covering its parent's hash, seeded with the model name.
-pub fn block_hashes(model: &str, text: &str, block_size: u32) -> Vec<u64> {
+pub(crate) fn block_hashes(model: &str, text: &str, block_size: u32) -> Vec<u64> {
     let chars_per_block = block_size as usize * crate::tokens::CHARS_PER_TOKEN;
     let mut parent = super::text::seed_of(model.as_bytes());
     let mut out = Vec::new();

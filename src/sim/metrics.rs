@@ -62,7 +62,7 @@ pub struct SimMetrics {
 }
 
 impl SimMetrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             running: Gauge::default(),
             waiting: Gauge::default(),
@@ -82,7 +82,7 @@ impl SimMetrics {
         }
     }
 
-    pub fn finished(&self, reason: &'static str) {
+    pub(crate) fn finished(&self, reason: &'static str) {
         self.finished.get(&(reason,)).inc();
     }
 
@@ -91,7 +91,7 @@ impl SimMetrics {
     }
 
     /// Finished requests of every reason.
-    pub fn finished_total(&self) -> u64 {
+    pub(crate) fn finished_total(&self) -> u64 {
         ["stop", "length", "abort", "error"]
             .iter()
             .map(|r| self.finished_count(r))
@@ -99,7 +99,7 @@ impl SimMetrics {
     }
 
     /// Share of prompt tokens served from the prefix cache so far.
-    pub fn hit_rate(&self) -> f64 {
+    pub(crate) fn hit_rate(&self) -> f64 {
         let q = self.prefix_queries.get();
         if q == 0 {
             0.0
@@ -108,12 +108,8 @@ impl SimMetrics {
         }
     }
 
-    pub fn render(&self, dialect: Dialect, model: &str, cache: CacheInfo) -> String {
-        self.render_with(dialect, model, cache, Overrides::default())
-    }
-
     /// Render with reported pressure overridden (`/sim/control`).
-    pub fn render_with(
+    pub(crate) fn render_with(
         &self,
         dialect: Dialect,
         model: &str,
@@ -417,7 +413,7 @@ impl Default for SimMetrics {
 
 /// Reported-pressure overrides (the simulator's `/sim/control`).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Overrides {
+pub(crate) struct Overrides {
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
 }
@@ -431,7 +427,7 @@ struct View {
 
 /// The KV-cache shape reported by `vllm:cache_config_info`.
 #[derive(Debug, Clone, Copy)]
-pub struct CacheInfo {
+pub(crate) struct CacheInfo {
     pub block_size: u32,
     pub num_blocks: u32,
 }

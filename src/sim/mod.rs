@@ -9,16 +9,18 @@
 //! benchmarks. Handlers hand a request to either and stream what its
 //! [`engine::Slot`] reports.
 
-pub mod engine;
+pub(crate) mod engine;
 pub mod faults;
-pub mod kv;
-pub mod metrics;
-pub mod profile;
+pub(crate) mod kv;
+pub(crate) mod metrics;
+pub(crate) mod profile;
 mod stream;
-pub mod text;
+pub(crate) mod text;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use axum::Router;
@@ -210,7 +212,7 @@ pub async fn start(listener: TcpListener, config: SimConfig) -> std::io::Result<
     })
 }
 
-pub fn router(state: Arc<SimState>) -> Router {
+pub(crate) fn router(state: Arc<SimState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -298,11 +300,11 @@ mod fault_spec {
     use super::Faults;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(f: &Faults, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(f: &Faults, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&f.to_spec())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Faults, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Faults, D::Error> {
         let spec = String::deserialize(d)?;
         Faults::parse(&spec).map_err(serde::de::Error::custom)
     }
@@ -310,13 +312,11 @@ mod fault_spec {
 
 impl SimState {
     pub fn control(&self) -> Control {
-        self.control.lock().map(|c| c.clone()).unwrap_or_default()
+        self.control.lock().clone()
     }
 
     pub fn set_control(&self, c: Control) {
-        if let Ok(mut g) = self.control.lock() {
-            *g = c;
-        }
+        *self.control.lock() = c;
     }
 }
 
@@ -336,7 +336,7 @@ async fn put_control(State(s): State<Arc<SimState>>, body: axum::body::Bytes) ->
 }
 
 async fn last_request(State(s): State<Arc<SimState>>) -> Response {
-    let v = s.last_request.lock().map(|g| g.clone()).unwrap_or_default();
+    let v = s.last_request.lock().clone();
     axum::Json(v.unwrap_or(Value::Null)).into_response()
 }
 
@@ -400,9 +400,7 @@ fn remember(s: &SimState, headers: &HeaderMap, body: &Value) {
             )
         })
         .collect();
-    if let Ok(mut g) = s.last_request.lock() {
-        *g = Some(json!({ "headers": headers, "body": body }));
-    }
+    *s.last_request.lock() = Some(json!({ "headers": headers, "body": body }));
 }
 
 fn unix_now() -> u64 {

@@ -54,7 +54,7 @@ const fn ns(n: u64) -> Duration {
     Duration::from_nanos(n)
 }
 
-pub const PROFILES: &[Profile] = &[
+pub(crate) const PROFILES: &[Profile] = &[
     Profile {
         name: "h100-llama3-8b",
         about: "Llama-3.1-8B BF16 on 1x H100 80GB",
@@ -112,11 +112,11 @@ pub const PROFILES: &[Profile] = &[
     },
 ];
 
-pub fn by_name(name: &str) -> Option<&'static Profile> {
+pub(crate) fn by_name(name: &str) -> Option<&'static Profile> {
     PROFILES.iter().find(|p| p.name == name)
 }
 
-pub fn names() -> String {
+pub(crate) fn names() -> String {
     PROFILES
         .iter()
         .map(|p| p.name)
@@ -126,7 +126,7 @@ pub fn names() -> String {
 
 impl Profile {
     /// Duration of one step with `seqs` sequences and `prefill` prompt tokens.
-    pub fn step_time(&self, seqs: u32, prefill: u32) -> Duration {
+    pub(crate) fn step_time(&self, seqs: u32, prefill: u32) -> Duration {
         self.step_base + self.per_seq * seqs + self.per_prefill_token * prefill
     }
 }

@@ -17,14 +17,14 @@ use super::faults::Faults;
 use super::text::word;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
+pub(super) enum Api {
     Chat,
     Completions,
 }
 
 /// Everything fixed about one simulated generation.
 #[derive(Debug, Clone)]
-pub struct Generation {
+pub(super) struct Generation {
     pub api: Api,
     pub id: String,
     pub created: u64,
@@ -38,7 +38,7 @@ pub struct Generation {
 }
 
 impl Generation {
-    pub fn chunk(&self, delta: &str, finish: Option<&str>) -> String {
+    pub(super) fn chunk(&self, delta: &str, finish: Option<&str>) -> String {
         let finish = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
         match self.api {
             Api::Chat => format!(
@@ -81,13 +81,13 @@ impl Generation {
     }
 }
 
-pub fn sse(payload: &str) -> Bytes {
+pub(super) fn sse(payload: &str) -> Bytes {
     Bytes::from(format!("data: {payload}\n\n"))
 }
 
 /// Error from the body: makes hyper cut the connection mid-stream.
 #[derive(Debug)]
-pub struct Dropped;
+pub(super) struct Dropped;
 
 impl std::fmt::Display for Dropped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -97,7 +97,7 @@ impl std::fmt::Display for Dropped {
 
 impl std::error::Error for Dropped {}
 
-pub struct SimStream {
+pub(super) struct SimStream {
     generation: Generation,
     faults: Faults,
     slot: Arc<Slot>,
@@ -108,7 +108,7 @@ pub struct SimStream {
 }
 
 impl SimStream {
-    pub fn new(generation: Generation, faults: Faults, slot: Arc<Slot>) -> Self {
+    pub(super) fn new(generation: Generation, faults: Faults, slot: Arc<Slot>) -> Self {
         Self {
             generation,
             faults,

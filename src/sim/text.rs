@@ -10,7 +10,7 @@ const WORDS: [&str; 32] = [
 ];
 
 /// splitmix64: a fast, well-mixed hash for picking words.
-pub fn mix(mut x: u64) -> u64 {
+pub(crate) fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -19,12 +19,12 @@ pub fn mix(mut x: u64) -> u64 {
 
 /// The `i`-th word of the generation seeded by `seed` (the same prompt always
 /// yields the same text).
-pub fn word(seed: u64, i: u32) -> &'static str {
+pub(crate) fn word(seed: u64, i: u32) -> &'static str {
     WORDS[(mix(seed ^ u64::from(i)) % WORDS.len() as u64) as usize]
 }
 
 /// FNV-1a over bytes: the seed of a prompt.
-pub fn seed_of(bytes: &[u8]) -> u64 {
+pub(crate) fn seed_of(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })
@@ -32,7 +32,7 @@ pub fn seed_of(bytes: &[u8]) -> u64 {
 
 /// The prompt's text pieces: chat message contents (string or text parts) or
 /// the completion prompt (string or list of strings).
-pub fn prompt_texts(body: &Value) -> Vec<String> {
+pub(crate) fn prompt_texts(body: &Value) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
         for m in msgs {
@@ -63,7 +63,7 @@ pub fn prompt_texts(body: &Value) -> Vec<String> {
 /// The prompt as one string for prefix hashing: `role\ncontent\n` per chat
 /// message (roles matter: the same words as system or user prompt differ), or
 /// the completion prompt(s). Equal conversation prefixes give equal prefixes here.
-pub fn canonical_prompt(body: &Value) -> String {
+pub(crate) fn canonical_prompt(body: &Value) -> String {
     let mut out = String::new();
     if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
         let texts = prompt_texts(body);

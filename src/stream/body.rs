@@ -33,7 +33,7 @@ use crate::upstream::pool::Replica;
 const MAX_BATCH_BYTES: usize = 64 << 10;
 
 /// Where a response body's bytes come from.
-pub trait Upstream: Send + Unpin + 'static {
+pub(crate) trait Upstream: Send + Unpin + 'static {
     /// The next bytes of the body; `None` at its clean end.
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, String>>>;
     /// The body was read to its end: the connection may serve another request.
@@ -41,7 +41,7 @@ pub trait Upstream: Send + Unpin + 'static {
 }
 
 /// A replica connection whose response is being read.
-pub struct ReplicaConn {
+pub(crate) struct ReplicaConn {
     pub conn: Conn,
     pub replica: Arc<Replica>,
 }
@@ -64,7 +64,7 @@ enum State {
     Finished,
 }
 
-pub struct TimedBody<U: Upstream = ReplicaConn> {
+pub(crate) struct TimedBody<U: Upstream = ReplicaConn> {
     /// `None` once the stream is over: back to the pool after a clean end,
     /// dropped mid-body to close the connection, which cancels the request
     /// on the replica.
@@ -84,7 +84,7 @@ pub struct TimedBody<U: Upstream = ReplicaConn> {
 impl<U: Upstream> TimedBody<U> {
     /// `cut` ends the stream with an error event when it is cancelled (the
     /// gateway's drain deadline).
-    pub fn new(
+    pub(crate) fn new(
         upstream: U,
         mode: Mode,
         idle: Duration,
@@ -106,7 +106,7 @@ impl<U: Upstream> TimedBody<U> {
 
     /// Wait for the replica's first chunk, before any byte goes to the client:
     /// until then a failure is still an HTTP error (and retryable by policy).
-    pub async fn first_chunk(&mut self) -> Result<(), GatewayError> {
+    pub(crate) async fn first_chunk(&mut self) -> Result<(), GatewayError> {
         std::future::poll_fn(|cx| self.poll_first_chunk(cx)).await
     }
 
@@ -142,14 +142,14 @@ impl<U: Upstream> TimedBody<U> {
     }
 
     /// When the latest upstream chunk arrived.
-    pub fn frame_time(&self) -> Instant {
+    pub(crate) fn frame_time(&self) -> Instant {
         self.clock.last()
     }
 
     /// The body takes over the request: it is accounted event by event and
     /// ends when the body does. Until then events are not read (the first
     /// chunk waits in `primed`).
-    pub fn with_guard(mut self, guard: RequestGuard) -> Self {
+    pub(crate) fn with_guard(mut self, guard: RequestGuard) -> Self {
         self.guard = Some(guard);
         self
     }

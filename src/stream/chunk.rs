@@ -18,7 +18,7 @@ pub struct ChunkInfo {
 
 impl ChunkInfo {
     /// The trailing chunk of `stream_options.include_usage`: usage, no choices.
-    pub fn is_usage_only(&self) -> bool {
+    pub(crate) fn is_usage_only(&self) -> bool {
         self.n_choices == 0 && self.usage.is_some() && !self.is_error
     }
 }

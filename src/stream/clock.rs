@@ -14,7 +14,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::TimeoutPhase;
 
-pub struct Deadlines {
+pub(crate) struct Deadlines {
     idle: Duration,
     total: Instant,
     /// When the latest upstream chunk arrived.
@@ -23,7 +23,7 @@ pub struct Deadlines {
 }
 
 impl Deadlines {
-    pub fn new(now: Instant, idle: Duration, total: Instant) -> Self {
+    pub(crate) fn new(now: Instant, idle: Duration, total: Instant) -> Self {
         Self {
             idle,
             total,
@@ -34,17 +34,17 @@ impl Deadlines {
 
     /// A chunk arrived at `now`.
     #[inline]
-    pub fn touch(&mut self, now: Instant) {
+    pub(crate) fn touch(&mut self, now: Instant) {
         self.last = now;
     }
 
-    pub fn last(&self) -> Instant {
+    pub(crate) fn last(&self) -> Instant {
         self.last
     }
 
     /// Which deadline has passed, if one has; otherwise the timer is armed
     /// for the next one and wakes `cx`.
-    pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<TimeoutPhase> {
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<TimeoutPhase> {
         while self.timer.as_mut().poll(cx).is_ready() {
             let now = Instant::now();
             if now >= self.total {

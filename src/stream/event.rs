@@ -10,7 +10,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-pub use super::chunk::ChunkInfo;
+pub(crate) use super::chunk::ChunkInfo;
 use crate::vocab::{FinishReason, Usage};
 use serde_json::value::RawValue;
 

@@ -1,9 +1,9 @@
 //! Streaming: the SSE splitter, the event reader, and the timed response body.
 
-pub mod body;
-pub mod chunk;
-pub mod clock;
+pub(crate) mod body;
+pub(crate) mod chunk;
+pub(crate) mod clock;
 pub mod event;
-pub mod relay;
-pub mod scan;
+pub(crate) mod relay;
+pub(crate) mod scan;
 pub mod sse;

@@ -19,11 +19,11 @@ use crate::error::GatewayError;
 use crate::request::RequestGuard;
 
 /// Largest single SSE event accepted from a replica.
-pub const MAX_EVENT_BYTES: usize = 4 << 20;
+pub(crate) const MAX_EVENT_BYTES: usize = 4 << 20;
 
 /// How a response's events are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// An OpenAI chat/completions stream: events parsed for timing and usage.
     OpenAi {
         /// Drop the usage-only chunk: the gateway asked for it, the client did not.
@@ -33,7 +33,7 @@ pub enum Mode {
     Raw,
 }
 
-pub struct Relay {
+pub(crate) struct Relay {
     splitter: SseSplitter,
     /// What goes to the client next, in order (usually one slice per chunk).
     out: VecDeque<Bytes>,
@@ -43,7 +43,7 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub fn new(strip_usage: bool) -> Self {
+    pub(crate) fn new(strip_usage: bool) -> Self {
         Self {
             splitter: SseSplitter::new(MAX_EVENT_BYTES),
             out: VecDeque::with_capacity(4),
@@ -55,7 +55,7 @@ impl Relay {
     /// Account every complete event of `data` (arrived at `at`) on `guard`
     /// and queue what goes to the client. A broken event is an error: what
     /// came before it is still queued, nothing after it is read.
-    pub fn ingest(
+    pub(crate) fn ingest(
         &mut self,
         data: Bytes,
         at: Instant,
@@ -137,26 +137,26 @@ impl Relay {
     }
 
     /// Queue bytes of the gateway's own (an error event).
-    pub fn push(&mut self, b: Bytes) {
+    pub(crate) fn push(&mut self, b: Bytes) {
         self.out.push_back(b);
     }
 
     /// Bytes of an event that has not ended yet.
-    pub fn pending_len(&self) -> usize {
+    pub(crate) fn pending_len(&self) -> usize {
         self.splitter.pending_len()
     }
 
-    pub fn has_output(&self) -> bool {
+    pub(crate) fn has_output(&self) -> bool {
         !self.out.is_empty()
     }
 
-    pub fn queued_bytes(&self) -> usize {
+    pub(crate) fn queued_bytes(&self) -> usize {
         self.out.iter().map(Bytes::len).sum()
     }
 
     /// Everything queued, as one buffer: the slice itself when there is one
     /// (the common case, no copy), else one copy that saves a write per event.
-    pub fn take_out(&mut self) -> Bytes {
+    pub(crate) fn take_out(&mut self) -> Bytes {
         if self.out.len() == 1 {
             return self.out.pop_front().unwrap_or_default();
         }

@@ -14,7 +14,7 @@ use super::chunk::ChunkInfo;
 use crate::vocab::{FinishReason, Usage};
 
 /// Read a chunk, or `None` to let the serde reader decide.
-pub fn scan(json: &[u8]) -> Option<ChunkInfo> {
+pub(crate) fn scan(json: &[u8]) -> Option<ChunkInfo> {
     let mut p = P { b: json, i: 0 };
     let mut info = ChunkInfo::default();
     let mut seen = Seen::default();

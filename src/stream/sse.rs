@@ -68,7 +68,7 @@ impl SseSplitter {
     }
 
     /// Bytes received but not yet part of a complete event.
-    pub fn pending_len(&self) -> usize {
+    pub(crate) fn pending_len(&self) -> usize {
         self.carry.len() + self.frame.len()
     }
 
@@ -82,7 +82,7 @@ impl SseSplitter {
 }
 
 /// Whether `buf` is exactly one complete event (the common shape of a chunk).
-pub fn is_single_event(buf: &[u8]) -> bool {
+pub(crate) fn is_single_event(buf: &[u8]) -> bool {
     event_end(buf, 0) == Some(buf.len())
 }
 

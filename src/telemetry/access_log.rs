@@ -5,9 +5,9 @@
 //! leads to its trace when the trace was kept). Prompts only if configured;
 //! completions never.
 
+use parking_lot::Mutex;
 use std::fs::OpenOptions;
 use std::io::{LineWriter, Write};
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -57,7 +57,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// RFC 3339 UTC with milliseconds, from a `SystemTime`.
-pub fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
@@ -81,7 +81,7 @@ pub fn rfc3339(t: SystemTime) -> String {
 }
 
 impl AccessLog {
-    pub fn open(cfg: &AccessLogConfig) -> anyhow::Result<Option<Self>> {
+    pub(crate) fn open(cfg: &AccessLogConfig) -> anyhow::Result<Option<Self>> {
         if !cfg.enabled {
             return Ok(None);
         }
@@ -109,7 +109,12 @@ impl AccessLog {
         }))
     }
 
-    pub fn write(&self, r: &RequestRecord, trace_kept: Option<&'static str>, prompt: Option<&str>) {
+    pub(crate) fn write(
+        &self,
+        r: &RequestRecord,
+        trace_kept: Option<&'static str>,
+        prompt: Option<&str>,
+    ) {
         let line = Line {
             ts: rfc3339(r.wall_arrival),
             request_id: &r.request_id,
@@ -145,9 +150,7 @@ impl AccessLog {
             return;
         };
         buf.push(b'\n');
-        if let Ok(mut out) = self.out.lock() {
-            let _ = out.write_all(&buf);
-        }
+        let _ = self.out.lock().write_all(&buf);
     }
 }
 

@@ -33,7 +33,7 @@ pub struct ModelSeries {
 
 /// The re-exported part of a replica's scrape.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ScrapedLoad {
+pub(crate) struct ScrapedLoad {
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
     pub running: Option<f64>,
@@ -55,7 +55,7 @@ pub struct BackendSeries {
 }
 
 /// A process-wide time origin for timestamps kept in atomics.
-pub fn epoch() -> Instant {
+pub(crate) fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     *EPOCH.get_or_init(Instant::now)
 }
@@ -77,7 +77,7 @@ impl BackendSeries {
 
     /// Export a scrape of the replica's metrics (unknown values as NaN),
     /// taken at `at`.
-    pub fn record_load(&self, load: ScrapedLoad, at: Instant) {
+    pub(crate) fn record_load(&self, load: ScrapedLoad, at: Instant) {
         self.kv_usage.set(load.kv_usage.unwrap_or(f64::NAN));
         self.waiting.set(load.waiting.unwrap_or(f64::NAN));
         self.running.set(load.running.unwrap_or(f64::NAN));
@@ -89,7 +89,7 @@ impl BackendSeries {
     }
 
     /// Seconds since the last scrape; +Inf before the first.
-    pub fn metrics_age(&self) -> f64 {
+    pub(crate) fn metrics_age(&self) -> f64 {
         match self.scraped_at.load(Relaxed) {
             0 => f64::INFINITY,
             ns => (epoch().elapsed().as_nanos() as f64 - ns as f64).max(0.0) / 1e9,
@@ -128,7 +128,7 @@ pub struct Metrics {
 }
 
 /// model, tier ("" without keys), status code, error kind ("" on success).
-pub type RequestKey = (Arc<str>, Arc<str>, StatusLabel, &'static str);
+pub(crate) type RequestKey = (Arc<str>, Arc<str>, StatusLabel, &'static str);
 
 /// A status code as a label value without formatting per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -226,7 +226,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition, or OpenMetrics (with exemplars).
-    pub fn render(&self, openmetrics: bool) -> String {
+    pub(crate) fn render(&self, openmetrics: bool) -> String {
         let mut e = Encoder::with_format(openmetrics);
         let m = &self.models;
         e.counters(

@@ -1,11 +1,11 @@
 //! Metrics (registry and catalog), the per-request record, and log setup.
 
-pub mod access_log;
+pub(crate) mod access_log;
 pub mod metrics;
-pub mod record;
-pub mod registry;
+pub(crate) mod record;
+pub(crate) mod registry;
 pub mod tracecontext;
-pub mod traces;
+pub(crate) mod traces;
 
 use std::sync::Arc;
 

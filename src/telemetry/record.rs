@@ -16,7 +16,7 @@ use super::metrics::{ModelSeries, StatusLabel};
 use crate::vocab::{Endpoint, FinishReason, RouteReason, Usage};
 
 /// Status recorded for a request the client abandoned (nginx's convention).
-pub const CLIENT_CLOSED: u16 = 499;
+pub(crate) const CLIENT_CLOSED: u16 = 499;
 
 /// A gap between tokens above the stall threshold, for the trace's events.
 #[derive(Debug, Clone, Copy)]
@@ -82,7 +82,7 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    pub fn new(endpoint: Endpoint, model: Arc<str>, stream: bool, arrival: Instant) -> Self {
+    pub(crate) fn new(endpoint: Endpoint, model: Arc<str>, stream: bool, arrival: Instant) -> Self {
         let wall_arrival = std::time::SystemTime::now()
             .checked_sub(arrival.elapsed())
             .unwrap_or_else(std::time::SystemTime::now);
@@ -122,16 +122,16 @@ impl RequestRecord {
         }
     }
 
-    pub fn ttft(&self) -> Option<Duration> {
+    pub(crate) fn ttft(&self) -> Option<Duration> {
         self.first_token.map(|t| t - self.arrival)
     }
 
-    pub fn e2e(&self) -> Option<Duration> {
+    pub(crate) fn e2e(&self) -> Option<Duration> {
         self.end.map(|t| t - self.arrival)
     }
 
     /// (last token - first token) / (completion tokens - 1), as vLLM defines TPOT.
-    pub fn tpot(&self) -> Option<Duration> {
+    pub(crate) fn tpot(&self) -> Option<Duration> {
         let n = self.usage.map(|u| u.completion_tokens)?;
         let (first, last) = (self.first_token?, self.last_token?);
         (n > 1).then(|| (last - first) / (n - 1))
@@ -139,7 +139,7 @@ impl RequestRecord {
 
     /// Time spent in the gateway itself: arrival to the first upstream send,
     /// plus the replica's first byte to the response handed to the client.
-    pub fn gateway_overhead(&self) -> Option<Duration> {
+    pub(crate) fn gateway_overhead(&self) -> Option<Duration> {
         let before = self.first_sent?.saturating_duration_since(self.arrival);
         let after = match (self.upstream_first_byte, self.response_ready) {
             (Some(a), Some(b)) => b.saturating_duration_since(a),
@@ -148,12 +148,12 @@ impl RequestRecord {
         Some(before + after)
     }
 
-    pub fn succeeded(&self) -> bool {
+    pub(crate) fn succeeded(&self) -> bool {
         self.error_kind.is_none() && !self.disconnected && (200..300).contains(&self.status)
     }
 
     /// Mark the request failed with a closed-set kind and status.
-    pub fn fail(&mut self, status: u16, kind: &'static str) {
+    pub(crate) fn fail(&mut self, status: u16, kind: &'static str) {
         self.status = status;
         self.error_kind = Some(kind);
     }
@@ -161,7 +161,7 @@ impl RequestRecord {
     /// An event carrying generated output arrived at `now`. Per token: a few
     /// atomics, no allocation, no lock.
     #[inline]
-    pub fn on_output(&mut self, now: Instant, series: &ModelSeries, stall: Duration) {
+    pub(crate) fn on_output(&mut self, now: Instant, series: &ModelSeries, stall: Duration) {
         match self.last_token {
             None => {
                 self.first_token = Some(now);
@@ -198,7 +198,7 @@ impl RequestRecord {
     /// gap too. It counts toward the largest gap and as a stall when over the
     /// threshold (a stall cut by the idle timeout is the clearest stall of
     /// all); it is not an inter-token latency, as no token ended it.
-    pub fn on_cut(&mut self, now: Instant, series: &ModelSeries, stall: Duration) {
+    pub(crate) fn on_cut(&mut self, now: Instant, series: &ModelSeries, stall: Duration) {
         if let Some(prev) = self.last_token {
             self.note_gap(now, now.saturating_duration_since(prev), series, stall);
         }
@@ -206,7 +206,7 @@ impl RequestRecord {
 
     /// Tokens the request consumed: the replica's usage, or, for a stream cut
     /// short (no usage chunk), the prompt estimate plus the output events seen.
-    pub fn used_tokens(&self) -> u32 {
+    pub(crate) fn used_tokens(&self) -> u32 {
         match self.usage {
             Some(u) => u.prompt_tokens.saturating_add(u.completion_tokens),
             None if self.upstream_sent.is_some() => {
@@ -223,7 +223,7 @@ impl Telemetry {
     /// counters (the model's `series` when its model was known), the tail
     /// sampler's decision with exemplars for a kept trace, and the access-log
     /// line (`prompt` only when the log includes prompts).
-    pub fn report(
+    pub(crate) fn report(
         &self,
         r: &mut RequestRecord,
         series: Option<&ModelSeries>,

@@ -9,19 +9,21 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::Hash;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+
+use parking_lot::RwLock;
 
 #[derive(Debug, Default)]
 pub struct Counter(AtomicU64);
 
 impl Counter {
     #[inline]
-    pub fn inc(&self) {
+    pub(crate) fn inc(&self) {
         self.0.fetch_add(1, Relaxed);
     }
     #[inline]
-    pub fn add(&self, n: u64) {
+    pub(crate) fn add(&self, n: u64) {
         self.0.fetch_add(n, Relaxed);
     }
     pub fn get(&self) -> u64 {
@@ -34,14 +36,14 @@ pub struct Gauge(AtomicI64);
 
 impl Gauge {
     #[inline]
-    pub fn inc(&self) {
+    pub(crate) fn inc(&self) {
         self.0.fetch_add(1, Relaxed);
     }
     #[inline]
-    pub fn dec(&self) {
+    pub(crate) fn dec(&self) {
         self.0.fetch_sub(1, Relaxed);
     }
-    pub fn set(&self, v: i64) {
+    pub(crate) fn set(&self, v: i64) {
         self.0.store(v, Relaxed);
     }
     pub fn get(&self) -> i64 {
@@ -54,17 +56,17 @@ impl Gauge {
 pub struct FloatGauge(AtomicU64);
 
 impl FloatGauge {
-    pub fn set(&self, v: f64) {
+    pub(crate) fn set(&self, v: f64) {
         self.0.store(v.to_bits(), Relaxed);
     }
-    pub fn get(&self) -> f64 {
+    pub(crate) fn get(&self) -> f64 {
         f64::from_bits(self.0.load(Relaxed))
     }
 }
 
 /// The latest traced observation that fell in a bucket (OpenMetrics exemplar).
 #[derive(Debug)]
-pub struct Exemplar {
+pub(crate) struct Exemplar {
     pub trace_id: String,
     pub value: f64,
     /// Unix seconds.
@@ -87,7 +89,7 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    pub fn new(bounds: Arc<[f64]>, scale: f64) -> Self {
+    pub(crate) fn new(bounds: Arc<[f64]>, scale: f64) -> Self {
         let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
         let exemplars = (0..=bounds.len())
             .map(|_| arc_swap::ArcSwapOption::empty())
@@ -102,16 +104,16 @@ impl Histogram {
         }
     }
 
-    pub fn seconds(bounds: Arc<[f64]>) -> Self {
+    pub(crate) fn seconds(bounds: Arc<[f64]>) -> Self {
         Self::new(bounds, 1e9)
     }
 
-    pub fn counts_of(bounds: Arc<[f64]>) -> Self {
+    pub(crate) fn counts_of(bounds: Arc<[f64]>) -> Self {
         Self::new(bounds, 1.0)
     }
 
     #[inline]
-    pub fn observe(&self, v: f64) {
+    pub(crate) fn observe(&self, v: f64) {
         // `le` semantics: the first bound >= v.
         let idx = self.bounds.partition_point(|b| *b < v);
         self.counts[idx].fetch_add(1, Relaxed);
@@ -121,12 +123,12 @@ impl Histogram {
     }
 
     #[inline]
-    pub fn observe_duration(&self, d: std::time::Duration) {
+    pub(crate) fn observe_duration(&self, d: std::time::Duration) {
         self.observe(d.as_secs_f64());
     }
 
     /// Attach a trace to the bucket `v` falls in (the value was observed already).
-    pub fn exemplar(&self, v: f64, trace_id: &str) {
+    pub(crate) fn exemplar(&self, v: f64, trace_id: &str) {
         let idx = self.bounds.partition_point(|b| *b < v);
         let timestamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -139,17 +141,17 @@ impl Histogram {
         })));
     }
 
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count.load(Relaxed)
     }
 
-    pub fn sum(&self) -> f64 {
+    pub(crate) fn sum(&self) -> f64 {
         self.sum_scaled.load(Relaxed) as f64 / self.scale
     }
 
     /// Estimated quantile, interpolated within buckets as PromQL's
     /// `histogram_quantile` does. `None` when empty.
-    pub fn quantile(&self, q: f64) -> Option<f64> {
+    pub(crate) fn quantile(&self, q: f64) -> Option<f64> {
         let counts: Vec<u64> = self.counts.iter().map(|c| c.load(Relaxed)).collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {
@@ -299,7 +301,7 @@ pub struct Family<K: LabelKey, M> {
 }
 
 impl<K: LabelKey, M> Family<K, M> {
-    pub fn new(
+    pub(crate) fn new(
         names: &'static [&'static str],
         make: impl Fn() -> M + Send + Sync + 'static,
     ) -> Self {
@@ -310,34 +312,24 @@ impl<K: LabelKey, M> Family<K, M> {
         }
     }
 
-    pub fn get(&self, key: &K) -> Arc<M> {
-        if let Ok(map) = self.series.read()
-            && let Some(m) = map.get(key)
-        {
+    pub(crate) fn get(&self, key: &K) -> Arc<M> {
+        if let Some(m) = self.series.read().get(key) {
             return m.clone();
         }
-        let mut map = match self.series.write() {
-            Ok(m) => m,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut map = self.series.write();
         map.entry(key.clone())
             .or_insert_with(|| Arc::new((self.make)()))
             .clone()
     }
 
     /// Drop series whose key no longer exists (e.g. a replica removed by DNS).
-    pub fn retain(&self, mut keep: impl FnMut(&K) -> bool) {
-        if let Ok(mut map) = self.series.write() {
-            map.retain(|k, _| keep(k));
-        }
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&K) -> bool) {
+        self.series.write().retain(|k, _| keep(k));
     }
 
     /// Label strings and series, sorted for a stable exposition.
     fn snapshot(&self) -> Vec<(String, Arc<M>)> {
-        let map = match self.series.read() {
-            Ok(m) => m,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let map = self.series.read();
         let mut v: Vec<(String, Arc<M>)> = map
             .iter()
             .map(|(k, m)| {
@@ -353,24 +345,24 @@ impl<K: LabelKey, M> Family<K, M> {
 
 /// Writes metric families in the Prometheus text format, or OpenMetrics
 /// (counter families named without `_total`, exemplars, `# EOF`).
-pub struct Encoder {
+pub(crate) struct Encoder {
     pub out: String,
     pub openmetrics: bool,
 }
 
 #[derive(Clone, Copy)]
-pub enum Kind {
+pub(crate) enum Kind {
     Counter,
     Gauge,
     Histogram,
 }
 
 impl Encoder {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with_format(false)
     }
 
-    pub fn with_format(openmetrics: bool) -> Self {
+    pub(crate) fn with_format(openmetrics: bool) -> Self {
         Self {
             out: String::with_capacity(16 * 1024),
             openmetrics,
@@ -392,7 +384,7 @@ impl Encoder {
     }
 
     /// The finished exposition.
-    pub fn finish(mut self) -> String {
+    pub(crate) fn finish(mut self) -> String {
         if self.openmetrics {
             self.out.push_str("# EOF\n");
         }
@@ -400,7 +392,7 @@ impl Encoder {
     }
 
     /// A family whose series hold a bundle `M`; `pick` selects the metric from it.
-    pub fn counters<K: LabelKey, M>(
+    pub(crate) fn counters<K: LabelKey, M>(
         &mut self,
         name: &str,
         help: &str,
@@ -413,7 +405,7 @@ impl Encoder {
         }
     }
 
-    pub fn gauges<K: LabelKey, M>(
+    pub(crate) fn gauges<K: LabelKey, M>(
         &mut self,
         name: &str,
         help: &str,
@@ -426,7 +418,7 @@ impl Encoder {
         }
     }
 
-    pub fn histograms<K: LabelKey, M>(
+    pub(crate) fn histograms<K: LabelKey, M>(
         &mut self,
         name: &str,
         help: &str,
@@ -441,19 +433,19 @@ impl Encoder {
     }
 
     /// One unlabelled value.
-    pub fn single(&mut self, name: &str, help: &str, kind: Kind, value: f64) {
+    pub(crate) fn single(&mut self, name: &str, help: &str, kind: Kind, value: f64) {
         self.header(name, help, kind);
         let _ = writeln!(self.out, "{name} {value}");
     }
 
     /// One series with a preformatted label set (`a="x",b="y"`, may be empty).
-    pub fn one(&mut self, name: &str, help: &str, kind: Kind, labels: &str, value: f64) {
+    pub(crate) fn one(&mut self, name: &str, help: &str, kind: Kind, labels: &str, value: f64) {
         self.header(name, help, kind);
         let _ = writeln!(self.out, "{name}{} {value}", wrap(labels));
     }
 
     /// One histogram series with a preformatted label set.
-    pub fn one_histogram(&mut self, name: &str, help: &str, labels: &str, h: &Histogram) {
+    pub(crate) fn one_histogram(&mut self, name: &str, help: &str, labels: &str, h: &Histogram) {
         self.header(name, help, Kind::Histogram);
         h.render(&mut self.out, name, labels, self.openmetrics);
     }

@@ -62,7 +62,7 @@ impl TraceCtx {
     /// `traceparent` for the replica: this trace, the upstream span as parent.
     /// The sampled flag is the client's: the gateway decides to keep a trace
     /// only at the end, which a replica cannot wait for.
-    pub fn upstream_header(&self) -> HeaderValue {
+    pub(crate) fn upstream_header(&self) -> HeaderValue {
         let v = format!(
             "00-{:032x}-{:016x}-{:02x}",
             self.trace_id,
@@ -72,7 +72,7 @@ impl TraceCtx {
         HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
-    pub fn trace_id_hex(&self) -> String {
+    pub(crate) fn trace_id_hex(&self) -> String {
         format!("{:032x}", self.trace_id)
     }
 }

@@ -29,7 +29,7 @@ use crate::vocab::Endpoint;
 
 /// Why a trace was kept (also its `sluice.sampling.reason` attribute).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Keep {
+pub(crate) enum Keep {
     Error,
     SlowTtft,
     SlowE2e,
@@ -38,7 +38,7 @@ pub enum Keep {
 }
 
 impl Keep {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Keep::Error => "error",
             Keep::SlowTtft => "slow_ttft",
@@ -50,7 +50,7 @@ impl Keep {
 }
 
 /// The tail sampler: a pure decision plus a per-second budget.
-pub struct Sampler {
+pub(crate) struct Sampler {
     cfg: crate::config::SamplingConfig,
     /// Budget refill: `max_per_second` tokens per second, as a GCRA TAT in ns.
     tat_ns: AtomicU64,
@@ -58,7 +58,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    pub fn new(cfg: crate::config::SamplingConfig) -> Self {
+    pub(crate) fn new(cfg: crate::config::SamplingConfig) -> Self {
         Self {
             cfg,
             tat_ns: AtomicU64::new(0),
@@ -68,7 +68,7 @@ impl Sampler {
 
     /// Whether this request's trace qualifies to be kept, and why (before
     /// the per-second cap, `budget`).
-    pub fn decide(&self, r: &RequestRecord) -> Option<Keep> {
+    pub(crate) fn decide(&self, r: &RequestRecord) -> Option<Keep> {
         let c = &self.cfg;
         // Errors are the gateway's and the replicas' (5xx, or a stream that
         // broke after its 200): client errors (4xx) are sampled like successes.
@@ -90,7 +90,7 @@ impl Sampler {
     }
 
     /// One trace from the per-second budget (burst: one second's worth).
-    pub fn budget(&self) -> bool {
+    pub(crate) fn budget(&self) -> bool {
         let max = self.cfg.max_per_second;
         if max == 0 {
             return true;
@@ -122,7 +122,10 @@ const BATCH: usize = 512;
 
 impl Traces {
     /// Start the exporter task. `None` when tracing is off.
-    pub fn start(cfg: &TracingConfig, metrics: &Arc<Metrics>) -> anyhow::Result<Option<Arc<Self>>> {
+    pub(crate) fn start(
+        cfg: &TracingConfig,
+        metrics: &Arc<Metrics>,
+    ) -> anyhow::Result<Option<Arc<Self>>> {
         let Some(resolved) = cfg.resolve() else {
             return Ok(None);
         };
@@ -180,7 +183,7 @@ impl Traces {
 
     /// Decide at the end of a request; build and queue its spans if kept.
     /// Returns the reason when kept (so exemplars can point to the trace).
-    pub fn finish(&self, r: &RequestRecord) -> Option<Keep> {
+    pub(crate) fn finish(&self, r: &RequestRecord) -> Option<Keep> {
         let keep = self.sampler.decide(r)?;
         let capped = !self.sampler.budget();
         let decision = if capped { "capped" } else { "kept" };

@@ -17,9 +17,9 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::UpstreamConfig;
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-pub fn build_client(cfg: &UpstreamConfig) -> HttpClient {
+pub(crate) fn build_client(cfg: &UpstreamConfig) -> HttpClient {
     let mut conn = HttpConnector::new();
     conn.set_connect_timeout(Some(cfg.timeouts.connect));
     // Tokens are small writes; Nagle would hold each for an ACK.
@@ -31,7 +31,7 @@ pub fn build_client(cfg: &UpstreamConfig) -> HttpClient {
         .build(conn)
 }
 
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Connection-level headers that must not cross a proxy (RFC 9110 7.6.1).
 fn is_hop_by_hop(name: &HeaderName) -> bool {
@@ -64,7 +64,7 @@ fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
 /// `Authorization` (a gateway key is not the replica's key), `Host`, the body
 /// framing (recomputed) and `Accept-Encoding` (streams must stay readable to
 /// the gateway), plus the request id and the replica's own key.
-pub fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
+pub(crate) fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
     let listed = connection_listed(client);
     let mut out = HeaderMap::with_capacity(client.len() + 2);
     for (name, value) in client {
@@ -89,7 +89,7 @@ pub fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderM
 }
 
 /// The headers returned to the client from a replica's response.
-pub fn downstream_headers(upstream: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
+pub(crate) fn downstream_headers(upstream: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
     let listed = connection_listed(upstream);
     let mut out = HeaderMap::with_capacity(upstream.len() + 1);
     for (name, value) in upstream {
@@ -109,7 +109,7 @@ pub fn downstream_headers(upstream: &HeaderMap, request_id: &HeaderValue) -> Hea
 
 /// The client's `x-request-id` if it is sane (visible ASCII, at most 128
 /// bytes), else a fresh random one.
-pub fn request_id(client: &HeaderMap) -> HeaderValue {
+pub(crate) fn request_id(client: &HeaderMap) -> HeaderValue {
     if let Some(v) = client.get(&X_REQUEST_ID)
         && !v.is_empty()
         && v.len() <= 128

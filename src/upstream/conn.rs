@@ -18,7 +18,7 @@
 //! `Expect: 100-continue`. Responses may be chunked, sized or close-delimited;
 //! interim 1xx responses are skipped.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -56,7 +56,7 @@ struct Idle {
 
 /// A connection checked out for one request. Dropping it closes the socket,
 /// which is how a cancelled request is cancelled on the replica.
-pub struct Conn {
+pub(crate) struct Conn {
     io: TcpStream,
     wire: Wire,
     /// The connection may carry another request once the body is read.
@@ -67,7 +67,7 @@ pub struct Conn {
 
 /// Why a request got no response.
 #[derive(Debug)]
-pub enum SendError {
+pub(crate) enum SendError {
     /// The connection died before the request could have been processed (it
     /// could not be written, or a reused connection was closed by the replica
     /// before any answer): safe to retry on another replica.
@@ -77,7 +77,7 @@ pub enum SendError {
 }
 
 impl SendError {
-    pub fn into_gateway(self) -> GatewayError {
+    pub(crate) fn into_gateway(self) -> GatewayError {
         match self {
             SendError::NotSent(e) => GatewayError::UpstreamConnect(e),
             SendError::Failed(e) => GatewayError::UpstreamProtocol(e),
@@ -86,7 +86,7 @@ impl SendError {
 }
 
 impl ConnPool {
-    pub fn new(
+    pub(crate) fn new(
         addr: String,
         host: HeaderValue,
         max_idle: usize,
@@ -104,7 +104,7 @@ impl ConnPool {
     }
 
     /// A live idle connection, or a new one.
-    pub async fn checkout(&self) -> Result<Conn, GatewayError> {
+    pub(crate) async fn checkout(&self) -> Result<Conn, GatewayError> {
         while let Some(c) = self.take_idle() {
             if c.since.elapsed() < self.idle_timeout && c.conn.is_quiet() {
                 return Ok(c.conn);
@@ -116,16 +116,14 @@ impl ConnPool {
     /// Drop idle connections past the idle timeout or closed by the replica.
     /// Run periodically (with the health checks), so a pool that stops being
     /// used does not hold half-closed sockets until its next request.
-    pub fn sweep(&self) {
-        let stale: Vec<Idle> = match self.idle.lock() {
-            Ok(mut idle) => {
-                let (keep, stale) = std::mem::take(&mut *idle)
-                    .into_iter()
-                    .partition(|i| i.since.elapsed() < self.idle_timeout && i.conn.is_quiet());
-                *idle = keep;
-                stale
-            }
-            Err(_) => return,
+    pub(crate) fn sweep(&self) {
+        let stale: Vec<Idle> = {
+            let mut idle = self.idle.lock();
+            let (keep, stale) = std::mem::take(&mut *idle)
+                .into_iter()
+                .partition(|i| i.since.elapsed() < self.idle_timeout && i.conn.is_quiet());
+            *idle = keep;
+            stale
         };
         // Closed outside the lock.
         drop(stale);
@@ -133,15 +131,15 @@ impl ConnPool {
 
     /// Idle connections held now.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().map_or(0, |i| i.len())
+        self.idle.lock().len()
     }
 
     fn take_idle(&self) -> Option<Idle> {
-        self.idle.lock().ok()?.pop()
+        self.idle.lock().pop()
     }
 
     /// A new connection (for a retry after a kept-alive one turned out dead).
-    pub async fn connect(&self) -> Result<Conn, GatewayError> {
+    pub(crate) async fn connect(&self) -> Result<Conn, GatewayError> {
         let io = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
             .await
         {
@@ -168,13 +166,14 @@ impl ConnPool {
 
     /// Keep a connection whose response was read to the end, if it can carry
     /// another request.
-    pub fn checkin(&self, mut c: Conn) {
+    pub(crate) fn checkin(&self, mut c: Conn) {
         if c.wire.body != BodyState::Done || !c.keep_alive || !c.wire.rbuf.is_empty() {
             return;
         }
         c.wire.body = BodyState::Idle;
         c.reused = true;
-        if let Ok(mut idle) = self.idle.lock() {
+        {
+            let mut idle = self.idle.lock();
             // Checkout takes the newest; the oldest may have outlived the idle
             // timeout (the replica has likely closed them): drop those here so
             // a pool that never drains to them does not keep dead sockets.
@@ -196,7 +195,7 @@ impl ConnPool {
 
 impl Conn {
     /// Whether the connection came from the idle pool (served a request before).
-    pub fn reused(&self) -> bool {
+    pub(crate) fn reused(&self) -> bool {
         self.reused
     }
 
@@ -212,7 +211,7 @@ impl Conn {
 
     /// Send the request and read the response head. The body follows through
     /// [`poll_data`](Self::poll_data).
-    pub async fn send(&mut self, req: &Request<Bytes>) -> Result<Response<()>, SendError> {
+    pub(crate) async fn send(&mut self, req: &Request<Bytes>) -> Result<Response<()>, SendError> {
         let head_only = req.method() == Method::HEAD;
         let wire = encode_request(req);
         if let Err(e) = self.io.write_all(&wire).await {
@@ -278,7 +277,10 @@ impl Conn {
     }
 
     /// The next piece of the response body: `None` at its end.
-    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, String>>> {
+    pub(crate) fn poll_data(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, String>>> {
         loop {
             match self.wire.decode() {
                 Ok(Some(data)) => return Poll::Ready(Some(Ok(data))),
@@ -303,7 +305,7 @@ impl Conn {
     }
 
     /// Read a whole body (at most `limit` bytes).
-    pub async fn collect(&mut self, limit: usize) -> Result<Bytes, String> {
+    pub(crate) async fn collect(&mut self, limit: usize) -> Result<Bytes, String> {
         let mut buf = BytesMut::new();
         loop {
             match std::future::poll_fn(|cx| self.poll_data(cx)).await {

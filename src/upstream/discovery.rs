@@ -18,7 +18,7 @@ use super::{health, scrape};
 use crate::config::{BackendConfig, Config, DnsSource};
 
 /// The system resolver (`/etc/resolv.conf`), or one DNS server if configured.
-pub fn resolver(nameserver: Option<SocketAddr>) -> anyhow::Result<TokioResolver> {
+pub(crate) fn resolver(nameserver: Option<SocketAddr>) -> anyhow::Result<TokioResolver> {
     let mut builder = match nameserver {
         Some(addr) => {
             let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
@@ -56,7 +56,7 @@ fn backends_of(src: &DnsSource, ips: &[IpAddr]) -> Vec<BackendConfig> {
 }
 
 /// Keep source `index` in sync with its DNS name, forever.
-pub async fn run(
+pub(crate) async fn run(
     pool: Arc<Pool>,
     client: HttpClient,
     config: Arc<Config>,

@@ -30,7 +30,7 @@ struct ModelEntry {
 
 /// Check every replica once, concurrently; publish a new model index if any
 /// replica's models or health changed.
-pub async fn check_all(pool: &Pool, client: &HttpClient, cfg: &HealthCheckConfig) {
+pub(crate) async fn check_all(pool: &Pool, client: &HttpClient, cfg: &HealthCheckConfig) {
     let mut tasks = tokio::task::JoinSet::new();
     for r in pool.replicas().iter() {
         let (r, client, timeout) = (r.clone(), client.clone(), cfg.timeout);
@@ -56,7 +56,7 @@ pub async fn check_all(pool: &Pool, client: &HttpClient, cfg: &HealthCheckConfig
 }
 
 /// Run checks forever at the configured interval (the caller aborts the task).
-pub async fn run(pool: Arc<Pool>, client: HttpClient, cfg: HealthCheckConfig) {
+pub(crate) async fn run(pool: Arc<Pool>, client: HttpClient, cfg: HealthCheckConfig) {
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -1,11 +1,11 @@
 //! Everything about the replicas: the pool, the client that talks to them,
 //! and the health checks that keep the pool's view current.
 
-pub mod client;
-pub mod conn;
-pub mod discovery;
-pub mod health;
+pub(crate) mod client;
+pub(crate) mod conn;
+pub(crate) mod discovery;
+pub(crate) mod health;
 mod http1;
 pub mod pool;
-pub mod scrape;
+pub(crate) mod scrape;
 pub mod signals;

@@ -30,7 +30,7 @@ pub struct Health {
 
 /// Passive-health state (outlier detection), as seen in `/admin/backends`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Circuit {
+pub(crate) enum Circuit {
     /// Serving normally.
     Closed,
     /// Ejected after consecutive failures; no traffic until the time is up.
@@ -40,7 +40,7 @@ pub enum Circuit {
 }
 
 impl Circuit {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Circuit::Closed => "closed",
             Circuit::Open => "open",
@@ -164,7 +164,7 @@ impl Replica {
     }
 
     /// The models this replica serves: configured, or last discovered.
-    pub fn models(&self) -> Vec<Arc<str>> {
+    pub(crate) fn models(&self) -> Vec<Arc<str>> {
         if self.static_models.is_empty() {
             self.health.load().models.clone()
         } else {
@@ -191,7 +191,7 @@ impl Replica {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    pub fn circuit(&self) -> Circuit {
+    pub(crate) fn circuit(&self) -> Circuit {
         let until = self.ejected_until.load(Relaxed);
         if until == 0 {
             Circuit::Closed
@@ -203,14 +203,14 @@ impl Replica {
     }
 
     /// Time left in the current ejection.
-    pub fn ejected_for(&self) -> Option<Duration> {
+    pub(crate) fn ejected_for(&self) -> Option<Duration> {
         let until = self.ejected_until.load(Relaxed);
         let now = self.now_ms();
         (until > now).then(|| Duration::from_millis(until - now))
     }
 
     /// A request succeeded: the failure streak ends; probation ends too.
-    pub fn record_success(&self) {
+    pub(crate) fn record_success(&self) {
         self.failures.store(0, Relaxed);
         if self.ejected_until.load(Relaxed) != 0 && self.circuit() == Circuit::HalfOpen {
             self.ejected_until.store(0, Relaxed);
@@ -224,7 +224,7 @@ impl Replica {
     }
 
     /// A request failed because of the replica; eject it after too many in a row.
-    pub fn record_failure(&self) {
+    pub(crate) fn record_failure(&self) {
         let cfg = &self.outlier;
         let n = self.failures.fetch_add(1, Relaxed) + 1;
         if n < cfg.consecutive_failures.max(1) || self.circuit() == Circuit::Open {
@@ -251,16 +251,16 @@ impl Replica {
 
 /// RAII in-flight accounting: up in `new`, down in `Drop`, so a cancelled
 /// request cannot leak a count.
-pub struct InFlight(Arc<Replica>);
+pub(crate) struct InFlight(Arc<Replica>);
 
 impl InFlight {
-    pub fn new(r: Arc<Replica>) -> Self {
+    pub(crate) fn new(r: Arc<Replica>) -> Self {
         r.in_flight.fetch_add(1, Relaxed);
         r.series.in_flight.inc();
         Self(r)
     }
 
-    pub fn replica(&self) -> &Arc<Replica> {
+    pub(crate) fn replica(&self) -> &Arc<Replica> {
         &self.0
     }
 }
@@ -274,7 +274,7 @@ impl Drop for InFlight {
 
 /// Immutable snapshot: which replicas serve which model.
 #[derive(Default)]
-pub struct ModelIndex {
+pub(crate) struct ModelIndex {
     /// Served model name -> replicas (healthy or not).
     pub by_model: HashMap<Arc<str>, Vec<Arc<Replica>>>,
 }
@@ -305,7 +305,7 @@ impl Pool {
     /// same upstream settings) is carried over with its connections, health,
     /// circuit and in-flight count; replicas from a DNS source
     /// that still exists are kept until its next resolution.
-    pub fn new(config: &Config, metrics: Arc<Metrics>, previous: Option<&Pool>) -> Self {
+    pub(crate) fn new(config: &Config, metrics: Arc<Metrics>, previous: Option<&Pool>) -> Self {
         metrics
             .scraping
             .store(config.routing.metrics.enabled, Relaxed);
@@ -391,7 +391,7 @@ impl Pool {
     /// Make the replicas of discovery source `source` exactly `wanted`, keeping
     /// the state (connections, health, circuit) of those that stay.
     /// Returns whether anything changed.
-    pub fn sync_source(&self, source: usize, wanted: &[BackendConfig]) -> bool {
+    pub(crate) fn sync_source(&self, source: usize, wanted: &[BackendConfig]) -> bool {
         let current = self.replicas();
         let mine: Vec<&Arc<Replica>> = current
             .iter()
@@ -430,7 +430,7 @@ impl Pool {
     }
 
     /// Recompute the model index from every replica's model list.
-    pub fn rebuild_index(&self) {
+    pub(crate) fn rebuild_index(&self) {
         let mut by_model: HashMap<Arc<str>, Vec<Arc<Replica>>> = HashMap::new();
         for r in self.replicas().iter() {
             for m in r.models() {
@@ -476,7 +476,7 @@ impl Pool {
     }
 
     /// Models of healthy replicas, plus aliases whose target is among them.
-    pub fn served_models(&self) -> Vec<String> {
+    pub(crate) fn served_models(&self) -> Vec<String> {
         let mut out = BTreeSet::new();
         for r in self.replicas().iter().filter(|r| r.is_healthy()) {
             out.extend(r.models().iter().map(|m| m.to_string()));
@@ -493,7 +493,7 @@ impl Pool {
 
     /// Gauges that depend on time or on the whole pool, brought up to date
     /// before `/metrics` is rendered: ejections that expired, healthy counts.
-    pub fn refresh_metrics(&self) {
+    pub(crate) fn refresh_metrics(&self) {
         let replicas = self.replicas();
         let mut healthy = 0;
         for r in replicas.iter() {

@@ -52,7 +52,7 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
 
 /// Parse a Prometheus text exposition into a sample. `engine` fixes the
 /// dialect; `Auto` detects it from the first known family.
-pub fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
+pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
     let mut detected = engine;
     let mut a = Acc::default();
     for line in text.lines() {
@@ -160,7 +160,12 @@ pub fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
 }
 
 /// Scrape every replica once, concurrently.
-pub async fn scrape_all(pool: &Pool, client: &HttpClient, engine: EngineKind, timeout: Duration) {
+pub(crate) async fn scrape_all(
+    pool: &Pool,
+    client: &HttpClient,
+    engine: EngineKind,
+    timeout: Duration,
+) {
     let mut tasks = tokio::task::JoinSet::new();
     for r in pool.replicas().iter() {
         let (r, client) = (r.clone(), client.clone());
@@ -181,7 +186,12 @@ pub async fn scrape_all(pool: &Pool, client: &HttpClient, engine: EngineKind, ti
 }
 
 /// Scrape forever at `interval` (the caller aborts the task).
-pub async fn run(pool: Arc<Pool>, client: HttpClient, engine: EngineKind, interval: Duration) {
+pub(crate) async fn run(
+    pool: Arc<Pool>,
+    client: HttpClient,
+    engine: EngineKind,
+    interval: Duration,
+) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

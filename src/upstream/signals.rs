@@ -33,7 +33,7 @@ pub struct Ewma {
 }
 
 impl Ewma {
-    pub fn observe(&self, v: f64) {
+    pub(crate) fn observe(&self, v: f64) {
         let old = f64::from_bits(self.bits.load(Relaxed));
         let new = if old == 0.0 { v } else { old * 0.8 + v * 0.2 };
         self.bits.store(new.to_bits(), Relaxed);
@@ -41,13 +41,13 @@ impl Ewma {
         self.at.store(ns.max(1), Relaxed);
     }
 
-    pub fn get(&self) -> Option<f64> {
+    pub(crate) fn get(&self) -> Option<f64> {
         let v = f64::from_bits(self.bits.load(Relaxed));
         (v > 0.0).then_some(v)
     }
 
     /// The average if its last sample is younger than `max_age`.
-    pub fn fresh(&self, max_age: std::time::Duration) -> Option<f64> {
+    pub(crate) fn fresh(&self, max_age: std::time::Duration) -> Option<f64> {
         let at = self.at.load(Relaxed);
         let age_ns = epoch().elapsed().as_nanos().saturating_sub(u128::from(at));
         (at != 0 && age_ns <= max_age.as_nanos())

@@ -1,6 +1,14 @@
 //! Integration tests: the real gateway and simulator over loopback sockets.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "helpers of tests fail the way tests do: by panicking (clippy.toml allows it only inside #[test] functions)"
+)]
+#![expect(
+    unreachable_pub,
+    reason = "helpers are shared by the modules of this one test binary; nothing is exported"
+)]
 
 mod alerting;
 mod bench;

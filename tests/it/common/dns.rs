@@ -3,7 +3,9 @@
 //! change, TTL 0; anything else gets an empty NOERROR answer.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use tokio::net::UdpSocket;
 
@@ -15,7 +17,7 @@ pub struct TestDns {
 
 impl TestDns {
     pub fn set(&self, ips: &[Ipv4Addr]) {
-        *self.answers.lock().unwrap() = ips.to_vec();
+        *self.answers.lock() = ips.to_vec();
     }
 }
 
@@ -37,7 +39,7 @@ pub async fn start(name: &str, ips: &[Ipv4Addr]) -> TestDns {
             let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
                 return;
             };
-            let ips = a.lock().unwrap().clone();
+            let ips = a.lock().clone();
             if let Some(resp) = respond(&buf[..n], &wanted, &ips) {
                 let _ = sock.send_to(&resp, peer).await;
             }

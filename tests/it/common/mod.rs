@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: start the simulator and the gateway
 //! on loopback port 0, wait on conditions with deadlines, read SSE and metrics.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, reason = "each test module uses some of the helpers")]
 
 pub mod dns;
 pub mod otlp;

@@ -3,7 +3,9 @@
 //! storing what they receive.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -57,7 +59,7 @@ pub struct Store(pub Arc<Mutex<Vec<Got>>>);
 
 impl Store {
     fn add(&self, req: ExportTraceServiceRequest) {
-        let mut v = self.0.lock().unwrap();
+        let mut v = self.0.lock();
         for rs in req.resource_spans {
             let service = rs
                 .resource
@@ -82,7 +84,7 @@ impl Store {
     }
 
     pub fn spans(&self) -> Vec<Got> {
-        self.0.lock().unwrap().clone()
+        self.0.lock().clone()
     }
 
     /// SERVER spans: one per kept request.

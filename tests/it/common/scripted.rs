@@ -4,7 +4,9 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -52,9 +54,7 @@ impl Scripted {
 
     /// Stop accepting and cut every open connection: later connects are refused.
     pub fn kill(&self) {
-        if let Ok(mut t) = self.tasks.lock() {
-            t.abort_all();
-        }
+        self.tasks.lock().abort_all();
     }
 }
 
@@ -81,12 +81,10 @@ pub async fn start(model: &'static str, script: Script) -> Scripted {
                     .serve_connection(TokioIo::new(tcp), svc)
                     .await;
             };
-            if let Ok(mut t) = ts.lock() {
-                t.spawn(conn);
-            }
+            ts.lock().spawn(conn);
         }
     };
-    tasks.lock().unwrap().spawn(accept);
+    tasks.lock().spawn(accept);
     Scripted {
         addr,
         last_headers,
@@ -108,7 +106,7 @@ async fn answer(
                 .boxed(),
         );
     }
-    *last.lock().unwrap() = Some(req.headers().clone());
+    *last.lock() = Some(req.headers().clone());
     let _ = req.into_body().collect().await;
     let chunks = stream::unfold(script.chunks.into_iter(), |mut it| async move {
         let (delay, bytes) = it.next()?;
