@@ -309,3 +309,6 @@ impl<U: Upstream> Drop for TimedBody<U> {
         self.guard = None;
     }
 }
+
+#[cfg(test)]
+mod tests;

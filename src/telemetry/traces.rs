@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{
     Event, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -54,7 +54,8 @@ pub(crate) struct Sampler {
     cfg: crate::config::SamplingConfig,
     /// Budget refill: `max_per_second` tokens per second, as a GCRA TAT in ns.
     tat_ns: AtomicU64,
-    epoch: Instant,
+    /// On tokio's clock (tests run the budget on paused time).
+    epoch: tokio::time::Instant,
 }
 
 impl Sampler {
@@ -62,7 +63,7 @@ impl Sampler {
         Self {
             cfg,
             tat_ns: AtomicU64::new(0),
-            epoch: Instant::now(),
+            epoch: tokio::time::Instant::now(),
         }
     }
 
@@ -402,3 +403,6 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -76,8 +76,9 @@ pub struct Replica {
     failures: AtomicU32,
     ejections: AtomicU32,
     /// Milliseconds since `epoch` until which the replica is ejected (0: never).
+    /// On tokio's clock, so tests of the circuit run on paused time.
     ejected_until: AtomicU64,
-    epoch: Instant,
+    epoch: tokio::time::Instant,
     outlier: OutlierConfig,
     pub series: Arc<BackendSeries>,
 }
@@ -149,7 +150,7 @@ impl Replica {
             failures: AtomicU32::new(0),
             ejections: AtomicU32::new(0),
             ejected_until: AtomicU64::new(0),
-            epoch: Instant::now(),
+            epoch: tokio::time::Instant::now(),
             outlier: up.outlier.clone(),
             series,
         }
@@ -518,3 +519,6 @@ impl Pool {
         self.replicas().iter().any(|r| r.is_healthy())
     }
 }
+
+#[cfg(test)]
+mod tests;
