@@ -435,6 +435,19 @@ impl Limiter {
             .inc();
     }
 
+    /// Settle and wait for the store (tests compare the stores step by step).
+    #[cfg(test)]
+    async fn settle_now(&self, s: &Settlement) {
+        match &*self.store {
+            Store::Memory(m) => m.settle(s),
+            Store::Redis(r) => {
+                if let Err(e) = r.settle(s).await {
+                    panic!("settling in Redis: {}", e.0);
+                }
+            }
+        }
+    }
+
     fn settle(self: &Arc<Self>, s: Settlement) {
         match &*self.store {
             Store::Memory(m) => m.settle(&s),
@@ -483,14 +496,20 @@ impl Admission {
         self.limiter.is_none()
     }
 
-    /// Settle with the tokens really used.
+    /// Settle with the tokens really used (for Redis, without waiting).
     pub(crate) fn finish(&mut self, used_tokens: u32) {
-        if let (Some(l), Some(mut s)) = (self.limiter.take(), self.settlement.take()) {
-            if s.tokens.is_some() {
-                s.delta_tokens = i64::from(used_tokens) - i64::from(self.reserved);
-            }
+        if let Some((l, s)) = self.settlement(used_tokens) {
             l.settle(s);
         }
+    }
+
+    /// What settling with `used_tokens` tells the store (once).
+    fn settlement(&mut self, used_tokens: u32) -> Option<(Arc<Limiter>, Settlement)> {
+        let (l, mut s) = (self.limiter.take()?, self.settlement.take()?);
+        if s.tokens.is_some() {
+            s.delta_tokens = i64::from(used_tokens) - i64::from(self.reserved);
+        }
+        Some((l, s))
     }
 }
 
@@ -503,15 +522,4 @@ impl Drop for Admission {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reset_durations_read_like_openais() {
-        assert_eq!(duration_string(20.0), "20ms");
-        assert_eq!(duration_string(1000.0), "1s");
-        assert_eq!(duration_string(1500.0), "1.5s");
-        assert_eq!(duration_string(360_000.0), "6m0s");
-        assert_eq!(duration_string(3_723_000.0), "1h2m3s");
-    }
-}
+mod tests;
