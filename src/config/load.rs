@@ -264,3 +264,6 @@ models:
         assert!(parse_str("# nothing\n", "x.yaml").is_ok());
     }
 }
+
+#[cfg(test)]
+mod prop;

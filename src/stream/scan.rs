@@ -421,31 +421,23 @@ mod tests {
     use super::*;
     use crate::stream::event::chunk_info_serde;
 
-    const CORPUS: &[&str] = &[
-        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
-        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" the"},"logprobs":null,"finish_reason":null}]}"#,
-        r#"{"id":"c","choices":[{"index":0,"delta":{"content":"q\"uote\\"},"finish_reason":"stop","stop_reason":null}],"usage":null}"#,
-        r#"{"id":"c","choices":[],"usage":{"prompt_tokens":12,"total_tokens":20,"completion_tokens":8,"prompt_tokens_details":null}}"#,
-        r#"{"id":"cmpl","object":"text_completion","choices":[{"index":0,"text":" once","logprobs":null,"finish_reason":null}]}"#,
-        r#"{"choices":[{"index":0,"text":"","finish_reason":"length"}]}"#,
-        r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\": [1, {}]}"}}]}}]}"#,
-        r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#,
-        r#"{"choices":[{"delta":{"reasoning_content":"hmm"}},{"delta":{"content":null},"finish_reason":"tool_calls"}]}"#,
-        r#"{"error":{"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}}"#,
-        r#"{"error":null,"choices":null}"#,
-        r#" { "choices" : [ { "delta" : { "content" : "x" } , "finish_reason" : "weird" } ] } "#,
-        r#"{"choices":[{"delta":{"content":"caf\u00e9"},"logprobs":{"content":[{"token":"a","logprob":-0.5,"bytes":[97]}]}}]}"#,
-        r#"{"usage":{"prompt_tokens":1.5}}"#,
-        r#"{"choices":[{"delta":{"cont\u0065nt":"x"}}]}"#,
-        r#"{"choices": [oops"#,
-        r#"{}"#,
-        r#"[]"#,
-        r#"{"a":1}trailing"#,
-    ];
+    /// The committed corpus, one chunk per line; the first 12 are what
+    /// engines send (the fast path must take them).
+    fn corpus() -> Vec<String> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/corpus/chunks/engines.jsonl"
+        );
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
 
     #[test]
     fn agrees_with_the_serde_reader_or_defers_to_it() {
-        for json in CORPUS {
+        for json in &corpus() {
             let fast = scan(json.as_bytes());
             let slow = chunk_info_serde(json.as_bytes());
             if let Some(f) = fast {
@@ -456,7 +448,7 @@ mod tests {
 
     #[test]
     fn agrees_on_every_truncation_and_single_byte_change() {
-        for json in CORPUS {
+        for json in &corpus() {
             let b = json.as_bytes();
             for cut in 0..b.len() {
                 if let Some(f) = scan(&b[..cut]) {
@@ -482,8 +474,11 @@ mod tests {
 
     #[test]
     fn takes_the_fast_path_on_what_engines_send() {
-        for json in &CORPUS[..12] {
+        for json in &corpus()[..12] {
             assert!(scan(json.as_bytes()).is_some(), "{json}");
         }
     }
 }
+
+#[cfg(test)]
+mod prop;

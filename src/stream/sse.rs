@@ -164,3 +164,6 @@ mod tests {
         assert_eq!(s.pending_len(), 9);
     }
 }
+
+#[cfg(test)]
+mod prop;

@@ -515,3 +515,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod prop;

@@ -294,3 +294,6 @@ mod tests {
         assert_eq!((s.kv_usage, s.waiting), (None, None));
     }
 }
+
+#[cfg(test)]
+mod prop;
