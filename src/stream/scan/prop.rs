@@ -285,11 +285,16 @@ proptest! {
     #[test]
     fn the_scanner_takes_the_fast_path_on_plain_chunks(j in chunk()) {
         // Compact JSON without duplicate keys is what engines send: the
-        // scanner must answer it itself when serde accepts it.
+        // scanner must answer it itself when serde accepts it. It declines
+        // (by design) keys written with `\u` escapes and finish reasons that
+        // need unescaping, which engines do not send.
         let json = render(&j, &[""]);
         let v: Value = serde_json::from_str(&json).unwrap();
         let dup = json.len() != serde_json::to_string(&v).unwrap().len();
-        if !dup && chunk_info_serde(json.as_bytes()).is_some() && !json.contains("\\u") {
+        let escaped_finish = v["choices"].as_array().is_some_and(|cs| {
+            cs.iter().any(|c| c["finish_reason"].as_str().is_some_and(|f| f.contains(['"', '\\', '\n', '\t'])))
+        });
+        if !dup && !escaped_finish && chunk_info_serde(json.as_bytes()).is_some() && !json.contains("\\u") {
             prop_assert!(scan(json.as_bytes()).is_some(), "{}", json);
         }
     }
