@@ -1,5 +1,7 @@
 //! Listeners, background tasks, and graceful shutdown with a drain deadline.
 
+mod parse_errors;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,12 +54,14 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
         tokio::spawn(serve(
             api,
             build_app(live.clone()),
+            live.clone(),
             stopped.clone(),
             header_timeout,
         )),
         tokio::spawn(serve(
             admin,
             build_admin(live.clone()),
+            live.clone(),
             stopped,
             header_timeout,
         )),
@@ -113,9 +117,12 @@ fn spawn_background(state: &Arc<AppState>) -> anyhow::Result<Vec<JoinHandle<()>>
 /// requests (keep-alive connections close after their current response), and
 /// return when all are done. Each connection must deliver its request headers
 /// within `header_timeout` (a client trickling headers holds nothing for long).
+/// What the HTTP parser refuses is answered in the OpenAI error shape
+/// ([`parse_errors`]).
 async fn serve(
     listener: TcpListener,
     app: axum::Router,
+    live: Arc<Live>,
     mut stopped: watch::Receiver<bool>,
     header_timeout: Duration,
 ) {
@@ -141,11 +148,12 @@ async fn serve(
         let _ = tcp.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let mut stop = stopped.clone();
+        let io = parse_errors::ParseErrors::new(TokioIo::new(tcp), live.clone());
         conns.spawn(async move {
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
-                .serve_connection(TokioIo::new(tcp), service);
+                .serve_connection(io, service);
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => return,
