@@ -14,6 +14,50 @@ pub(crate) enum ErrorSource {
     Internal,
 }
 
+/// What went wrong talking to a replica, and the I/O error behind it when
+/// there was one (kept as the error's source, so a log of the failure says
+/// why: "writing the request" caused by "Connection reset by peer").
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{context}")]
+pub struct UpstreamFault {
+    context: String,
+    #[source]
+    source: Option<std::sync::Arc<std::io::Error>>,
+}
+
+impl UpstreamFault {
+    /// While doing `context`, `source` happened.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self {
+            context: context.into(),
+            source: Some(std::sync::Arc::new(source)),
+        }
+    }
+}
+
+impl UpstreamFault {
+    /// The same fault, described as happening while doing `what`.
+    pub fn during(mut self, what: &str) -> Self {
+        self.context = format!("{what}: {}", self.context);
+        self
+    }
+}
+
+impl From<String> for UpstreamFault {
+    fn from(context: String) -> Self {
+        Self {
+            context,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for UpstreamFault {
+    fn from(context: &str) -> Self {
+        context.to_string().into()
+    }
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
     #[error("{0}")]
@@ -31,11 +75,11 @@ pub enum GatewayError {
     #[error("no healthy replica serves model `{0}`")]
     NoHealthyBackend(String),
     #[error("could not connect to a replica: {0}")]
-    UpstreamConnect(String),
+    UpstreamConnect(#[source] UpstreamFault),
     #[error("the replica did not answer within {phase} timeout")]
     UpstreamTimeout { phase: TimeoutPhase },
     #[error("the replica broke the response: {0}")]
-    UpstreamProtocol(String),
+    UpstreamProtocol(#[source] UpstreamFault),
     /// A non-2xx answer from a replica, passed through with its status; the body
     /// was normalised to the OpenAI shape by [`normalise_upstream_error`].
     #[error("replica answered {status}")]
@@ -436,6 +480,36 @@ mod tests {
         ));
         assert_eq!(v["error"]["message"], "<html>oops</html>");
         assert_eq!(v["error"]["type"], "server_error");
+    }
+
+    #[test]
+    fn upstream_errors_keep_their_cause() {
+        let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = GatewayError::UpstreamConnect(UpstreamFault::io("connecting to r:8000", io));
+        assert_eq!(
+            e.to_string(),
+            "could not connect to a replica: connecting to r:8000"
+        );
+        // (`GatewayError::source` is who caused it: the trait's is the cause.)
+        let fault = std::error::Error::source(&e).unwrap();
+        let cause = fault.source().unwrap();
+        let io = cause
+            .downcast_ref::<std::sync::Arc<std::io::Error>>()
+            .unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+        let e = GatewayError::UpstreamProtocol(
+            UpstreamFault::io("reading", std::io::ErrorKind::ConnectionReset.into())
+                .during("connection lost mid-stream"),
+        );
+        assert_eq!(
+            e.to_string(),
+            "the replica broke the response: connection lost mid-stream: reading"
+        );
+        assert!(
+            std::error::Error::source(&e)
+                .and_then(|f| f.source())
+                .is_some()
+        );
     }
 
     #[test]

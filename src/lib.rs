@@ -31,35 +31,34 @@ pub use term::print_out;
 /// The config `sluice serve` runs with: the file (or defaults), then the
 /// command-line overrides, validated. Read again on SIGHUP.
 fn serve_config(args: &cli::ServeArgs) -> anyhow::Result<config::Config> {
-    let mut config = match &args.config {
-        Some(path) => config::load_file(path)?,
-        None => config::Config::default(),
+    let overrides = |config: &mut config::Config| {
+        if !args.backends.is_empty() {
+            config.backends = args
+                .backends
+                .iter()
+                .cloned()
+                .map(config::BackendConfig::from_url)
+                .collect();
+        }
+        if let Some(a) = args.listen {
+            config.server.listen = a;
+        }
+        if let Some(a) = args.admin_listen {
+            config.server.admin_listen = a;
+        }
+        if let Some(p) = args.policy {
+            config.routing.policy = p;
+        }
     };
-    if !args.backends.is_empty() {
-        config.backends = args
-            .backends
-            .iter()
-            .cloned()
-            .map(config::BackendConfig::from_url)
-            .collect();
-    }
-    if let Some(a) = args.listen {
-        config.server.listen = a;
-    }
-    if let Some(a) = args.admin_listen {
-        config.server.admin_listen = a;
-    }
-    if let Some(p) = args.policy {
-        config.routing.policy = p;
-    }
+    // Decoded, overridden, then validated once (with the file's lines).
+    let config = match &args.config {
+        Some(path) => config::load_file_with(path, overrides)?,
+        None => config::parse_str_with("", "command line", overrides)?,
+    };
     anyhow::ensure!(
         !config.backends.is_empty() || !config.discovery.dns.is_empty(),
         "no backends: give --backend URL, or list `backends` or `discovery.dns` in --config FILE"
     );
-    let problems = config::validate(&config);
-    if let Some(p) = problems.first() {
-        anyhow::bail!("`{}`: {}", p.path, p.message);
-    }
     Ok(config)
 }
 

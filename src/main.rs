@@ -5,6 +5,17 @@ use std::process::ExitCode;
 use clap::Parser;
 use sluice::cli::Cli;
 
+// The allocator, chosen by measurement (docs/BENCHMARKS.md, "Idle streams:
+// memory given back"): jemalloc, whose background thread gives the memory of
+// finished streams back to the system. The features are in Cargo.toml.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     sluice::telemetry::init_logging();

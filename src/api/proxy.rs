@@ -433,9 +433,9 @@ async fn respond(
         Err(_) => Err(GatewayError::UpstreamTimeout {
             phase: TimeoutPhase::Total,
         }),
-        Ok(Err(err)) => Err(GatewayError::UpstreamProtocol(format!(
-            "reading the response: {err}"
-        ))),
+        Ok(Err(err)) => Err(GatewayError::UpstreamProtocol(
+            err.during("reading the response"),
+        )),
         Ok(Ok(b)) => Ok(b),
     };
     let bytes = match bytes {

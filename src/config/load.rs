@@ -45,6 +45,15 @@ impl std::error::Error for ConfigError {}
 
 /// Read and check a config file.
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    load_file_with(path, |_| {})
+}
+
+/// Read a config file, apply `adjust` (command-line overrides), then check
+/// the result: the one validation of a load, with lines from the file.
+pub fn load_file_with(
+    path: &Path,
+    adjust: impl FnOnce(&mut Config),
+) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         file: file.clone(),
@@ -54,17 +63,26 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
             message: format!("cannot read: {e}"),
         }],
     })?;
-    parse_str(&text, &file)
+    parse_str_with(&text, &file, adjust)
 }
 
 /// Decode and validate config text; `file` only names the source in errors.
 pub fn parse_str(text: &str, file: &str) -> Result<Config, ConfigError> {
+    parse_str_with(text, file, |_| {})
+}
+
+/// Decode config text, apply `adjust`, validate once.
+pub fn parse_str_with(
+    text: &str,
+    file: &str,
+    adjust: impl FnOnce(&mut Config),
+) -> Result<Config, ConfigError> {
     let fail = |problems| ConfigError {
         file: file.to_string(),
         problems,
     };
     // An empty document (or only comments) is the all-defaults config.
-    let config = if text.lines().all(|l| {
+    let mut config = if text.lines().all(|l| {
         let t = l.trim();
         t.is_empty() || t.starts_with('#') || t == "---"
     }) {
@@ -94,6 +112,7 @@ pub fn parse_str(text: &str, file: &str) -> Result<Config, ConfigError> {
             }
         }
     };
+    adjust(&mut config);
     let problems: Vec<Problem> = validate(&config)
         .into_iter()
         .map(|inv| Problem {

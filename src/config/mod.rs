@@ -13,7 +13,7 @@ pub use limits::{
     ApiKey, AuthConfig, OnStoreError, RateLimitConfig, RedisConfig, StoreKind, TierConfig,
     TierLimits,
 };
-pub use load::{ConfigError, load_file, parse_str};
+pub use load::{ConfigError, load_file, load_file_with, parse_str, parse_str_with};
 pub use telemetry::{
     AccessLogConfig, LogTarget, OtlpProtocol, ResolvedTracing, SamplingConfig, TracingConfig,
 };

@@ -226,9 +226,6 @@ impl Gateway {
             !config.backends.is_empty() || !config.discovery.dns.is_empty(),
             "no backends: list `backends` or `discovery.dns`"
         );
-        if let Some(p) = crate::config::validate(&config).first() {
-            anyhow::bail!("`{}`: {}", p.path, p.message);
-        }
         if !config.discovery.dns.is_empty() {
             // The one fallible step of the background tasks, tried before
             // anything shared (metric series, the scraping flag) is touched.

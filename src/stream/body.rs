@@ -23,7 +23,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::clock::Deadlines;
 use super::relay::{Mode, Relay};
-use crate::error::GatewayError;
+use crate::error::{GatewayError, UpstreamFault};
 use crate::request::RequestGuard;
 use crate::upstream::conn::Conn;
 use crate::upstream::pool::Replica;
@@ -35,7 +35,7 @@ const MAX_BATCH_BYTES: usize = 64 << 10;
 /// Where a response body's bytes come from.
 pub(crate) trait Upstream: Send + Unpin + 'static {
     /// The next bytes of the body; `None` at its clean end.
-    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, String>>>;
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamFault>>>;
     /// The body was read to its end: the connection may serve another request.
     fn reuse(self);
 }
@@ -47,7 +47,7 @@ pub(crate) struct ReplicaConn {
 }
 
 impl Upstream for ReplicaConn {
-    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, String>>> {
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamFault>>> {
         self.conn.poll_data(cx)
     }
 
@@ -127,9 +127,9 @@ impl<U: Upstream> TimedBody<U> {
                 }
                 Some(Err(e)) => {
                     self.upstream = None;
-                    return Poll::Ready(Err(GatewayError::UpstreamProtocol(format!(
-                        "connection lost before the first event: {e}"
-                    ))));
+                    return Poll::Ready(Err(GatewayError::UpstreamProtocol(
+                        e.during("connection lost before the first event"),
+                    )));
                 }
                 None => {
                     self.upstream = None;
@@ -168,7 +168,6 @@ impl<U: Upstream> TimedBody<U> {
             let status = g.record.status;
             g.record.fail(status, err.kind());
         }
-        tracing::debug!(error = %err, "stream failed after the first byte");
         self.relay.push(err.sse_event());
     }
 
@@ -262,8 +261,7 @@ impl<U: Upstream> Body for TimedBody<U> {
                     this.ingest(data, now);
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    let e =
-                        GatewayError::UpstreamProtocol(format!("connection lost mid-stream: {e}"));
+                    let e = GatewayError::UpstreamProtocol(e.during("connection lost mid-stream"));
                     this.fail(&e, true);
                 }
                 Poll::Ready(None) => this.on_upstream_end(),

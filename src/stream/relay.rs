@@ -75,9 +75,9 @@ impl Relay {
                 Ok(Some(ev)) => ev,
                 Ok(None) => return Ok(()),
                 Err(_) => {
-                    return Err(GatewayError::UpstreamProtocol(format!(
-                        "an SSE event exceeded {MAX_EVENT_BYTES} bytes"
-                    )));
+                    return Err(GatewayError::UpstreamProtocol(
+                        format!("an SSE event exceeded {MAX_EVENT_BYTES} bytes").into(),
+                    ));
                 }
             };
             if let Some(ev) = self.on_event(ev, at, guard)? {

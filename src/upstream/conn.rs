@@ -28,7 +28,7 @@ use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use super::http1::{BodyState, Wire, body_kind, encode_request, keeps_alive, parse_head};
-use crate::error::{GatewayError, TimeoutPhase};
+use crate::error::{GatewayError, TimeoutPhase, UpstreamFault};
 
 /// Largest response head accepted from a replica.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -71,9 +71,9 @@ pub(crate) enum SendError {
     /// The connection died before the request could have been processed (it
     /// could not be written, or a reused connection was closed by the replica
     /// before any answer): safe to retry on another replica.
-    NotSent(String),
+    NotSent(UpstreamFault),
     /// The request went out; the answer was missing or malformed.
-    Failed(String),
+    Failed(UpstreamFault),
 }
 
 impl SendError {
@@ -148,7 +148,12 @@ impl ConnPool {
                     phase: TimeoutPhase::Connect,
                 });
             }
-            Ok(Err(e)) => return Err(GatewayError::UpstreamConnect(format!("{}: {e}", self.addr))),
+            Ok(Err(e)) => {
+                return Err(GatewayError::UpstreamConnect(UpstreamFault::io(
+                    format!("connecting to {}", self.addr),
+                    e,
+                )));
+            }
             Ok(Ok(t)) => t,
         };
         // Requests and tokens are small writes; Nagle would hold each for an ACK.
@@ -215,7 +220,10 @@ impl Conn {
         let head_only = req.method() == Method::HEAD;
         let wire = encode_request(req);
         if let Err(e) = self.io.write_all(&wire).await {
-            return Err(SendError::NotSent(format!("writing the request: {e}")));
+            return Err(SendError::NotSent(UpstreamFault::io(
+                "writing the request",
+                e,
+            )));
         }
         // Whether the replica answered anything (an interim response counts):
         // only a reused connection that closes with no answer at all is taken
@@ -223,13 +231,15 @@ impl Conn {
         let mut answered = false;
         for _ in 0..=MAX_INTERIM {
             let (resp, head_len) = loop {
-                if let Some(parsed) = parse_head(&self.wire.rbuf).map_err(SendError::Failed)? {
+                if let Some(parsed) =
+                    parse_head(&self.wire.rbuf).map_err(|e| SendError::Failed(e.into()))?
+                {
                     break parsed;
                 }
                 if self.wire.rbuf.len() > MAX_HEAD_BYTES {
-                    return Err(SendError::Failed(format!(
-                        "response head larger than {MAX_HEAD_BYTES} bytes"
-                    )));
+                    return Err(SendError::Failed(
+                        format!("response head larger than {MAX_HEAD_BYTES} bytes").into(),
+                    ));
                 }
                 let got = std::future::poll_fn(|cx| self.poll_fill(cx)).await;
                 answered |= matches!(got, Ok(n) if n > 0);
@@ -246,7 +256,7 @@ impl Conn {
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        let msg = format!("reading the response: {e}");
+                        let msg = UpstreamFault::io("reading the response", e);
                         return Err(if !answered && self.reused {
                             SendError::NotSent(msg)
                         } else {
@@ -266,27 +276,27 @@ impl Conn {
                 // 100 Continue, 103 Early Hints: the real answer follows.
                 continue;
             }
-            let framing = body_kind(&resp, head_only).map_err(SendError::Failed)?;
+            let framing = body_kind(&resp, head_only).map_err(|e| SendError::Failed(e.into()))?;
             self.wire.body = framing.body;
             self.keep_alive = keeps_alive(&resp) && framing.reusable;
             return Ok(resp);
         }
-        Err(SendError::Failed(format!(
-            "more than {MAX_INTERIM} interim (1xx) responses"
-        )))
+        Err(SendError::Failed(
+            format!("more than {MAX_INTERIM} interim (1xx) responses").into(),
+        ))
     }
 
     /// The next piece of the response body: `None` at its end.
     pub(crate) fn poll_data(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Bytes, String>>> {
+    ) -> Poll<Option<Result<Bytes, UpstreamFault>>> {
         loop {
             match self.wire.decode() {
                 Ok(Some(data)) => return Poll::Ready(Some(Ok(data))),
                 Ok(None) if self.wire.body == BodyState::Done => return Poll::Ready(None),
                 Ok(None) => {}
-                Err(e) => return Poll::Ready(Some(Err(e))),
+                Err(e) => return Poll::Ready(Some(Err(e.into()))),
             }
             match ready!(self.poll_fill(cx)) {
                 Ok(0) if self.wire.body == BodyState::UntilClose => {
@@ -299,13 +309,13 @@ impl Conn {
                     )));
                 }
                 Ok(_) => {}
-                Err(e) => return Poll::Ready(Some(Err(e.to_string()))),
+                Err(e) => return Poll::Ready(Some(Err(UpstreamFault::io("reading", e)))),
             }
         }
     }
 
     /// Read a whole body (at most `limit` bytes).
-    pub(crate) async fn collect(&mut self, limit: usize) -> Result<Bytes, String> {
+    pub(crate) async fn collect(&mut self, limit: usize) -> Result<Bytes, UpstreamFault> {
         let mut buf = BytesMut::new();
         loop {
             match std::future::poll_fn(|cx| self.poll_data(cx)).await {
@@ -313,7 +323,7 @@ impl Conn {
                 Some(Err(e)) => return Err(e),
                 Some(Ok(data)) => {
                     if buf.len() + data.len() > limit {
-                        return Err(format!("response larger than {limit} bytes"));
+                        return Err(format!("response larger than {limit} bytes").into());
                     }
                     if buf.is_empty() && data.len() == buf.capacity() {
                         buf = BytesMut::from(data);

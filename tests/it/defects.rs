@@ -178,3 +178,138 @@ async fn streams_open_at_the_drain_deadline_end_with_an_error_event() {
     })
     .await;
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The resident memory of a process, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// Open `n` streams through the gateway, wait until each has its first
+/// token (open and idle: the replica sends nothing more), then close all.
+async fn wave_of_idle_streams(addr: std::net::SocketAddr, n: usize) {
+    let body = serde_json::to_vec(&chat_body(true)).unwrap();
+    let req = [
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes(),
+        body,
+    ]
+    .concat();
+    let req = std::sync::Arc::new(req);
+    let mut open = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let req = req.clone();
+        open.spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(&req).await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&seen).contains("\"content\"") {
+                let k = s.read(&mut buf).await.unwrap();
+                assert!(k > 0, "closed before the first token");
+                seen.extend_from_slice(&buf[..k]);
+            }
+            s
+        });
+    }
+    let mut held = Vec::with_capacity(n);
+    while let Some(s) = open.join_next().await {
+        held.push(s.unwrap());
+    }
+    assert_eq!(held.len(), n);
+    drop(held);
+}
+
+#[tokio::test]
+async fn memory_of_a_wave_of_idle_streams_is_given_back() {
+    // Separate processes: the real binary as the gateway (its allocator is
+    // what is measured) and as the replica, which sends one token and then
+    // nothing for ten minutes.
+    let bin = env!("CARGO_BIN_EXE_sluice");
+    let sim_port = free_port();
+    let mut sim = tokio::process::Command::new(bin)
+        .args([
+            "sim",
+            "--listen",
+            &format!("127.0.0.1:{sim_port}"),
+            "--profile",
+            "fixed",
+        ])
+        .args([
+            "--prefill-delay",
+            "1ms",
+            "--token-delay",
+            "600s",
+            "--output-tokens",
+            "3",
+        ])
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (api_port, admin_port) = (free_port(), free_port());
+    let mut gw = tokio::process::Command::new(bin)
+        .args([
+            "serve",
+            "--backend",
+            &format!("http://127.0.0.1:{sim_port}"),
+        ])
+        .args(["--listen", &format!("127.0.0.1:{api_port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let ready = format!("http://127.0.0.1:{admin_port}/readyz");
+    wait_until("gateway ready", Duration::from_secs(20), || {
+        let ready = ready.clone();
+        async move {
+            let r = client().get(&ready).send().await;
+            r.is_ok_and(|r| r.status() == 200)
+        }
+    })
+    .await;
+    let pid = gw.id().unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{api_port}").parse().unwrap();
+    // Warm up (lazy statics, thread caches, metric series), then the
+    // baseline (which may still hold some of the warm-up: that only makes
+    // the check more lenient, by the 3 MiB of 200 streams at most).
+    wave_of_idle_streams(addr, 200).await;
+    let before = rss(pid);
+    const MIB: u64 = 1 << 20;
+    for wave in 1..=2 {
+        wave_of_idle_streams(addr, 5000).await;
+        let limit = before + 16 * MIB;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut now = rss(pid);
+        while now > limit && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            now = rss(pid);
+        }
+        assert!(
+            now <= limit,
+            "wave {wave}: RSS {} MiB after, {} MiB before: memory not given back",
+            now / MIB,
+            before / MIB
+        );
+    }
+    let _ = gw.kill().await;
+    let _ = sim.kill().await;
+}

@@ -32,7 +32,7 @@ struct Script {
 }
 
 impl Upstream for Script {
-    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, String>>> {
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamFault>>> {
         let Some((delay, _)) = self.steps.front() else {
             return Poll::Pending;
         };
@@ -44,7 +44,10 @@ impl Upstream for Script {
         self.sleep = None;
         Poll::Ready(match self.steps.pop_front().map(|s| s.1) {
             Some(Step::Data(s)) => Some(Ok(Bytes::from_static(s.as_bytes()))),
-            Some(Step::Fail) => Some(Err("connection reset".into())),
+            Some(Step::Fail) => Some(Err(UpstreamFault::io(
+                "reading",
+                std::io::ErrorKind::ConnectionReset.into(),
+            ))),
             Some(Step::End) | None => None,
         })
     }
