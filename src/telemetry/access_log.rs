@@ -8,7 +8,7 @@
 use parking_lot::Mutex;
 use std::fs::OpenOptions;
 use std::io::{LineWriter, Write};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use serde::Serialize;
 
@@ -137,6 +137,8 @@ impl AccessLog {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
     use super::*;
 
     #[test]
