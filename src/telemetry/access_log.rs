@@ -8,7 +8,7 @@
 use parking_lot::Mutex;
 use std::fs::OpenOptions;
 use std::io::{LineWriter, Write};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
@@ -137,7 +137,7 @@ impl AccessLog {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, UNIX_EPOCH};
+    use std::time::UNIX_EPOCH;
 
     use super::*;
 
