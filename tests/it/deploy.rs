@@ -10,12 +10,12 @@ use std::process::Command;
 #[test]
 fn the_chart_renders_valid_manifests_and_a_config_the_gateway_accepts() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("python3")
+    let out = Command::new(crate::common::python::python())
         .arg(root.join("tests/deploy/check_chart.py"))
         .arg(env!("CARGO_BIN_EXE_sluice"))
         .current_dir(root)
         .output()
-        .expect("python3 must be installed (.ci/run installs the chart tooling with pip)");
+        .expect(crate::common::python::MISSING);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -468,11 +468,11 @@ async fn the_openai_sdk_backs_off_and_retries_on_429() {
     };
     let gw = start_gateway(limited(&[sim.url()], tier), 1).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/sdk_ratelimit.py");
-    let out = tokio::process::Command::new("python3")
+    let out = tokio::process::Command::new(python::python())
         .args([script, &format!("{}/v1", api(&gw)), KEY_A])
         .output()
         .await
-        .expect("python3 with the openai package");
+        .expect(python::MISSING);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

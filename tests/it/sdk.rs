@@ -8,12 +8,12 @@ async fn the_openai_python_sdk_works_through_the_gateway() {
     let gw = start_gateway(config_for(&[sim.url()]), 1).await;
     let base = format!("{}/v1", api(&gw));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/sdk_e2e.py");
-    let out = tokio::process::Command::new("python3")
+    let out = tokio::process::Command::new(python::python())
         .arg(script)
         .arg(&base)
         .output()
         .await
-        .expect("python3 must be installed (.ci/run installs it with the openai package)");
+        .expect(python::MISSING);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "SDK script failed:\n{stderr}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

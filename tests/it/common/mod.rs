@@ -5,6 +5,7 @@
 
 pub mod dns;
 pub mod otlp;
+pub mod python;
 pub mod raw;
 pub mod redis;
 pub mod scripted;

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian machine: installs what the tests
+# use and is missing, then runs `cargo test --locked` (extra arguments go to
+# cargo test: `scripts/test.sh limits` runs the tests matching `limits`).
+#
+# - Debian packages, with apt-get (as root, or through sudo): redis-server
+#   (shared rate limits), prometheus (promtool and a real Prometheus server),
+#   prometheus-alertmanager (amtool), python3-venv where Python needs it.
+# - Python packages (the official OpenAI SDK, the chart tooling) into a
+#   project-local virtual environment, .venv/, never the system's Python;
+#   reinstalled only when tests/python/requirements.txt changes.
+# Quick when everything is there already.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "test setup: $*" >&2; }
+
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+{ command -v promtool >/dev/null && command -v prometheus >/dev/null; } || need+=(prometheus)
+command -v amtool >/dev/null || need+=(prometheus-alertmanager)
+command -v python3 >/dev/null || need+=(python3)
+# Debian's Python needs python3-venv for `python3 -m venv` to work.
+if command -v python3 >/dev/null && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    need+=(python3-venv)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        sudo=()
+    elif command -v sudo >/dev/null; then
+        sudo=(sudo)
+    else
+        echo "test setup: please install the Debian packages: ${need[*]}" >&2
+        exit 1
+    fi
+    say "installing Debian packages: ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+req=tests/python/requirements.txt
+stamp=.venv/.requirements.sha256
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ]; then
+    say "creating the virtual environment .venv"
+    python3 -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    say "installing the Python packages of $req into .venv"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$req"
+    echo "$want" >"$stamp"
+fi
+
+# The tests run Python (and the tools pip installed, e.g. hadolint) from .venv.
+export SLUICE_PYTHON="$PWD/.venv/bin/python"
+export PATH="$PWD/.venv/bin:$PATH"
+say "running cargo test --locked $*"
+exec cargo test --locked "$@"
