@@ -178,8 +178,12 @@ def main():
             tmp = tempfile.mkdtemp()
             port = free_port()
             conf = os.path.join(tmp, "nginx.conf")
+            # Enough connections for every stream twice (client and upstream).
+            text = NGINX_CONF.format(workers=1, dir=tmp, sim_port=sim_port, port=port)
+            text = text.replace("worker_connections 4096;", f"worker_connections {3 * args.streams};")
+            text = f"worker_rlimit_nofile {3 * args.streams + 100};\n" + text
             with open(conf, "w") as f:
-                f.write(NGINX_CONF.format(workers=1, dir=tmp, sim_port=sim_port, port=port))
+                f.write(text)
             ng = subprocess.Popen([nginx, "-c", conf, "-p", tmp], stderr=subprocess.DEVNULL)
             procs.append(ng)
             time.sleep(0.5)
