@@ -42,7 +42,7 @@ async fn spawn(port: u16) -> Child {
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .expect("redis-server must be installed (.ci/run installs the Debian package)");
+        .expect("redis-server must be installed (scripts/test.sh installs the Debian package)");
     super::wait_until(
         "redis accepts connections",
         Duration::from_secs(10),
