@@ -5,8 +5,8 @@
 use std::path::Path;
 
 pub fn python() -> String {
-    if let Ok(p) = std::env::var("SLUICE_PYTHON") {
-        return p;
+    if let Some(p) = std::env::var_os("SLUICE_PYTHON").filter(|p| !p.is_empty()) {
+        return p.to_string_lossy().into_owned();
     }
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     if venv.exists() {
@@ -15,6 +15,6 @@ pub fn python() -> String {
     "python3".into()
 }
 
-/// What to say when it is missing.
-pub const MISSING: &str =
-    "Python with the test packages: run scripts/test.sh (it creates .venv and installs them)";
+/// What to say when it cannot be run.
+pub const MISSING: &str = "cannot run Python ($SLUICE_PYTHON, .venv/bin/python or python3): \
+     run scripts/test.sh, which creates .venv with the test packages";
