@@ -125,6 +125,7 @@ fn request_metrics(c: &mut Criterion) {
             done.record.usage = Some(Usage {
                 prompt_tokens: 50,
                 completion_tokens: 64,
+                cached_tokens: Some(32),
             });
             done.record.finish_reason = Some(FinishReason::Length);
             drop(black_box(done));

@@ -156,6 +156,24 @@ pub struct BenchArgs {
     /// shared-prefix: length of each prefix in tokens.
     #[arg(long, default_value_t = 2000)]
     pub prefix_tokens: u32,
+    /// agentic: sessions to run (--concurrency of them at once).
+    #[arg(long, default_value_t = 200)]
+    pub sessions: u32,
+    /// agentic: mean turns per session (uniform in half to one and a half times).
+    #[arg(long, default_value_t = 12)]
+    pub turns: u32,
+    /// agentic: mean think time between turns (exponential).
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub think_time: Duration,
+    /// agentic: share of turns that bring back a long tool result.
+    #[arg(long, default_value_t = 0.2)]
+    pub tool_share: f64,
+    /// agentic: length of a long tool result in tokens.
+    #[arg(long, default_value_t = 2000)]
+    pub tool_tokens: u32,
+    /// agentic: send no `x-session-id` (routers only have the prompt to go by).
+    #[arg(long)]
+    pub no_session_id: bool,
     /// burst: requests per burst (default: --concurrency).
     #[arg(long)]
     pub burst_size: Option<u32>,

@@ -83,6 +83,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             prefixes: 4,
             prefix_tokens: 1000,
         },
+        agentic: None,
         seed: 1,
         api_key: None,
         json: None,

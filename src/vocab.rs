@@ -55,12 +55,31 @@ impl FinishReason {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// Token counts of a generation, as the engine reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub struct Usage {
     #[serde(default)]
     pub prompt_tokens: u32,
     #[serde(default)]
     pub completion_tokens: u32,
+    /// Prompt tokens the engine served from its prefix cache
+    /// (`prompt_tokens_details.cached_tokens`; vLLM reports it with
+    /// `--enable-prompt-tokens-details`), when reported.
+    #[serde(
+        default,
+        rename = "prompt_tokens_details",
+        deserialize_with = "cached_of"
+    )]
+    pub cached_tokens: Option<u32>,
+}
+
+fn cached_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    #[derive(Deserialize)]
+    struct Details {
+        #[serde(default)]
+        cached_tokens: Option<u32>,
+    }
+    Ok(Option::<Details>::deserialize(d)?.and_then(|x| x.cached_tokens))
 }
 
 /// Which engine's metric names a replica uses.

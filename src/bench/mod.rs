@@ -7,6 +7,7 @@
 //! output), every gap between output events, and E2E, with the same SSE reader
 //! the gateway uses; token counts come from the endpoint's usage.
 
+pub(crate) mod agentic;
 pub(crate) mod workload;
 
 use std::path::PathBuf;
@@ -39,6 +40,8 @@ pub(crate) struct BenchConfig {
     pub duration: Option<Duration>,
     pub arrival: Arrival,
     pub shape: workload::Shape,
+    /// The agentic workload's knobs (with `Workload::Agentic`).
+    pub agentic: Option<agentic::AgenticShape>,
     pub seed: u64,
     pub api_key: Option<String>,
     pub json: Option<PathBuf>,
@@ -59,13 +62,19 @@ pub(crate) enum Arrival {
 
 /// One request as the client saw it.
 #[derive(Debug, Clone, Default)]
-struct Sample {
+pub(crate) struct Sample {
     error: Option<String>,
     ttft: Option<Duration>,
     e2e: Duration,
     gaps: Vec<Duration>,
     completion_tokens: u64,
     prompt_tokens: u64,
+    /// The engine's cached prompt tokens, when it reports them.
+    cached_tokens: Option<u64>,
+    /// The answer's text (when asked to collect it).
+    content: Option<String>,
+    /// Which replica answered, from `system_fingerprint` (when collecting).
+    replica: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -115,14 +124,18 @@ pub(crate) struct Report {
     pub ttft_seconds: Percentiles,
     pub inter_token_seconds: Percentiles,
     pub e2e_seconds: Percentiles,
+    /// The agentic workload: what routing did for the sessions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<agentic::SessionStats>,
 }
 
-type BenchClient = Client<HttpConnector, Full<Bytes>>;
+pub(crate) type BenchClient = Client<HttpConnector, Full<Bytes>>;
 
 pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     anyhow::ensure!(cfg.concurrency > 0, "--concurrency must be at least 1");
+    let agentic = cfg.shape.workload == workload::Workload::Agentic;
     anyhow::ensure!(
-        cfg.requests.is_some() || cfg.duration.is_some(),
+        agentic || cfg.requests.is_some() || cfg.duration.is_some(),
         "give --requests or --duration"
     );
     let mut conn = HttpConnector::new();
@@ -157,6 +170,21 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
             }
         })
     });
+    if let Some(shape) = cfg
+        .agentic
+        .as_ref()
+        .filter(|_| cfg.shape.workload == workload::Workload::Agentic)
+    {
+        let (samples, stats) =
+            agentic::run(&cfg, shape, &client, &base, &model, started, done.clone()).await;
+        if let Some(p) = progress {
+            p.abort();
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let mut report = summarise(&cfg, &model, samples, elapsed);
+        report.sessions = Some(stats);
+        return write_json(&cfg, report);
+    }
     let mut generator = workload::Generator::new(cfg.shape.clone(), cfg.seed);
     let mut rng = fastrand::Rng::with_seed(cfg.seed ^ 0x5eed);
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency));
@@ -221,6 +249,10 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let report = summarise(&cfg, &model, samples, elapsed);
+    write_json(&cfg, report)
+}
+
+fn write_json(cfg: &BenchConfig, report: Report) -> anyhow::Result<Report> {
     if let Some(path) = &cfg.json {
         let text = serde_json::to_string_pretty(&report)?;
         if path.as_os_str() == "-" {
@@ -258,6 +290,20 @@ async fn one(
     body: String,
     until: Option<Instant>,
 ) -> Sample {
+    one_with(client, base, key, body, until, &[], false).await
+}
+
+/// One streamed chat request with extra `headers`; `collect` keeps the
+/// answer's text and the replica that served it.
+pub(crate) async fn one_with(
+    client: &BenchClient,
+    base: &str,
+    key: Option<&str>,
+    body: String,
+    until: Option<Instant>,
+    headers: &[(&str, &str)],
+    collect: bool,
+) -> Sample {
     let start = Instant::now();
     let mut s = Sample::default();
     let result = async {
@@ -271,6 +317,14 @@ async fn one(
             && let Ok(v) = format!("Bearer {k}").parse()
         {
             req.headers_mut().insert(header::AUTHORIZATION, v);
+        }
+        for (name, value) in headers {
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                http::HeaderValue::from_str(value),
+            ) {
+                req.headers_mut().insert(n, v);
+            }
         }
         let resp = client
             .request(req)
@@ -298,6 +352,9 @@ async fn one(
                     Event::Done => done = true,
                     Event::Chunk(c) if c.is_error => return Err("error_event".to_string()),
                     Event::Chunk(c) => {
+                        if collect {
+                            read_chunk(&ev, &mut s);
+                        }
                         if c.has_output {
                             match last {
                                 None => s.ttft = Some(now - start),
@@ -308,6 +365,7 @@ async fn one(
                         if let Some(u) = c.usage {
                             s.completion_tokens = u64::from(u.completion_tokens);
                             s.prompt_tokens = u64::from(u.prompt_tokens);
+                            s.cached_tokens = u.cached_tokens.map(u64::from);
                         }
                     }
                     Event::Other => {}
@@ -327,6 +385,29 @@ async fn one(
     s.e2e = start.elapsed();
     s.error = result.err();
     s
+}
+
+/// The answer's text and the replica's name, from one chunk (the agentic
+/// workload re-sends the text; not on the measuring fast path).
+fn read_chunk(ev: &[u8], s: &mut Sample) {
+    let payload = ev
+        .strip_prefix(b"data: ")
+        .or_else(|| ev.strip_prefix(b"data:"))
+        .unwrap_or(ev);
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(payload.trim_ascii()) else {
+        return;
+    };
+    if s.replica.is_none()
+        && let Some(f) = v["system_fingerprint"].as_str()
+    {
+        s.replica = Some(f.to_string());
+    }
+    if let Some(t) = v
+        .pointer("/choices/0/delta/content")
+        .and_then(|t| t.as_str())
+    {
+        s.content.get_or_insert_with(String::new).push_str(t);
+    }
 }
 
 fn summarise(cfg: &BenchConfig, model: &str, samples: Vec<Sample>, elapsed: f64) -> Report {
@@ -373,6 +454,7 @@ fn summarise(cfg: &BenchConfig, model: &str, samples: Vec<Sample>, elapsed: f64)
         ttft_seconds: Percentiles::of(ttft),
         inter_token_seconds: Percentiles::of(gaps),
         e2e_seconds: Percentiles::of(e2e),
+        sessions: None,
     }
 }
 
@@ -398,9 +480,23 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let sessions = self.sessions.as_ref().map_or(String::new(), |s| {
+            format!(
+                "\nsessions {} ({} turns): stickiness {:.1}% (second turns {:.1}%), {:.2} replicas/session, \
+                 prefix hit {:.1}% (ideal {:.1}%), busiest replica {:.2}x the mean",
+                s.sessions,
+                s.turns,
+                s.stickiness * 100.0,
+                s.second_turn_stickiness * 100.0,
+                s.replicas_per_session,
+                s.prefix_hit * 100.0,
+                s.ideal_prefix_hit * 100.0,
+                s.busiest_over_mean
+            )
+        });
         format!(
             "{} requests ({} ok) in {:.1}s: {:.1} req/s, {:.0} output tokens/s\n\
-             TTFT  {}\nITL   {}\nE2E   {}\nerrors: {}",
+             TTFT  {}\nITL   {}\nE2E   {}\nerrors: {}{}",
             self.requests,
             self.ok,
             self.duration_seconds,
@@ -409,7 +505,8 @@ impl Report {
             ms(&self.ttft_seconds),
             ms(&self.inter_token_seconds),
             ms(&self.e2e_seconds),
-            errors
+            errors,
+            sessions
         )
     }
 }

@@ -19,6 +19,9 @@ pub enum Workload {
     /// `random` shapes arriving in bursts: `--burst-size` requests at once
     /// every `--burst-interval`.
     Burst,
+    /// Coding-agent sessions: a shared `--prefix-tokens` system + tools
+    /// prompt, growing histories, tool results, think time (see `--sessions`).
+    Agentic,
 }
 
 #[derive(Debug, Clone)]
@@ -39,7 +42,7 @@ pub(crate) struct Generator {
 
 const FILLER: &str = "Sluice streams every token of every answer and times each one. ";
 
-fn text_of_tokens(tokens: u32, salt: &str) -> String {
+pub(crate) fn text_of_tokens(tokens: u32, salt: &str) -> String {
     let chars = tokens as usize * crate::tokens::CHARS_PER_TOKEN;
     let mut s = String::with_capacity(chars + salt.len());
     s.push_str(salt);
@@ -74,7 +77,10 @@ impl Generator {
         let s = self.shape.clone();
         let unique = format!("#{n} ");
         let (system, user, max_tokens) = match s.workload {
-            Workload::Fixed => (None, text_of_tokens(s.prompt_tokens, &unique), s.max_tokens),
+            // Agentic sessions are built by `bench::agentic`, not here.
+            Workload::Fixed | Workload::Agentic => {
+                (None, text_of_tokens(s.prompt_tokens, &unique), s.max_tokens)
+            }
             Workload::Random | Workload::Burst => {
                 let p = self.around(s.prompt_tokens);
                 let o = self.around(s.max_tokens);

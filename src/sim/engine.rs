@@ -33,6 +33,9 @@ use super::profile::Profile;
 #[derive(Default)]
 pub(crate) struct Slot {
     produced: AtomicU32,
+    /// Prompt tokens served from the prefix cache when the request was
+    /// admitted (vLLM's `prompt_tokens_details.cached_tokens`).
+    cached: AtomicU32,
     done: AtomicU8,
     cancelled: AtomicBool,
     /// The HTTP stream waiting for tokens.
@@ -42,6 +45,10 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    pub(crate) fn cached(&self) -> u32 {
+        self.cached.load(Ordering::Acquire)
+    }
+
     pub(crate) fn produced(&self) -> u32 {
         self.produced.load(Ordering::Acquire)
     }
@@ -320,6 +327,7 @@ impl State {
                 m.prompt_tokens.add(u64::from(s.req.prompt_tokens));
                 m.prefix_queries.add(u64::from(s.req.prompt_tokens));
                 m.prefix_hits.add(u64::from(s.computed));
+                s.slot.cached.store(s.computed, Ordering::Release);
             }
             if s.computed < s.req.prompt_tokens {
                 prefill += n.min(s.req.prompt_tokens - s.computed);

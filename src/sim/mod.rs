@@ -92,6 +92,9 @@ impl SimConfig {
 pub struct SimState {
     pub config: SimConfig,
     pub metrics: Arc<SimMetrics>,
+    /// Names this replica in every answer's `system_fingerprint`
+    /// (`sim-ADDR`), so a client can tell which replica served it.
+    fingerprint: Arc<str>,
     engine: Option<Arc<Engine>>,
     /// What `/sim/control` changed at run time (faults, reported pressure).
     control: Mutex<Control>,
@@ -190,6 +193,7 @@ pub async fn start(listener: TcpListener, config: SimConfig) -> std::io::Result<
     let state = Arc::new(SimState {
         config,
         metrics,
+        fingerprint: Arc::from(format!("sim-{addr}")),
         engine,
         control: Mutex::new(control),
         last_request: Mutex::new(None),
@@ -469,6 +473,7 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         output_tokens,
         finish_reason,
         include_usage,
+        fingerprint: s.fingerprint.clone(),
     };
     let slot = s.submit(
         engine::Request {
@@ -522,16 +527,19 @@ async fn non_streamed(g: Generation, slot: Arc<Slot>) -> Response {
         "prompt_tokens": g.prompt_tokens,
         "completion_tokens": g.output_tokens,
         "total_tokens": g.prompt_tokens + g.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": guard.0.cached()},
     });
     let body = match g.api {
         Api::Chat => json!({
             "id": g.id, "object": "chat.completion", "created": g.created, "model": &*g.model,
+            "system_fingerprint": &*g.fingerprint,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "logprobs": null, "finish_reason": g.finish_reason}],
             "usage": usage,
         }),
         Api::Completions => json!({
             "id": g.id, "object": "text_completion", "created": g.created, "model": &*g.model,
+            "system_fingerprint": &*g.fingerprint,
             "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": g.finish_reason}],
             "usage": usage,
         }),

@@ -35,6 +35,8 @@ pub(super) struct Generation {
     /// `length` if the output was cut by `max_tokens`, else `stop`.
     pub finish_reason: &'static str,
     pub include_usage: bool,
+    /// The replica's name, in every chunk's `system_fingerprint`.
+    pub fingerprint: Arc<str>,
 }
 
 impl Generation {
@@ -42,12 +44,12 @@ impl Generation {
         let finish = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
         match self.api {
             Api::Chat => format!(
-                r#"{{"id":"{}","object":"chat.completion.chunk","created":{},"model":"{}","choices":[{{"index":0,"delta":{},"logprobs":null,"finish_reason":{}}}]}}"#,
-                self.id, self.created, self.model, delta, finish
+                r#"{{"id":"{}","object":"chat.completion.chunk","created":{},"model":"{}","system_fingerprint":"{}","choices":[{{"index":0,"delta":{},"logprobs":null,"finish_reason":{}}}]}}"#,
+                self.id, self.created, self.model, self.fingerprint, delta, finish
             ),
             Api::Completions => format!(
-                r#"{{"id":"{}","object":"text_completion","created":{},"model":"{}","choices":[{{"index":0,"text":{},"logprobs":null,"finish_reason":{}}}]}}"#,
-                self.id, self.created, self.model, delta, finish
+                r#"{{"id":"{}","object":"text_completion","created":{},"model":"{}","system_fingerprint":"{}","choices":[{{"index":0,"text":{},"logprobs":null,"finish_reason":{}}}]}}"#,
+                self.id, self.created, self.model, self.fingerprint, delta, finish
             ),
         }
     }
@@ -63,17 +65,18 @@ impl Generation {
         sse(&self.chunk(&delta, finish))
     }
 
-    fn usage_event(&self) -> Bytes {
+    fn usage_event(&self, cached: u32) -> Bytes {
         let object = match self.api {
             Api::Chat => "chat.completion.chunk",
             Api::Completions => "text_completion",
         };
         sse(&format!(
-            r#"{{"id":"{}","object":"{}","created":{},"model":"{}","choices":[],"usage":{{"prompt_tokens":{},"total_tokens":{},"completion_tokens":{}}}}}"#,
+            r#"{{"id":"{}","object":"{}","created":{},"model":"{}","system_fingerprint":"{}","choices":[],"usage":{{"prompt_tokens":{},"total_tokens":{},"completion_tokens":{},"prompt_tokens_details":{{"cached_tokens":{cached}}}}}}}"#,
             self.id,
             object,
             self.created,
             self.model,
+            self.fingerprint,
             self.prompt_tokens,
             self.prompt_tokens + self.output_tokens,
             self.output_tokens
@@ -150,7 +153,8 @@ impl SimStream {
 
     fn finish(&mut self) {
         if self.generation.include_usage {
-            self.queue.push_back(self.generation.usage_event());
+            let cached = self.slot.cached();
+            self.queue.push_back(self.generation.usage_event(cached));
         }
         self.queue
             .push_back(Bytes::from_static(b"data: [DONE]\n\n"));

@@ -253,9 +253,15 @@ mod tests {
             c.usage,
             Some(Usage {
                 prompt_tokens: 5,
-                completion_tokens: 7
+                completion_tokens: 7,
+                cached_tokens: None,
             })
         );
+        // vLLM with prompt-token details: the cached part of the prompt.
+        let c = chunk(
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3000,\"completion_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":2944}}}\n\n",
+        );
+        assert_eq!(c.usage.and_then(|u| u.cached_tokens), Some(2944));
         let c = chunk(
             "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}],\"usage\":null}\n\n",
         );

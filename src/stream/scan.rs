@@ -342,11 +342,48 @@ impl<'a> P<'a> {
                     seen.first(1)?;
                     u.completion_tokens = self.count()?;
                 }
+                b"prompt_tokens_details" => {
+                    seen.first(2)?;
+                    u.cached_tokens = self.details()?;
+                }
                 _ => self.skip_value()?,
             }
             match self.next()? {
                 b',' => continue,
                 b'}' => return Some(Some(u)),
+                _ => return None,
+            }
+        }
+    }
+
+    /// `prompt_tokens_details`: `null`, or an object whose `cached_tokens`
+    /// (a count or `null`) is the answer.
+    fn details(&mut self) -> Option<Option<u32>> {
+        if self.peek()? == b'n' {
+            return self.null_or_skip().and_then(|null| null.then_some(None));
+        }
+        self.expect(b'{')?;
+        let mut cached = None;
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(None);
+        }
+        let mut seen = Seen::default();
+        loop {
+            match self.key()? {
+                b"cached_tokens" => {
+                    seen.first(0)?;
+                    cached = if self.peek()? == b'n' {
+                        self.null_or_skip()?.then_some(None)?
+                    } else {
+                        Some(self.count()?)
+                    };
+                }
+                _ => self.skip_value()?,
+            }
+            match self.next()? {
+                b',' => continue,
+                b'}' => return Some(cached),
                 _ => return None,
             }
         }

@@ -160,6 +160,10 @@ fn usage() -> impl Strategy<Value = J> {
         count().prop_map(|c| ("completion_tokens".to_string(), c)),
         count().prop_map(|c| ("total_tokens".to_string(), c)),
         any_value().prop_map(|v| ("prompt_tokens_details".to_string(), v)),
+        prop_oneof![count(), Just(J::Raw("null".into()))].prop_map(|c| (
+            "prompt_tokens_details".to_string(),
+            J::Obj(vec![("cached_tokens".into(), c)])
+        )),
     ];
     prop_oneof![
         4 => proptest::collection::vec(member, 0..5).prop_map(J::Obj),
@@ -257,7 +261,15 @@ fn well_typed(v: &Value) -> bool {
     let usage_ok = match v.get("usage") {
         None | Some(Value::Null) => true,
         Some(Value::Object(u)) => {
-            count_ok(u.get("prompt_tokens")) && count_ok(u.get("completion_tokens"))
+            let details_ok = match u.get("prompt_tokens_details") {
+                None | Some(Value::Null) => true,
+                Some(Value::Object(d)) => match d.get("cached_tokens") {
+                    None | Some(Value::Null) => true,
+                    c => count_ok(c),
+                },
+                _ => false,
+            };
+            count_ok(u.get("prompt_tokens")) && count_ok(u.get("completion_tokens")) && details_ok
         }
         _ => false,
     };

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Coding-agent sessions on a simulated fleet: Sluice against the best peer
+routers, in one run.
+
+Four `sluice sim` replicas (engine model `h100-llama3-8b`), restarted fresh for
+each router so no one inherits another's cache. Then `sluice bench --workload
+agentic` (sessions sharing one long system + tools prompt, growing histories,
+long tool results in a share of turns, think time) through:
+
+  sluice                 one gateway, defaults (no configuration)
+  sluice-3gw             three gateway processes behind nginx, round robin
+  sluice-no-id           one gateway, the client sends no session id
+  sglang-cache_aware     sglang-router (PyPI) --policy cache_aware
+  vllm-consistent_hash   vllm-router (PyPI) --policy consistent_hash (hashes x-session-id)
+
+Reports client TTFT percentiles, stickiness (turns on the previous turn's
+replica), replicas per session, the engines' prefix-cache hit rate (from
+`usage.prompt_tokens_details.cached_tokens`) against the ideal (sessions kept
+whole), and the busiest replica's share over the mean.
+
+    cargo build --release
+    python3 -m venv /tmp/routers && /tmp/routers/bin/pip install sglang-router vllm-router
+    python3 benches/e2e/agentic.py --routers-venv /tmp/routers --json docs/bench/agentic.json
+
+Everything listens on 127.0.0.1; every process is stopped at the end.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stream_overhead import free_port, wait_http  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, "target", "release", "sluice")
+
+NGINX_LB = """
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream gateways {{
+{servers}
+        keepalive 256;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        client_max_body_size 64m;
+        location / {{
+            proxy_pass http://gateways;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+class Procs:
+    def __init__(self):
+        self.procs = []
+
+    def start(self, args, **kw):
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+        self.procs.append(p)
+        return p
+
+    def stop(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.procs = []
+
+
+def start_sims(procs, n, blocks):
+    urls = []
+    for _ in range(n):
+        port = free_port()
+        args = [BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "h100-llama3-8b",
+                "--output-tokens", "4096"]
+        if blocks:
+            args += ["--num-blocks", str(blocks)]
+        procs.start(args)
+        urls.append(f"http://127.0.0.1:{port}")
+    for u in urls:
+        wait_http(u + "/health")
+    return urls
+
+
+def start_sluice(procs, sims, extra=()):
+    api, admin = free_port(), free_port()
+    args = [BIN, "serve", "--listen", f"127.0.0.1:{api}", "--admin-listen", f"127.0.0.1:{admin}"]
+    for s in sims:
+        args += ["--backend", s]
+    procs.start(list(args) + list(extra), env={**os.environ, "RUST_LOG": "warn"})
+    wait_http(f"http://127.0.0.1:{admin}/readyz")
+    return f"http://127.0.0.1:{api}"
+
+
+def start_router(procs, venv, kind, policy, sims):
+    port = free_port()
+    if kind == "sglang":
+        args = [os.path.join(venv, "bin", "sglang-router"), "launch", "--host", "127.0.0.1",
+                "--port", str(port), "--policy", policy, "--worker-urls", *sims]
+    else:
+        args = [os.path.join(venv, "bin", "vllm-router"), "--host", "127.0.0.1",
+                "--port", str(port), "--policy", policy, "--worker-urls", *sims]
+    procs.start(args)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/v1/models", timeout=60)
+    return url
+
+
+def start_lb(procs, gateways):
+    tmp = tempfile.mkdtemp()
+    port = free_port()
+    servers = "\n".join(f"        server {g.split('//')[1]};" for g in gateways)
+    conf = os.path.join(tmp, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_LB.format(dir=tmp, servers=servers, port=port))
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    procs.start([nginx, "-c", conf, "-p", tmp])
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/v1/models")
+    return url
+
+
+def bench(url, args, no_id=False):
+    out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+    cmd = [BIN, "bench", "--url", url, "--model", "sim-model", "--workload", "agentic",
+           "--sessions", str(args.sessions), "--concurrency", str(args.concurrency),
+           "--turns", str(args.turns), "--prefix-tokens", str(args.shared_tokens),
+           "--prompt-tokens", "100", "--max-tokens", str(args.max_tokens),
+           "--tool-tokens", str(args.tool_tokens), "--tool-share", str(args.tool_share),
+           "--think-time", args.think, "--seed", str(args.seed), "--quiet", "--json", out]
+    if no_id:
+        cmd.append("--no-session-id")
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--routers-venv", help="virtualenv with sglang-router and vllm-router")
+    ap.add_argument("--only", nargs="*", help="run only these routers")
+    ap.add_argument("--sessions", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=48)
+    ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--shared-tokens", type=int, default=3000)
+    ap.add_argument("--tool-tokens", type=int, default=3000)
+    ap.add_argument("--tool-share", type=float, default=0.2)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--think", default="1s")
+    ap.add_argument("--num-blocks", type=int, default=0, help="KV blocks per replica (0: the profile's)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    runs = ["sluice", "sluice-3gw", "sluice-no-id"]
+    if args.routers_venv:
+        runs += ["sglang-cache_aware", "vllm-consistent_hash"]
+    if args.only:
+        runs = [r for r in runs if r in args.only]
+    results = {}
+    for name in runs:
+        procs = Procs()
+        try:
+            sims = start_sims(procs, 4, args.num_blocks)
+            if name == "sluice" or name == "sluice-no-id":
+                url = start_sluice(procs, sims)
+            elif name == "sluice-3gw":
+                url = start_lb(procs, [start_sluice(procs, sims) for _ in range(3)])
+            elif name == "sglang-cache_aware":
+                url = start_router(procs, args.routers_venv, "sglang", "cache_aware", sims)
+            else:
+                url = start_router(procs, args.routers_venv, "vllm", "consistent_hash", sims)
+            time.sleep(2)  # first metrics scrapes and health checks
+            t0 = time.time()
+            r = bench(url, args, no_id=(name == "sluice-no-id"))
+            r["wall_seconds"] = round(time.time() - t0, 1)
+            results[name] = r
+            s, t = r["sessions"], r["ttft_seconds"]
+            print(f"{name:22s} TTFT p50 {t['p50']*1e3:7.1f} p99 {t['p99']*1e3:8.1f} ms | "
+                  f"sticky {s['stickiness']*100:5.1f}% (2nd {s['second_turn_stickiness']*100:5.1f}%) | "
+                  f"{s['replicas_per_session']:.2f} repl/sess | hit {s['prefix_hit']*100:5.1f}% "
+                  f"(ideal {s['ideal_prefix_hit']*100:5.1f}%) | busiest {s['busiest_over_mean']:.2f}x | "
+                  f"ok {r['ok']}/{r['requests']}", flush=True)
+        finally:
+            procs.stop()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+                "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}",
+                "args": vars(args),
+                "results": results,
+            }, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
