@@ -306,7 +306,9 @@ proptest! {
         let escaped_finish = v["choices"].as_array().is_some_and(|cs| {
             cs.iter().any(|c| c["finish_reason"].as_str().is_some_and(|f| f.contains(['"', '\\', '\n', '\t'])))
         });
-        if !dup && !escaped_finish && chunk_info_serde(json.as_bytes()).is_some() && !json.contains("\\u") {
+        // serde reads a struct from an array too; engines send objects.
+        let array_details = v["usage"]["prompt_tokens_details"].is_array();
+        if !dup && !escaped_finish && !array_details && chunk_info_serde(json.as_bytes()).is_some() && !json.contains("\\u") {
             prop_assert!(scan(json.as_bytes()).is_some(), "{}", json);
         }
     }
