@@ -73,7 +73,7 @@ fn decision(c: &mut Criterion) {
     let prefix_kv = PrefixKv::new(
         PrefixKvConfig::default(),
         Some(Duration::from_secs(5)),
-        Affinity::new(1 << 18),
+        Affinity::new(1 << 18, 100_000, Duration::from_secs(1800)),
     );
     let views =
         |reps: &[Arc<Replica>]| -> Vec<ReplicaView> { reps.iter().map(|r| view(r)).collect() };
@@ -84,6 +84,9 @@ fn decision(c: &mut Criterion) {
         let ctx = RouteCtx {
             model: "m",
             hashes: &h,
+            session: None,
+            prompt_tokens: 4096,
+            tail_tokens: 0,
             now: Instant::now(),
         };
         prefix_kv.pick(&ctx, &views(&reps));
@@ -107,6 +110,9 @@ fn decision(c: &mut Criterion) {
                     let ctx = RouteCtx {
                         model: "m",
                         hashes: black_box(h),
+                        session: None,
+                        prompt_tokens: 4096,
+                        tail_tokens: 0,
                         now: Instant::now(),
                     };
                     prefix_kv.pick(&ctx, &views(&reps))
@@ -121,6 +127,9 @@ fn decision(c: &mut Criterion) {
                     let ctx = RouteCtx {
                         model: "m",
                         hashes: black_box(h),
+                        session: None,
+                        prompt_tokens: 4096,
+                        tail_tokens: 0,
                         now: Instant::now(),
                     };
                     rr.pick(&ctx, &views(&reps))

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use crate::error::GatewayError;
 use crate::limits::{Admission, Identity, RateHeaders};
+use crate::routing::placement::Placement;
 use crate::telemetry::Telemetry;
 use crate::telemetry::metrics::ModelSeries;
 use crate::telemetry::record::RequestRecord;
@@ -39,6 +40,9 @@ pub struct RequestGuard {
     admission: Option<Admission>,
     /// The current attempt's replica, holding its in-flight count.
     attempt: Option<InFlight>,
+    /// Routing's accounting of the current attempt (backlog, calibration,
+    /// cached tokens predicted).
+    placement: Option<Placement>,
     tele: Arc<Telemetry>,
     stall_threshold: Duration,
     /// The prompt's text, only when the access log includes prompts.
@@ -64,6 +68,7 @@ impl RequestGuard {
             series: None,
             admission: None,
             attempt: None,
+            placement: None,
             tele,
             stall_threshold,
             prompt_text: None,
@@ -123,6 +128,11 @@ impl RequestGuard {
         self.attempt = Some(InFlight::new(replica));
     }
 
+    /// Routing's accounting of the current attempt.
+    pub(crate) fn placed(&mut self, p: Placement) {
+        self.placement = Some(p);
+    }
+
     /// The replica of the current attempt.
     pub(crate) fn replica(&self) -> Option<&Arc<Replica>> {
         self.attempt.as_ref().map(InFlight::replica)
@@ -165,6 +175,11 @@ impl RequestGuard {
     /// An event carrying generated output arrived at `now` (the token clock).
     #[inline]
     pub fn on_output(&mut self, now: Instant) {
+        if self.record.first_token.is_none()
+            && let (Some(p), Some(sent)) = (self.placement.as_mut(), self.record.upstream_sent)
+        {
+            p.first_token(now.saturating_duration_since(sent));
+        }
         if let Some(s) = &self.series {
             self.record.on_output(now, s, self.stall_threshold);
         }
@@ -194,6 +209,16 @@ impl RequestGuard {
         // 3. Release the replica, with what it taught us.
         if let Some(attempt) = self.attempt.take() {
             let r = &self.record;
+            if let (Some(p), Some(actual)) =
+                (self.placement.take(), r.usage.and_then(|u| u.cached_tokens))
+            {
+                // Closed loop: what routing expected cached against the engine.
+                p.finished(actual);
+                let series = &attempt.replica().series;
+                series.cached_predicted.add(u64::from(p.predicted_cached));
+                series.cached_actual.add(u64::from(actual));
+            }
+            self.placement = None;
             if r.succeeded() {
                 let replica = attempt.replica();
                 replica.record_success();

@@ -84,9 +84,10 @@ impl AppState {
             _ => build_client(&config.upstream),
         };
         let capacity = config.routing.prefix_kv.index_capacity;
+        let s = &config.routing.sessions;
         let affinity = match previous {
-            Some(p) if p.affinity.capacity() == capacity => p.affinity.clone(),
-            _ => Affinity::new(capacity),
+            Some(p) if p.affinity.built_for(capacity, s.max_sessions, s.ttl) => p.affinity.clone(),
+            _ => Affinity::new(capacity, s.max_sessions, s.ttl),
         };
         let policy = routing::build(&config.routing, affinity.clone());
         let cut = previous.map_or_else(CancellationToken::new, |p| p.cut.clone());

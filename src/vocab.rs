@@ -120,6 +120,10 @@ pub enum RouteReason {
     LeastLoaded,
     /// The replica holding the prompt's prefix (or its consistent-hash home).
     Affinity,
+    /// The replica holding the request's session (its earlier turns).
+    Session,
+    /// A session seen for the first time here, placed where it should stay.
+    SessionNew,
     /// The preferred replica's KV cache was above `kv_high`.
     SpillKv,
     /// The preferred replica's queue was above `queue_high`.
@@ -141,6 +145,8 @@ impl RouteReason {
             RouteReason::RoundRobin => "round_robin",
             RouteReason::LeastLoaded => "least_loaded",
             RouteReason::Affinity => "affinity",
+            RouteReason::Session => "session",
+            RouteReason::SessionNew => "session_new",
             RouteReason::SpillKv => "spill_kv",
             RouteReason::SpillQueue => "spill_queue",
             RouteReason::SpillStale => "spill_stale",
@@ -150,10 +156,12 @@ impl RouteReason {
         }
     }
 
-    pub const ALL: [RouteReason; 9] = [
+    pub const ALL: [RouteReason; 11] = [
         RouteReason::RoundRobin,
         RouteReason::LeastLoaded,
         RouteReason::Affinity,
+        RouteReason::Session,
+        RouteReason::SessionNew,
         RouteReason::SpillKv,
         RouteReason::SpillQueue,
         RouteReason::SpillStale,

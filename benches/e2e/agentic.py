@@ -62,6 +62,8 @@ http {{
     server {{
         listen 127.0.0.1:{port};
         client_max_body_size 64m;
+        client_body_buffer_size 64m;
+        proxy_request_buffering off;
         location / {{
             proxy_pass http://gateways;
             proxy_http_version 1.1;

@@ -31,6 +31,11 @@ pub(crate) async fn metrics(Current(state): Current, headers: http::HeaderMap) -
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("application/openmetrics-text"));
     state.pool.refresh_metrics();
+    let sessions = state.affinity.sessions.len();
+    state
+        .metrics
+        .sessions
+        .set(i64::try_from(sessions).unwrap_or(i64::MAX));
     let body = state.metrics.render(om);
     let ct = if om {
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -105,6 +110,82 @@ pub(crate) async fn backends(Current(state): Current) -> Json<Vec<BackendView>> 
         })
         .collect();
     Json(out)
+}
+
+#[derive(Serialize)]
+pub(crate) struct RoutingView {
+    policy: &'static str,
+    sessions: SessionsView,
+    replicas: Vec<ReplicaRouting>,
+}
+
+#[derive(Serialize)]
+struct SessionsView {
+    enabled: bool,
+    /// Sessions remembered (live and not yet evicted).
+    remembered: usize,
+    /// Live sessions per replica.
+    per_replica: std::collections::BTreeMap<String, usize>,
+    /// The most recently active sessions (keys are hashes: no ids shown).
+    recent: Vec<SessionRow>,
+}
+
+#[derive(Serialize)]
+struct SessionRow {
+    key: String,
+    replica: String,
+    idle_seconds: f64,
+    turns: u32,
+}
+
+#[derive(Serialize)]
+struct ReplicaRouting {
+    name: String,
+    in_flight: u32,
+    /// Prefix blocks this gateway remembers sending there.
+    prefix_index_blocks: usize,
+}
+
+/// What routing knows and decides by: sessions and their replicas, and per
+/// replica what this gateway sends there.
+pub(crate) async fn routing(Current(state): Current) -> Json<RoutingView> {
+    let now = std::time::Instant::now();
+    let table = &state.affinity.sessions;
+    let per_replica = table
+        .per_replica(now)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    let recent = table
+        .recent(50, now)
+        .into_iter()
+        .map(|v| SessionRow {
+            key: format!("{:016x}", v.key),
+            replica: v.replica.to_string(),
+            idle_seconds: v.idle.as_secs_f64(),
+            turns: v.turns,
+        })
+        .collect();
+    let replicas = state
+        .pool
+        .replicas()
+        .iter()
+        .map(|r| ReplicaRouting {
+            name: r.name.to_string(),
+            in_flight: r.in_flight(),
+            prefix_index_blocks: state.affinity.blocks(&r.name),
+        })
+        .collect();
+    Json(RoutingView {
+        policy: state.policy.name(),
+        sessions: SessionsView {
+            enabled: state.config.routing.sessions.enabled,
+            remembered: table.len(),
+            per_replica,
+            recent,
+        },
+        replicas,
+    })
 }
 
 /// The effective config; secrets print as `[redacted]`.

@@ -30,6 +30,28 @@ pub struct Inbound {
     pub prompt_estimate: u32,
     /// The prompt's text, when the access log includes prompts.
     pub prompt_text: Option<String>,
+    /// What the body says about its session (conversation).
+    pub session: SessionFields,
+}
+
+/// The body's session ids (hashed) and what identifies the conversation in
+/// the prompt, for `api::session` to pick from by the configured sources.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SessionFields {
+    pub prompt_cache_key: Option<u64>,
+    pub metadata_user_id: Option<u64>,
+    pub previous_response_id: Option<u64>,
+    pub user: Option<u64>,
+    /// The system prompt and the first user message, hashed: what tells
+    /// this conversation from another one sharing the system prompt.
+    pub derived: Option<u64>,
+    /// Earlier turns are in the request (an assistant message).
+    pub continuing: bool,
+    /// Characters of the prompt's text, and of its tail: the last assistant
+    /// message and what follows it (what the previous turn's replica has
+    /// not seen yet).
+    pub prompt_chars: u32,
+    pub tail_chars: u32,
 }
 
 /// What else to extract besides the fields every request needs.
@@ -68,6 +90,95 @@ struct Lite<'a> {
     /// Embeddings input: a string or a list of strings.
     #[serde(default, borrow)]
     input: Option<PromptLite<'a>>,
+    #[serde(default, borrow)]
+    prompt_cache_key: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    user: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    metadata: Option<MetadataLite<'a>>,
+    #[serde(default, borrow)]
+    previous_response_id: Option<Cow<'a, str>>,
+}
+
+/// Anthropic's `metadata` (only `user_id` is read; anything else is skipped).
+#[derive(Deserialize)]
+struct MetadataLite<'a> {
+    #[serde(default, borrow)]
+    user_id: Option<Cow<'a, str>>,
+}
+
+/// A session id as a key: its source and its value, hashed.
+fn id_hash(source: &str, v: &Option<Cow<'_, str>>) -> Option<u64> {
+    let v = v.as_deref().filter(|v| !v.is_empty())?;
+    Some(xxhash_rust::xxh3::xxh3_64_with_seed(
+        v.as_bytes(),
+        xxhash_rust::xxh3::xxh3_64(source.as_bytes()),
+    ))
+}
+
+/// The conversation's identity in a chat prompt: its system messages and its
+/// first user message; whether earlier turns are present; the prompt's
+/// length and its tail's (from the last assistant message on).
+fn derived_session(lite: &Lite<'_>) -> (Option<u64>, bool, u32, u32) {
+    let Some(msgs) = &lite.messages else {
+        let chars = match &lite.prompt {
+            Some(PromptLite::Text(t)) => t.len(),
+            Some(PromptLite::Many(v)) => v.iter().map(|t| t.len()).sum(),
+            _ => 0,
+        };
+        let chars = u32::try_from(chars).unwrap_or(u32::MAX);
+        return (None, false, chars, chars);
+    };
+    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(0x5e55);
+    let mut first_user = false;
+    let mut continuing = false;
+    let (mut chars, mut tail) = (0usize, 0usize);
+    for m in msgs {
+        let role = m.role.as_deref().unwrap_or("user");
+        let len = match &m.content {
+            Some(ContentLite::Text(t)) => t.len(),
+            Some(ContentLite::Parts(parts)) => parts
+                .iter()
+                .filter_map(|p| p.text.as_deref())
+                .map(str::len)
+                .sum(),
+            _ => 0,
+        } + role.len()
+            + 2;
+        chars += len;
+        if role == "assistant" {
+            tail = 0;
+        }
+        tail += len;
+        match role {
+            "system" | "developer" => {}
+            "user" if !first_user => first_user = true,
+            "assistant" | "tool" => {
+                continuing = true;
+                continue;
+            }
+            _ => continue,
+        }
+        h.update(role.as_bytes());
+        h.update(b"\n");
+        match &m.content {
+            Some(ContentLite::Text(t)) => h.update(t.as_bytes()),
+            Some(ContentLite::Parts(parts)) => {
+                for p in parts.iter().filter_map(|p| p.text.as_deref()) {
+                    h.update(p.as_bytes());
+                }
+            }
+            _ => {}
+        }
+        h.update(b"\n");
+    }
+    let c = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    (
+        first_user.then(|| h.digest()),
+        continuing,
+        c(chars),
+        c(tail),
+    )
 }
 
 impl PromptLite<'_> {
@@ -247,6 +358,20 @@ pub(crate) fn inspect_with(
         _ => 0,
     };
     let prompt_text = needs.text.then(|| prompt_pieces(&lite).pieces.concat());
+    let (derived, continuing, prompt_chars, tail_chars) = derived_session(&lite);
+    let session = SessionFields {
+        prompt_cache_key: id_hash("prompt_cache_key", &lite.prompt_cache_key),
+        metadata_user_id: id_hash(
+            "metadata.user_id",
+            &lite.metadata.as_ref().and_then(|m| m.user_id.clone()),
+        ),
+        previous_response_id: id_hash("previous_response_id", &lite.previous_response_id),
+        user: id_hash("user", &lite.user),
+        derived,
+        continuing,
+        prompt_chars,
+        tail_chars,
+    };
     let body = if stream && asks_usage && !client_wants_usage {
         with_usage_requested(&body, has_stream_options)?
     } else {
@@ -261,6 +386,7 @@ pub(crate) fn inspect_with(
         prefix,
         prompt_estimate,
         prompt_text,
+        session,
     })
 }
 

@@ -5,3 +5,4 @@ pub mod inbound;
 pub(crate) mod models;
 pub mod proxy;
 pub(crate) mod request_id;
+pub(crate) mod session;

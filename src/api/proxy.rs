@@ -20,6 +20,7 @@ use super::inbound::{self, Inbound};
 use super::request_id::RequestId;
 use crate::error::{GatewayError, TimeoutPhase, normalise_upstream_error};
 use crate::request::RequestGuard;
+use crate::routing::placement::Placement;
 use crate::routing::{LoadView, ReplicaView, RouteCtx};
 use crate::state::AppState;
 use crate::stream::body::{ReplicaConn, TimedBody};
@@ -243,12 +244,33 @@ async fn forward(
         .map(|p| p.as_str())
         .unwrap_or("/");
     let model = guard.record.model.clone();
+    let session = super::session::key(
+        &state.config.routing.sessions,
+        &parts.headers,
+        &inbound.session,
+        &model,
+    );
     let max_attempts = 1 + cfg.max_retries;
+    let chars = |c: u32| {
+        u32::try_from((c as usize).div_ceil(crate::tokens::CHARS_PER_TOKEN)).unwrap_or(u32::MAX)
+    };
+    let prompt_tokens = chars(inbound.session.prompt_chars).max(inbound.prompt_estimate);
+    let tail_tokens = chars(inbound.session.tail_chars);
+    // The prompt's blocks, shared by the attempts' placements (the closed
+    // loop corrects the index with them).
+    let hashes: Arc<[u64]> = Arc::from(inbound.prefix.as_slice());
+    let tokens_per_block =
+        u32::try_from(state.config.routing.prefix_kv.block_chars / crate::tokens::CHARS_PER_TOKEN)
+            .unwrap_or(16)
+            .max(1);
     loop {
         let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
         let ctx = RouteCtx {
             model: &model,
-            hashes: &inbound.prefix,
+            hashes: &hashes,
+            session,
+            prompt_tokens,
+            tail_tokens,
             now: std::time::Instant::now(),
         };
         let Some(decision) = state.policy.pick(&ctx, &views) else {
@@ -268,6 +290,13 @@ async fn forward(
             .routing
             .get(&(model.clone(), reason.as_str()))
             .inc();
+        if decision.moved {
+            state
+                .metrics
+                .session_moves
+                .get(&(model.clone(), reason.as_str()))
+                .inc();
+        }
 
         let mut req = Request::builder()
             .method(parts.method.clone())
@@ -283,6 +312,14 @@ async fn forward(
 
         let sent = Instant::now();
         guard.start_attempt(replica.clone(), reason, sent);
+        guard.placed(Placement::new(
+            state.affinity.of(&replica.name),
+            prompt_tokens.saturating_sub(decision.cached_tokens),
+            decision.cached_tokens,
+            hashes.clone(),
+            decision.matched_blocks,
+            tokens_per_block,
+        ));
         // Streams must show a first event within `first_token`; a non-streamed
         // answer only comes when generation is over, so only `total` bounds it.
         let headers_by = if inbound.stream {

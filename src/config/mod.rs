@@ -242,8 +242,101 @@ impl PolicyKind {
 pub struct RoutingConfig {
     pub policy: PolicyKind,
     pub prefix_kv: PrefixKvConfig,
+    /// Conversations kept on one replica across turns (`prefix_kv`).
+    pub sessions: SessionsConfig,
     /// Scraping each replica's own `/metrics` (KV usage, queue).
     pub metrics: ScrapeConfig,
+}
+
+/// Where a request's session (conversation) id comes from, in order of
+/// preference: the first source the request has wins.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum SessionSource {
+    /// A request header, e.g. `header:x-session-id`.
+    Header(String),
+    /// The body's `prompt_cache_key` (OpenAI).
+    PromptCacheKey,
+    /// The body's `metadata.user_id` (Anthropic Messages).
+    MetadataUserId,
+    /// The body's `previous_response_id` (OpenAI Responses: the chain).
+    PreviousResponseId,
+    /// The body's `user` (OpenAI).
+    User,
+    /// None sent: derived from the prompt, the system prompt and the first
+    /// user message (what tells one conversation from another).
+    Derived,
+}
+
+impl TryFrom<String> for SessionSource {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Ok(match s.as_str() {
+            "prompt_cache_key" => SessionSource::PromptCacheKey,
+            "metadata.user_id" => SessionSource::MetadataUserId,
+            "previous_response_id" => SessionSource::PreviousResponseId,
+            "user" => SessionSource::User,
+            "derived" => SessionSource::Derived,
+            other => match other.strip_prefix("header:") {
+                Some(h) if http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
+                    SessionSource::Header(h.to_ascii_lowercase())
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown session source `{other}` (header:NAME, prompt_cache_key, metadata.user_id, previous_response_id, user, derived)"
+                    ));
+                }
+            },
+        })
+    }
+}
+
+impl From<SessionSource> for String {
+    fn from(s: SessionSource) -> String {
+        match s {
+            SessionSource::Header(h) => format!("header:{h}"),
+            SessionSource::PromptCacheKey => "prompt_cache_key".into(),
+            SessionSource::MetadataUserId => "metadata.user_id".into(),
+            SessionSource::PreviousResponseId => "previous_response_id".into(),
+            SessionSource::User => "user".into(),
+            SessionSource::Derived => "derived".into(),
+        }
+    }
+}
+
+/// Session stickiness: a conversation's turns go to the replica that holds
+/// its history, while that replica is healthy and not under pressure.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsConfig {
+    pub enabled: bool,
+    /// Where the session id comes from, first match wins.
+    pub sources: Vec<SessionSource>,
+    /// A session not seen for this long is forgotten.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Sessions remembered (least recently seen forgotten first). About 100
+    /// bytes each.
+    pub max_sessions: usize,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            sources: vec![
+                SessionSource::Header("x-session-id".into()),
+                SessionSource::Header("x-claude-code-session-id".into()),
+                SessionSource::PromptCacheKey,
+                SessionSource::MetadataUserId,
+                SessionSource::PreviousResponseId,
+                SessionSource::User,
+                SessionSource::Derived,
+            ],
+            ttl: Duration::from_secs(30 * 60),
+            max_sessions: 100_000,
+        }
+    }
 }
 
 /// The `prefix_kv` policy's knobs. Defaults come from the routing benchmark on
@@ -267,7 +360,11 @@ pub struct PrefixKvConfig {
     pub queue_high: f64,
     /// Prefix blocks remembered per replica.
     pub index_capacity: usize,
-    pub weights: Weights,
+    /// A request leaves its home (its session's replica, its prefix's
+    /// holder) only for a replica where its predicted time to first token is
+    /// lower by more than this share of the home's: the cache it would find
+    /// at home must be worth less than the wait it would save elsewhere.
+    pub detour_margin: f64,
 }
 
 impl Default for PrefixKvConfig {
@@ -280,34 +377,7 @@ impl Default for PrefixKvConfig {
             kv_high: 0.9,
             queue_high: 8.0,
             index_capacity: 1 << 18,
-            weights: Weights::default(),
-        }
-    }
-}
-
-/// The score of a candidate: `prefix x matched share + home x [is home]
-/// - kv x usage - queue x waiting/queue_high - load x in-flight/bound
-/// - latency x (its recent TPOT / the candidates' median - 1, at most 2)`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Weights {
-    pub prefix: f64,
-    pub home: f64,
-    pub kv: f64,
-    pub queue: f64,
-    pub load: f64,
-    pub latency: f64,
-}
-
-impl Default for Weights {
-    fn default() -> Self {
-        Self {
-            prefix: 1.0,
-            home: 0.3,
-            kv: 0.3,
-            queue: 0.5,
-            load: 0.2,
-            latency: 1.0,
+            detour_margin: 0.5,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! What routing remembers per replica between decisions: the prefix blocks
-//! this gateway sent there (`prefix_kv`'s index).
+//! What routing remembers between decisions: per replica, the prefix blocks
+//! this gateway sent there (`prefix_kv`'s index); per session, its replica.
 //!
 //! Keyed by replica name, so it outlives a config reload that keeps the
 //! replica, and is shared by the policy of the old and the new state. A
@@ -17,6 +17,8 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use super::index::PrefixIndex;
+use super::load::Load;
+use super::sessions::Sessions;
 use crate::telemetry::metrics::epoch;
 
 /// Replicas not routed to for this long are forgotten (a DNS-discovered pod
@@ -24,7 +26,9 @@ use crate::telemetry::metrics::epoch;
 pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 pub(crate) struct ReplicaMemory {
-    pub prefixes: Mutex<PrefixIndex>,
+    pub(crate) prefixes: Mutex<PrefixIndex>,
+    /// Work sent there and the rates learned from it.
+    pub(crate) load: Load,
     /// Nanoseconds since `epoch()` of the last decision that looked here.
     used: AtomicU64,
 }
@@ -44,19 +48,31 @@ impl ReplicaMemory {
 pub struct Affinity {
     replicas: ArcSwap<HashMap<Arc<str>, Arc<ReplicaMemory>>>,
     capacity: usize,
+    pub(crate) sessions: Sessions,
+    /// What the session table was built with (a reload keeps it while equal).
+    session_limits: (usize, Duration),
 }
 
 impl Affinity {
-    /// `capacity`: prefix blocks remembered per replica.
-    pub fn new(capacity: usize) -> Arc<Self> {
+    /// `capacity`: prefix blocks remembered per replica; at most
+    /// `max_sessions` sessions, each forgotten after `session_ttl` unseen.
+    pub fn new(capacity: usize, max_sessions: usize, session_ttl: Duration) -> Arc<Self> {
         Arc::new(Self {
             replicas: ArcSwap::from_pointee(HashMap::new()),
             capacity,
+            sessions: Sessions::new(max_sessions, session_ttl),
+            session_limits: (max_sessions, session_ttl),
         })
     }
 
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity
+    /// Whether this memory was built with these limits (a reload keeps it).
+    pub(crate) fn built_for(
+        &self,
+        capacity: usize,
+        max_sessions: usize,
+        session_ttl: Duration,
+    ) -> bool {
+        self.capacity == capacity && self.session_limits == (max_sessions, session_ttl)
     }
 
     /// The memory of replica `name`, created on first use.
@@ -67,6 +83,7 @@ impl Affinity {
         }
         let fresh = Arc::new(ReplicaMemory {
             prefixes: Mutex::new(PrefixIndex::new(self.capacity)),
+            load: Load::default(),
             used: AtomicU64::new(0),
         });
         fresh.touch();
@@ -102,7 +119,7 @@ mod tests {
 
     #[test]
     fn memory_is_per_name_and_shared() {
-        let a = Affinity::new(64);
+        let a = Affinity::new(64, 16, Duration::from_secs(60));
         let x: Arc<str> = Arc::from("x");
         a.of(&x).prefixes.lock().insert(&[1, 2, 3]);
         assert_eq!(a.blocks("x"), 3);

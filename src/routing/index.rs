@@ -74,6 +74,14 @@ impl PrefixIndex {
         }
     }
 
+    /// Forget these hashes (the replica turned out not to hold them).
+    pub(crate) fn forget(&mut self, hashes: &[u64]) {
+        for h in hashes {
+            self.current.remove(h);
+            self.previous.remove(h);
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.current.len() + self.previous.len()
     }

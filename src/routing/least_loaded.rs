@@ -62,9 +62,6 @@ impl RoutingPolicy for LeastLoaded {
                 self.stale_after,
             ))
         })?;
-        Some(Decision {
-            index,
-            reason: RouteReason::LeastLoaded,
-        })
+        Some(Decision::plain(index, RouteReason::LeastLoaded))
     }
 }

@@ -10,9 +10,12 @@
 pub(crate) mod affinity;
 pub(crate) mod index;
 mod least_loaded;
+pub(crate) mod load;
+pub(crate) mod placement;
 pub(crate) mod prefix;
 mod prefix_kv;
 mod round_robin;
+pub(crate) mod sessions;
 
 pub use affinity::Affinity;
 pub(crate) use least_loaded::LeastLoaded;
@@ -58,6 +61,19 @@ impl ReplicaView {
     }
 }
 
+/// A request's session: which conversation it continues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionKey {
+    /// A hash of the session id (or of what identifies the conversation in
+    /// the prompt), bound to the served model.
+    pub key: u64,
+    /// The client sent an id (not derived from the prompt).
+    pub explicit: bool,
+    /// The request carries earlier turns (an assistant message): the
+    /// session exists somewhere even if this gateway has not seen it.
+    pub continuing: bool,
+}
+
 /// What a policy may look at besides the candidates.
 pub struct RouteCtx<'a> {
     /// The served model name (aliases resolved).
@@ -65,6 +81,12 @@ pub struct RouteCtx<'a> {
     /// Chained hashes of the prompt's blocks (`routing::prefix`); empty when
     /// the policy does not use them or the prompt is shorter than a block.
     pub hashes: &'a [u64],
+    /// The request's session, when sessions are on and it has one.
+    pub session: Option<SessionKey>,
+    /// The prompt's length in tokens, and its tail's (the last assistant
+    /// message and what follows: what the previous turn's replica lacks).
+    pub prompt_tokens: u32,
+    pub tail_tokens: u32,
     pub now: Instant,
 }
 
@@ -73,6 +95,25 @@ pub struct Decision {
     /// Index into the candidate slice.
     pub index: usize,
     pub reason: RouteReason,
+    /// The request's session left the replica it was on (which was
+    /// unavailable or under pressure: `reason` says which).
+    pub moved: bool,
+    /// Prompt tokens expected cached there, and the index blocks that say so.
+    pub cached_tokens: u32,
+    pub matched_blocks: usize,
+}
+
+impl Decision {
+    /// A decision that expects no cache (the policies that do not look).
+    pub fn plain(index: usize, reason: RouteReason) -> Self {
+        Self {
+            index,
+            reason,
+            moved: false,
+            cached_tokens: 0,
+            matched_blocks: 0,
+        }
+    }
 }
 
 pub trait RoutingPolicy: Send + Sync {

@@ -1,5 +1,6 @@
-//! `prefix_kv` (the default): send a prompt where its prefix is already in KV
-//! cache, unless that replica is under pressure.
+//! `prefix_kv` (the default): send a request where it will see its first
+//! token soonest, counting the KV cache it would hit, and keep
+//! conversations and shared prefixes where they already are.
 //!
 //! Algorithm, per request:
 //! 1. **Pressure filter.** A candidate whose last scrape is older than
@@ -7,31 +8,37 @@
 //!    `kv_high` KV-cache usage, or with `queue_high` requests waiting, gets no
 //!    new work. If every candidate is filtered, the one with least work is used
 //!    (`fallback`) rather than failing.
-//! 2. **Home.** Rendezvous (highest-random-weight) hashing of the prompt's
-//!    first `home_blocks` block hashes over the candidates' names ranks the
-//!    replicas identically in every gateway process, with no shared state. With
-//!    bounded loads, the home is the first in that ranking whose in-flight count
-//!    is within `load_factor` x the mean, so a hot prefix spills to its next
-//!    replica instead of piling onto one.
-//! 3. **Match.** Each replica's index of recently routed block hashes gives the
-//!    longest cached prefix (binary search).
-//! 4. **Score** the unfiltered candidates:
-//!    `prefix x matched share + home x [home] - kv x usage
-//!     - queue x waiting / queue_high - load x in_flight / bound
-//!     - latency x slowness`; highest wins. Slowness is the replica's recent
-//!    time per output token over the candidates' median, minus one, in 0..2
-//!    (measured by this gateway; forgotten after 30 s without traffic).
-//!    A replica at or over the load bound gets no credit for its match, so a
-//!    hot prefix spreads to the next replicas (which then cache it too).
-//!    The reason is `affinity` when the winner is the preferred replica (the
-//!    longest match, else the home), else why the preferred one was passed
-//!    over (`spill_kv`, `spill_queue`, `spill_stale`, `spill_load`), else
-//!    `least_loaded`.
+//! 2. **Home.** Where the request belongs, decided from inputs every gateway
+//!    sees alike (no shared state), by rendezvous (highest-random-weight)
+//!    hashing over the candidates' names:
+//!    - with a **session** (`RouteCtx::session`): the replica this gateway
+//!      last sent it to while that one is open; else the first open replica
+//!      in the session key's own order (`session_new`; a session whose
+//!      replica came under pressure or went away moves, the spill reason says
+//!      why). Every gateway computes the same first replica, so a session
+//!      sent to several gateways by a load balancer stays whole. Its history
+//!      counts as cached there;
+//!    - without: the prompt's home by its first `home_blocks` block hashes
+//!      with bounded loads (the first in that order whose in-flight count is
+//!      within `load_factor` x the mean), so requests that share a prefix
+//!      meet on one replica, and a hot prefix spreads to the next.
+//! 3. **Predicted TTFT** on each open candidate
+//!    (`routing::load`): `rate x (tokens ahead + uncached tokens)`, with the
+//!    rate calibrated online per replica and the uncached tokens counting
+//!    the prefix it has cached (`routing::index`).
+//! 4. **Stay or detour.** The home is chosen unless another candidate's
+//!    predicted TTFT is lower by more than `detour_margin` of the home's:
+//!    staying would cost more than its cache saves. A detour serves this
+//!    request elsewhere: where more of its prefix is cached (`affinity`), or
+//!    for load (`spill_load`); a session's home stays where it is.
+//!    The reason is `session`, `session_new` or `affinity` when the home is
+//!    kept, else why it was passed over (`spill_*`), else `least_loaded`.
 //! 5. The prompt's block hashes are added to the winner's index.
 //!
-//! Cost: O(n log n) in the candidates for the ranking, O(n log blocks) index
-//! lookups, O(blocks) to insert; the block hashing itself (O(prompt bytes)) is
-//! done once per request in `routing::prefix`. See `benches/routing.rs`.
+//! Cost: O(n log n) in the candidates for the rankings, O(n log blocks)
+//! index lookups, O(blocks) to insert, one sharded-table lookup for a
+//! session; the block hashing itself (O(prompt bytes)) is done once per
+//! request in `routing::prefix`. See `benches/routing.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +55,8 @@ pub struct PrefixKv {
     /// `None`: scraping is off, so there is no pressure information to trust
     /// or distrust; only prefix and load decide.
     stale_after: Option<Duration>,
-    /// Each replica's index of the prefix blocks routed there.
+    /// Each replica's index of the prefix blocks routed there, its load, and
+    /// the session table.
     affinity: Arc<Affinity>,
 }
 
@@ -75,21 +83,47 @@ enum Blocked {
     Queue,
 }
 
+impl Blocked {
+    fn spill(self) -> RouteReason {
+        match self {
+            Blocked::Kv => RouteReason::SpillKv,
+            Blocked::Queue => RouteReason::SpillQueue,
+            Blocked::Stale => RouteReason::SpillStale,
+            Blocked::No => RouteReason::SpillLoad,
+        }
+    }
+}
+
 struct View {
     blocked: Blocked,
-    kv: f64,
-    waiting: f64,
     in_flight: f64,
+    /// Leading prompt blocks this gateway's index says are cached there.
     matched: usize,
-    rank: u64,
-    /// Recent time per output token measured here, if fresh.
-    tpot: Option<f64>,
+    /// Tokens ahead of a new request there.
+    ahead: f64,
+    rate: Option<f64>,
     memory: Arc<ReplicaMemory>,
 }
 
-/// A replica's rendezvous weight for a prefix key (stable across processes).
-pub(super) fn rendezvous(key: u64, name: &str) -> u64 {
+/// A replica's rendezvous weight for a key (stable across processes).
+pub(crate) fn rendezvous(key: u64, name: &str) -> u64 {
     xxh3_64_with_seed(name.as_bytes(), key)
+}
+
+/// Candidates in a key's rendezvous order.
+fn order(key: u64, candidates: &[ReplicaView]) -> Vec<usize> {
+    let mut o: Vec<usize> = (0..candidates.len()).collect();
+    o.sort_by_key(|&i| std::cmp::Reverse(rendezvous(key, &candidates[i].name)));
+    o
+}
+
+/// Where a request belongs, and why.
+struct Home {
+    index: usize,
+    reason: RouteReason,
+    /// Tokens the home is known to hold beyond the index (a session's history).
+    history: u32,
+    moved: bool,
 }
 
 impl RoutingPolicy for PrefixKv {
@@ -106,118 +140,242 @@ impl RoutingPolicy for PrefixKv {
         if n == 0 {
             return None;
         }
+        let views: Vec<View> = candidates.iter().map(|r| self.view(ctx, r)).collect();
+        let open: Vec<usize> = (0..n)
+            .filter(|&i| views[i].blocked == Blocked::No)
+            .collect();
+        if open.is_empty() {
+            // Everything is under pressure or unknown: least work wins.
+            let i = (0..n).min_by(|&a, &b| {
+                least_loaded::work(&candidates[a], ctx, self.stale_after)
+                    .total_cmp(&least_loaded::work(&candidates[b], ctx, self.stale_after))
+            })?;
+            return Some(self.decide(ctx, &views, i, RouteReason::Fallback, 0, false));
+        }
+        // A session's turns follow its home. A session derived from the
+        // prompt (no id sent) starts where its prefix leads, and is
+        // remembered there for its next turns.
+        let by_session = ctx.session.filter(|s| {
+            s.explicit || s.continuing || self.affinity.sessions.get(s.key, ctx.now).is_some()
+        });
+        let home = match by_session {
+            Some(_) => self.session_home(ctx, candidates, &views),
+            None => None,
+        }
+        .unwrap_or_else(|| self.prefix_home(ctx, candidates, &views));
+        let remember = |index: usize| {
+            if let Some(s) = ctx.session {
+                // An explicit session's home is where every gateway looks for
+                // it; a derived one's is where it was served.
+                let at = if s.explicit { home.index } else { index };
+                self.affinity
+                    .sessions
+                    .place(s.key, &candidates[at].name, ctx.now);
+            }
+        };
+        // Stay or detour, by predicted TTFT.
+        let tpb = self.tokens_per_block();
+        let known_rates: Vec<f64> = open.iter().filter_map(|&i| views[i].rate).collect();
+        let fleet_rate = if known_rates.is_empty() {
+            1.0
+        } else {
+            known_rates.iter().sum::<f64>() / known_rates.len() as f64
+        };
+        let predict = |i: usize, history: u32| {
+            let v = &views[i];
+            let cached = (v.matched as u32 * tpb).max(history).min(ctx.prompt_tokens);
+            let uncached = f64::from(ctx.prompt_tokens - cached);
+            v.rate.unwrap_or(fleet_rate) * (v.ahead + uncached)
+        };
+        let stay = predict(home.index, home.history);
+        let best = open
+            .iter()
+            .copied()
+            .min_by(|&a, &b| predict(a, 0).total_cmp(&predict(b, 0)).then(a.cmp(&b)))?;
+        let detour = best != home.index && predict(best, 0) < stay * (1.0 - self.cfg.detour_margin);
+        if detour {
+            // Where more of the prompt is cached: affinity to that prefix. A
+            // pressed home's spill keeps its reason; otherwise the detour is
+            // for load. A session's home (what its next turns look for) stays.
+            let reason = match home.reason {
+                _ if views[best].matched > views[home.index].matched
+                    && ctx.session.is_none_or(|s| !s.continuing) =>
+                {
+                    RouteReason::Affinity
+                }
+                r @ (RouteReason::SpillKv | RouteReason::SpillQueue | RouteReason::SpillStale) => r,
+                _ => RouteReason::SpillLoad,
+            };
+            remember(best);
+            return Some(self.decide(ctx, &views, best, reason, 0, home.moved));
+        }
+        remember(home.index);
+        Some(self.decide(
+            ctx,
+            &views,
+            home.index,
+            home.reason,
+            home.history,
+            home.moved,
+        ))
+    }
+}
+
+impl PrefixKv {
+    fn tokens_per_block(&self) -> u32 {
+        u32::try_from(self.cfg.block_chars / crate::tokens::CHARS_PER_TOKEN)
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    fn view(&self, ctx: &RouteCtx<'_>, r: &ReplicaView) -> View {
         let c = &self.cfg;
+        let fresh = self.stale_after.and_then(|d| r.fresh_load(ctx.now, d));
+        let kv = fresh.and_then(|s| s.kv_usage).unwrap_or(0.0);
+        let waiting = fresh.and_then(|s| s.waiting);
+        let blocked = match fresh {
+            None if self.stale_after.is_none() => Blocked::No,
+            None => Blocked::Stale,
+            Some(_) if kv >= c.kv_high => Blocked::Kv,
+            Some(_) if waiting.unwrap_or(0.0) >= c.queue_high => Blocked::Queue,
+            Some(_) => Blocked::No,
+        };
+        let memory = self.affinity.of(&r.name);
+        let matched = if ctx.hashes.is_empty() {
+            0
+        } else {
+            memory.prefixes.lock().longest_match(ctx.hashes)
+        };
+        View {
+            blocked,
+            in_flight: f64::from(r.in_flight),
+            matched,
+            ahead: memory.load.ahead(waiting),
+            rate: memory.load.rate(),
+            memory,
+        }
+    }
+
+    /// The home of a request with a session (`None`: no open candidate).
+    fn session_home(
+        &self,
+        ctx: &RouteCtx<'_>,
+        candidates: &[ReplicaView],
+        views: &[View],
+    ) -> Option<Home> {
+        let s = ctx.session?;
+        let table = &self.affinity.sessions;
+        let known = table.get(s.key, ctx.now);
+        let here = known
+            .as_ref()
+            .and_then(|k| candidates.iter().position(|c| c.name == *k));
+        // What the session's replica holds beyond this gateway's index: all
+        // but the tail (the last answer and the new message).
+        let history = if s.continuing {
+            ctx.prompt_tokens.saturating_sub(ctx.tail_tokens)
+        } else {
+            0
+        };
+        if let Some(i) = here
+            && views[i].blocked == Blocked::No
+        {
+            return Some(Home {
+                index: i,
+                reason: RouteReason::Session,
+                history,
+                moved: false,
+            });
+        }
+        // Placed by the session key's order, as every gateway places it.
+        let first = order(s.key, candidates)
+            .into_iter()
+            .find(|&i| views[i].blocked == Blocked::No)?;
+        let moved = known.is_some();
+        let reason = match here.map(|i| views[i].blocked) {
+            Some(b) if b != Blocked::No => b.spill(),
+            _ => RouteReason::SessionNew,
+        };
+        // A session that continues and is unknown here was placed there by
+        // another gateway: its history is there too.
+        let history = if known.is_none() { history } else { 0 };
+        Some(Home {
+            index: first,
+            reason,
+            history,
+            moved,
+        })
+    }
+
+    /// The home of a request by its prompt's prefix.
+    fn prefix_home(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView], views: &[View]) -> Home {
+        let c = &self.cfg;
+        let n = candidates.len();
         let key = ctx
             .hashes
             .get(c.home_blocks.min(ctx.hashes.len()).wrapping_sub(1))
             .copied()
             // Shorter than a block: the model alone decides the home.
             .unwrap_or_else(|| xxh3_64_with_seed(ctx.model.as_bytes(), 0));
-        let views: Vec<View> = candidates
-            .iter()
-            .map(|r| {
-                let fresh = self.stale_after.and_then(|d| r.fresh_load(ctx.now, d));
-                let kv = fresh.and_then(|s| s.kv_usage).unwrap_or(0.0);
-                let waiting = fresh.and_then(|s| s.waiting).unwrap_or(0.0);
-                let blocked = match fresh {
-                    None if self.stale_after.is_none() => Blocked::No,
-                    None => Blocked::Stale,
-                    Some(_) if kv >= c.kv_high => Blocked::Kv,
-                    Some(_) if waiting >= c.queue_high => Blocked::Queue,
-                    Some(_) => Blocked::No,
-                };
-                let memory = self.affinity.of(&r.name);
-                let matched = if ctx.hashes.is_empty() {
-                    0
-                } else {
-                    memory.prefixes.lock().longest_match(ctx.hashes)
-                };
-                View {
-                    blocked,
-                    kv,
-                    waiting,
-                    in_flight: f64::from(r.in_flight),
-                    matched,
-                    rank: rendezvous(key, &r.name),
-                    tpot: r.tpot,
-                    memory,
-                }
-            })
-            .collect();
-
+        let ranked = order(key, candidates);
         // Bounded loads: a replica's fair share of what is in flight, plus one.
         let total: f64 = views.iter().map(|v| v.in_flight).sum();
         let bound = (c.load_factor * (total + 1.0) / n as f64).ceil().max(1.0);
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&a, &b| views[b].rank.cmp(&views[a].rank));
-        let top = order[0];
-        let home = order
+        let open = |i: usize| views[i].blocked == Blocked::No;
+        let within = |i: usize| views[i].in_flight < bound;
+        let preferred = ranked[0];
+        if open(preferred) && within(preferred) {
+            return Home {
+                index: preferred,
+                reason: RouteReason::Affinity,
+                history: 0,
+                moved: false,
+            };
+        }
+        let next = ranked
             .iter()
             .copied()
-            .find(|&i| views[i].in_flight < bound)
-            .unwrap_or(top);
-        let best_match = (0..n)
-            .filter(|&i| views[i].matched > 0)
-            .max_by_key(|&i| (views[i].matched, views[i].rank));
-        let preferred = best_match.unwrap_or(top);
-
-        // Slowness relative to the others: decode speed is the replica's own
-        // (TTFT mostly reflects cache hits, which this policy causes).
-        let mut tpots: Vec<f64> = views.iter().filter_map(|v| v.tpot).collect();
-        tpots.sort_by(f64::total_cmp);
-        let median = tpots.get(tpots.len() / 2).copied();
-        let slowness = |v: &View| match (v.tpot, median) {
-            // Up to 2: a replica 3x slower than the median loses even its own
-            // cached, home prefixes (worth 1.3); a mildly slow one keeps them.
-            (Some(t), Some(m)) if m > 0.0 => (t / m - 1.0).clamp(0.0, 2.0),
-            _ => 0.0,
+            .find(|&i| open(i) && within(i))
+            .or_else(|| ranked.iter().copied().find(|&i| open(i)))
+            .unwrap_or(preferred);
+        let reason = match views[preferred].blocked {
+            Blocked::No if !within(preferred) => RouteReason::SpillLoad,
+            Blocked::No => RouteReason::LeastLoaded,
+            b => b.spill(),
         };
-        let blocks = ctx.hashes.len().max(1) as f64;
-        let w = &c.weights;
-        let score = |i: usize| {
-            let v = &views[i];
-            // Bounded loads apply to affinity too: over its share, a replica's
-            // cached prefix stops attracting work, so a hot prefix spreads.
-            let matched = if v.in_flight < bound { v.matched } else { 0 };
-            w.prefix * matched as f64 / blocks + if i == home { w.home } else { 0.0 }
-                - w.kv * v.kv
-                - w.queue * (v.waiting / c.queue_high.max(1.0)).min(1.0)
-                - w.load * v.in_flight / bound
-                - w.latency * slowness(v)
-        };
-        let chosen = (0..n)
-            .filter(|&i| views[i].blocked == Blocked::No)
-            .max_by(|&a, &b| {
-                score(a)
-                    .total_cmp(&score(b))
-                    .then(views[a].rank.cmp(&views[b].rank))
-            });
-
-        let (index, reason) = match chosen {
-            None => {
-                // Everything is under pressure or unknown: least work wins.
-                let i = (0..n).min_by(|&a, &b| {
-                    least_loaded::work(&candidates[a], ctx, self.stale_after)
-                        .total_cmp(&least_loaded::work(&candidates[b], ctx, self.stale_after))
-                })?;
-                (i, RouteReason::Fallback)
-            }
-            Some(i) if i == preferred => (i, RouteReason::Affinity),
-            Some(i) => {
-                let reason = match views[preferred].blocked {
-                    Blocked::Kv => RouteReason::SpillKv,
-                    Blocked::Queue => RouteReason::SpillQueue,
-                    Blocked::Stale => RouteReason::SpillStale,
-                    Blocked::No if views[preferred].in_flight >= bound => RouteReason::SpillLoad,
-                    Blocked::No => RouteReason::LeastLoaded,
-                };
-                (i, reason)
-            }
-        };
-        if !ctx.hashes.is_empty() {
-            views[index].memory.prefixes.lock().insert(ctx.hashes);
+        Home {
+            index: next,
+            reason,
+            history: 0,
+            moved: false,
         }
-        Some(Decision { index, reason })
+    }
+
+    /// The decision for candidate `index`: the prompt's blocks go into its
+    /// index; the cache expected there is reported for the closed loop.
+    fn decide(
+        &self,
+        ctx: &RouteCtx<'_>,
+        views: &[View],
+        index: usize,
+        reason: RouteReason,
+        history: u32,
+        moved: bool,
+    ) -> Decision {
+        let v = &views[index];
+        let tpb = self.tokens_per_block();
+        let cached = (v.matched as u32 * tpb)
+            .max(history)
+            .min(ctx.prompt_tokens.saturating_sub(1));
+        if !ctx.hashes.is_empty() {
+            v.memory.prefixes.lock().insert(ctx.hashes);
+        }
+        Decision {
+            index,
+            reason,
+            moved,
+            cached_tokens: cached,
+            matched_blocks: v.matched,
+        }
     }
 }
 
@@ -253,7 +411,7 @@ mod tests {
         PrefixKv::new(
             PrefixKvConfig::default(),
             Some(Duration::from_secs(5)),
-            Affinity::new(1024),
+            Affinity::new(1024, 64, Duration::from_secs(60)),
         )
     }
 
@@ -261,12 +419,13 @@ mod tests {
         let ctx = RouteCtx {
             model: "m",
             hashes,
+            session: None,
+            prompt_tokens: 1000,
+            tail_tokens: 0,
             now: Instant::now(),
         };
-        p.pick(&ctx, reps).unwrap_or(Decision {
-            index: usize::MAX,
-            reason: RouteReason::Retry,
-        })
+        p.pick(&ctx, reps)
+            .unwrap_or(Decision::plain(usize::MAX, RouteReason::Retry))
     }
 
     #[test]
@@ -317,6 +476,9 @@ mod tests {
         let ctx = RouteCtx {
             model: "m",
             hashes: &[],
+            session: None,
+            prompt_tokens: 1000,
+            tail_tokens: 0,
             now: Instant::now(),
         };
         // Replica 0 is silent (stale) and idle; replica 1 is fresh with a queue.

@@ -21,9 +21,6 @@ impl RoutingPolicy for RoundRobin {
             return None;
         }
         let index = self.next.fetch_add(1, Relaxed) % candidates.len();
-        Some(Decision {
-            index,
-            reason: RouteReason::RoundRobin,
-        })
+        Some(Decision::plain(index, RouteReason::RoundRobin))
     }
 }

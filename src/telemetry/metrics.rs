@@ -23,6 +23,8 @@ pub struct ModelSeries {
     pub overhead: Histogram,
     pub max_gap: Histogram,
     pub prompt_tokens: Counter,
+    /// Prompt tokens the engines served from their prefix cache (where reported).
+    pub prompt_tokens_cached: Counter,
     pub generation_tokens: Counter,
     pub prompt_tokens_per_request: Histogram,
     pub generation_tokens_per_request: Histogram,
@@ -45,6 +47,10 @@ pub struct BackendSeries {
     pub in_flight: Gauge,
     pub ejected: Gauge,
     pub ejections: Counter,
+    /// Closed loop of routing: prompt tokens it expected cached there, and
+    /// what the replica reported cached for the same requests.
+    pub cached_predicted: Counter,
+    pub cached_actual: Counter,
     /// Re-exported from the replica's own metrics.
     pub kv_usage: FloatGauge,
     pub waiting: FloatGauge,
@@ -67,6 +73,8 @@ impl BackendSeries {
             in_flight: Gauge::default(),
             ejected: Gauge::default(),
             ejections: Counter::default(),
+            cached_predicted: Counter::default(),
+            cached_actual: Counter::default(),
             kv_usage: FloatGauge::default(),
             waiting: FloatGauge::default(),
             running: FloatGauge::default(),
@@ -105,6 +113,10 @@ pub struct Metrics {
     pub retries: Family<(Arc<str>, &'static str), Counter>,
     /// model, reason: every routing decision.
     pub routing: Family<(Arc<str>, &'static str), Counter>,
+    /// model, reason: sessions that left their replica (why, as a route reason).
+    pub session_moves: Family<(Arc<str>, &'static str), Counter>,
+    /// Sessions this gateway remembers (set when `/metrics` is rendered).
+    pub sessions: Gauge,
     pub backends: Family<(Arc<str>,), BackendSeries>,
     /// tier, limit ("" when admitted), decision.
     pub ratelimit_decisions: Family<(Arc<str>, &'static str, &'static str), Counter>,
@@ -195,6 +207,7 @@ impl Metrics {
                 overhead: Histogram::seconds(queue.clone()),
                 max_gap: Histogram::seconds(itl.clone()),
                 prompt_tokens: Counter::default(),
+                prompt_tokens_cached: Counter::default(),
                 generation_tokens: Counter::default(),
                 prompt_tokens_per_request: Histogram::counts_of(tokens.clone()),
                 generation_tokens_per_request: Histogram::counts_of(tokens.clone()),
@@ -207,6 +220,8 @@ impl Metrics {
             upstream_errors: Family::new(&["backend", "kind"], Counter::default),
             retries: Family::new(&["model", "reason"], Counter::default),
             routing: Family::new(&["model", "reason"], Counter::default),
+            session_moves: Family::new(&["model", "reason"], Counter::default),
+            sessions: Gauge::default(),
             backends: Family::new(&["backend"], BackendSeries::new),
             ratelimit_decisions: Family::new(&["tier", "limit", "decision"], Counter::default),
             ratelimit_store_errors: Family::new(&["store"], Counter::default),
@@ -286,6 +301,12 @@ impl Metrics {
             |s| &s.prompt_tokens,
         );
         e.counters(
+            "sluice_prompt_tokens_cached_total",
+            "Prompt tokens the replicas served from their prefix cache (usage.prompt_tokens_details.cached_tokens, where reported).",
+            m,
+            |s| &s.prompt_tokens_cached,
+        );
+        e.counters(
             "sluice_generation_tokens_total",
             "Generated tokens, as reported by the replicas' usage.",
             m,
@@ -345,6 +366,18 @@ impl Metrics {
             &self.routing,
             |c| c,
         );
+        e.counters(
+            "sluice_routing_session_moves_total",
+            "Sessions that left the replica holding their history (it was gone or under pressure), by the reason of the new decision.",
+            &self.session_moves,
+            |c| c,
+        );
+        e.single(
+            "sluice_routing_sessions",
+            "Sessions this gateway remembers (each maps a conversation to its replica).",
+            Kind::Gauge,
+            self.sessions.get() as f64,
+        );
         e.gauges(
             "sluice_backend_healthy",
             "1 if the replica passes health checks.",
@@ -368,6 +401,18 @@ impl Metrics {
             "Ejections after consecutive failed requests.",
             &self.backends,
             |s| &s.ejections,
+        );
+        e.counters(
+            "sluice_backend_cached_tokens_predicted_total",
+            "Prompt tokens routing expected the replica to have cached, for requests whose usage reported cached tokens.",
+            &self.backends,
+            |s| &s.cached_predicted,
+        );
+        e.counters(
+            "sluice_backend_cached_tokens_actual_total",
+            "Prompt tokens the replica reported cached, for the same requests (predicted vs actual: routing's precision).",
+            &self.backends,
+            |s| &s.cached_actual,
         );
         e.gauges(
             "sluice_backend_kv_cache_usage_ratio",

@@ -1,6 +1,7 @@
 //! Metrics (registry and catalog), the per-request record, and log setup.
 
 pub(crate) mod access_log;
+pub(crate) mod ewma;
 pub mod metrics;
 pub(crate) mod record;
 pub(crate) mod registry;

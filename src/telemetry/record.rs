@@ -292,6 +292,9 @@ fn observe(r: &RequestRecord, end: Instant, s: &ModelSeries) {
     }
     if let Some(u) = r.usage {
         s.prompt_tokens.add(u64::from(u.prompt_tokens));
+        if let Some(c) = u.cached_tokens {
+            s.prompt_tokens_cached.add(u64::from(c));
+        }
         s.generation_tokens.add(u64::from(u.completion_tokens));
         s.prompt_tokens_per_request
             .observe(f64::from(u.prompt_tokens));

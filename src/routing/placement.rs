@@ -1,0 +1,99 @@
+//! A [`Placement`]: the accounting of one request on the replica it was
+//! sent to. It adds to the replica's backlog when made, takes it back at the
+//! first token (calibrating the replica's rate) or when dropped, and at the
+//! end reports the cached tokens routing predicted against those the engine
+//! reported (the closed loop: an index that promised more than the engine
+//! had is corrected).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use super::affinity::ReplicaMemory;
+
+/// One request's accounting on the replica it was sent to.
+pub(crate) struct Placement {
+    memory: Arc<ReplicaMemory>,
+    /// Uncached prompt tokens it adds to the backlog until its first token.
+    uncached: u64,
+    /// The backlog when it was sent, its own tokens included.
+    ahead: u64,
+    /// Cached tokens routing expected the engine to have.
+    pub(crate) predicted_cached: u32,
+    /// The prompt's block hashes and how many blocks routing counted cached
+    /// (to correct the index if the engine had fewer).
+    hashes: Arc<[u64]>,
+    matched_blocks: usize,
+    tokens_per_block: u32,
+    started: bool,
+}
+
+impl Placement {
+    pub(crate) fn new(
+        memory: Arc<ReplicaMemory>,
+        uncached: u32,
+        predicted_cached: u32,
+        hashes: Arc<[u64]>,
+        matched_blocks: usize,
+        tokens_per_block: u32,
+    ) -> Self {
+        let uncached = u64::from(uncached.max(1));
+        let ahead = memory.load.backlog.fetch_add(uncached, Relaxed) + uncached;
+        memory.load.per_request.observe(uncached as f64);
+        Self {
+            memory,
+            uncached,
+            ahead,
+            predicted_cached,
+            hashes,
+            matched_blocks,
+            tokens_per_block,
+            started: false,
+        }
+    }
+
+    /// The first token came `ttft` after the request was sent: its prefill
+    /// is done; the rate learns from it.
+    pub(crate) fn first_token(&mut self, ttft: Duration) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
+        let rate = ttft.as_secs_f64() / self.ahead.max(1) as f64;
+        if rate.is_finite() && rate > 0.0 {
+            self.memory.load.rate.observe(rate);
+        }
+    }
+
+    /// The engine reported `actual` cached tokens: count both sides, and if
+    /// it had less than predicted by more than a block, forget the blocks the
+    /// index claimed beyond what the engine held.
+    pub(crate) fn finished(&self, actual: u32) {
+        let l = &self.memory.load;
+        l.predicted_cached
+            .fetch_add(u64::from(self.predicted_cached), Relaxed);
+        l.actual_cached.fetch_add(u64::from(actual), Relaxed);
+        let tpb = self.tokens_per_block.max(1);
+        if actual + tpb < self.predicted_cached {
+            l.shortfalls.fetch_add(1, Relaxed);
+            let held = (actual / tpb) as usize;
+            let claimed = self.matched_blocks.min(self.hashes.len());
+            if held < claimed {
+                self.memory
+                    .prefixes
+                    .lock()
+                    .forget(&self.hashes[held..claimed]);
+            }
+        }
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        if !self.started {
+            // Failed, or cut before its first token: no longer ahead of anyone.
+            self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
+        }
+    }
+}
