@@ -365,6 +365,11 @@ pub struct PrefixKvConfig {
     /// lower by more than this share of the home's: the cache it would find
     /// at home must be worth less than the wait it would save elsewhere.
     pub detour_margin: f64,
+    /// The same for a turn of a session that is under way: its history is
+    /// worth more than this turn (the next turns come back), so it leaves
+    /// only for a replica this much faster. A session's first turn (with an
+    /// id) never leaves its home, where every gateway will look for it.
+    pub session_detour_margin: f64,
 }
 
 impl Default for PrefixKvConfig {
@@ -378,6 +383,7 @@ impl Default for PrefixKvConfig {
             queue_high: 8.0,
             index_capacity: 1 << 18,
             detour_margin: 0.5,
+            session_detour_margin: 0.9,
         }
     }
 }

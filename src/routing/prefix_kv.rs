@@ -12,12 +12,14 @@
 //!    sees alike (no shared state), by rendezvous (highest-random-weight)
 //!    hashing over the candidates' names:
 //!    - with a **session** (`RouteCtx::session`): the replica this gateway
-//!      last sent it to while that one is open; else the first open replica
-//!      in the session key's own order (`session_new`; a session whose
-//!      replica came under pressure or went away moves, the spill reason says
-//!      why). Every gateway computes the same first replica, so a session
-//!      sent to several gateways by a load balancer stays whole. Its history
-//!      counts as cached there;
+//!      last sent it to while that one is there with fresh metrics (under KV
+//!      or queue pressure too: its history is there); else the first open
+//!      replica in the session key's own order (`session_new`; a session
+//!      whose replica went away or went silent moves and is counted). Every
+//!      gateway computes the same first replica, so a session sent to several
+//!      gateways by a load balancer stays whole; one unknown here that
+//!      carries earlier turns goes to the first replica alive in that order,
+//!      where another gateway put it. Its history counts as cached there;
 //!    - without: the prompt's home by its first `home_blocks` block hashes
 //!      with bounded loads (the first in that order whose in-flight count is
 //!      within `load_factor` x the mean), so requests that share a prefix
@@ -192,7 +194,16 @@ impl RoutingPolicy for PrefixKv {
             .iter()
             .copied()
             .min_by(|&a, &b| predict(a, 0).total_cmp(&predict(b, 0)).then(a.cmp(&b)))?;
-        let detour = best != home.index && predict(best, 0) < stay * (1.0 - self.cfg.detour_margin);
+        // A session is worth more than this turn's cache: its next turns
+        // come back to its home. Its turns leave only for a much faster
+        // replica, and an explicit session's first turn does not leave (its
+        // home is where every gateway will look for it).
+        let margin = match ctx.session {
+            Some(s) if s.explicit && !s.continuing => 1.0,
+            Some(s) if s.explicit || s.continuing => self.cfg.session_detour_margin,
+            _ => self.cfg.detour_margin,
+        };
+        let detour = best != home.index && predict(best, 0) < stay * (1.0 - margin);
         if detour {
             // Where more of the prompt is cached: affinity to that prefix. A
             // pressed home's spill keeps its reason; otherwise the detour is
@@ -276,8 +287,11 @@ impl PrefixKv {
         } else {
             0
         };
+        // A session stays on its replica while that replica is there and its
+        // metrics are fresh, under KV or queue pressure too: its history is
+        // there (a pressed replica only takes no new sessions).
         if let Some(i) = here
-            && views[i].blocked == Blocked::No
+            && views[i].blocked != Blocked::Stale
         {
             return Some(Home {
                 index: i,
@@ -286,10 +300,20 @@ impl PrefixKv {
                 moved: false,
             });
         }
-        // Placed by the session key's order, as every gateway places it.
-        let first = order(s.key, candidates)
-            .into_iter()
-            .find(|&i| views[i].blocked == Blocked::No)?;
+        let order = order(s.key, candidates);
+        let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
+        let first = if known.is_none() && s.continuing {
+            // Another gateway placed it, by this same order, on the first
+            // replica that was open then: the first one alive now.
+            order.iter().copied().find(alive)
+        } else {
+            // New (or moving): the first open replica in the key's order.
+            order
+                .iter()
+                .copied()
+                .find(|&i| views[i].blocked == Blocked::No)
+                .or_else(|| order.iter().copied().find(alive))
+        }?;
         let moved = known.is_some();
         let reason = match here.map(|i| views[i].blocked) {
             Some(b) if b != Blocked::No => b.spill(),

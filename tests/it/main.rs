@@ -25,6 +25,7 @@ mod limits;
 mod observability;
 mod routing;
 mod sdk;
+mod sessions;
 mod sim;
 mod streaming;
 mod wire;

@@ -10,7 +10,7 @@ use sluice::sim::{Dialect, SimConfig, SimHandle};
 
 use crate::common::*;
 
-fn routing_config(urls: &[String]) -> Config {
+pub fn routing_config(urls: &[String]) -> Config {
     let mut c = config_for(urls);
     c.routing.metrics.interval = Duration::from_millis(100);
     c.routing.metrics.stale_after = Duration::from_millis(1000);
@@ -19,7 +19,7 @@ fn routing_config(urls: &[String]) -> Config {
 
 /// Start a gateway and wait until `n` replicas are healthy and scraped, so
 /// that the first decisions already see fresh pressure signals.
-async fn start_routed(config: Config, n: usize) -> Gateway {
+pub async fn start_routed(config: Config, n: usize) -> Gateway {
     let gw = start_gateway(config, n).await;
     let pool = gw.state().pool.clone();
     wait_until("replica metrics scraped", Duration::from_secs(5), || {
@@ -48,7 +48,7 @@ fn prefixed(prefix: usize, question: usize) -> serde_json::Value {
 }
 
 /// Send one request; return the index of the simulator that served it.
-async fn served_by(gw: &Gateway, sims: &[SimHandle], body: &serde_json::Value) -> usize {
+pub async fn served_by(gw: &Gateway, sims: &[SimHandle], body: &serde_json::Value) -> usize {
     let before: Vec<u64> = sims
         .iter()
         .map(|s| s.state.metrics.received.get())
@@ -62,7 +62,7 @@ async fn served_by(gw: &Gateway, sims: &[SimHandle], body: &serde_json::Value) -
     hit[0]
 }
 
-async fn sims(n: usize) -> Vec<SimHandle> {
+pub async fn sims(n: usize) -> Vec<SimHandle> {
     let mut v = Vec::new();
     for _ in 0..n {
         v.push(start_sim(fast_sim()).await);
@@ -70,12 +70,12 @@ async fn sims(n: usize) -> Vec<SimHandle> {
     v
 }
 
-fn urls(sims: &[SimHandle]) -> Vec<String> {
+pub fn urls(sims: &[SimHandle]) -> Vec<String> {
     sims.iter().map(|s| s.url()).collect()
 }
 
 /// Wait until the gateway's view of replica `name` satisfies `pred`.
-async fn until_backend(gw: &Gateway, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
+pub async fn until_backend(gw: &Gateway, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
     let url = format!("{}/admin/backends", admin(gw));
     let pred = &pred;
     wait_until(what, Duration::from_secs(5), || {
@@ -89,7 +89,7 @@ async fn until_backend(gw: &Gateway, what: &str, pred: impl Fn(&serde_json::Valu
     .await;
 }
 
-fn backend<'a>(v: &'a serde_json::Value, sim: &SimHandle) -> &'a serde_json::Value {
+pub fn backend<'a>(v: &'a serde_json::Value, sim: &SimHandle) -> &'a serde_json::Value {
     let name = sim.addr.to_string();
     v.as_array()
         .unwrap()
@@ -98,7 +98,7 @@ fn backend<'a>(v: &'a serde_json::Value, sim: &SimHandle) -> &'a serde_json::Val
         .expect("replica listed")
 }
 
-async fn reasons(gw: &Gateway, reason: &str) -> f64 {
+pub async fn reasons(gw: &Gateway, reason: &str) -> f64 {
     gateway_metric(
         gw,
         &format!("sluice_routing_decisions_total{{model=\"sim-model\",reason=\"{reason}\"}}"),

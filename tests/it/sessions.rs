@@ -1,0 +1,248 @@
+//! Sessions over real sockets with `sluice sim` replicas: a conversation's
+//! turns stay on one replica (by id, or derived from the prompt), several
+//! gateways agree on it without sharing anything, a saturated replica keeps
+//! its sessions but takes no new ones, a dead replica's sessions move, and
+//! the cached tokens the gateway counts are the engine's own.
+
+use std::time::Duration;
+
+use sluice::server::Gateway;
+use sluice::sim::SimHandle;
+
+use crate::common::*;
+use crate::routing::{
+    backend, reasons, routing_config, served_by, sims, start_routed, until_backend, urls,
+};
+
+/// Turn `turn` of conversation `s`: no shared prefix to lean on (the
+/// system prompt is the same for every session), growing history.
+fn turn(s: usize, turn: usize) -> serde_json::Value {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": "You are a coding agent. ".repeat(40)}),
+        serde_json::json!({"role": "user", "content": format!("Task {s}: fix the build.")}),
+    ];
+    for t in 0..turn {
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("Step {t} of task {s} done.")}));
+        messages.push(serde_json::json!({"role": "user", "content": format!("Tool output {s}.{t}: {}", "ok ".repeat(50))}));
+    }
+    serde_json::json!({"model": "sim-model", "max_tokens": 4, "messages": messages})
+}
+
+/// POST with a session id header; the serving replica's index.
+async fn with_id(url: &str, sims: &[SimHandle], body: &serde_json::Value, id: &str) -> usize {
+    let before: Vec<u64> = sims
+        .iter()
+        .map(|s| s.state.metrics.received.get())
+        .collect();
+    let (status, _, text) = post_with(
+        &format!("{url}/v1/chat/completions"),
+        body,
+        &[("x-session-id", id)],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let hit: Vec<usize> = (0..sims.len())
+        .filter(|&i| sims[i].state.metrics.received.get() > before[i])
+        .collect();
+    assert_eq!(hit.len(), 1, "{hit:?}");
+    hit[0]
+}
+
+#[tokio::test]
+async fn session_ids_keep_a_conversation_on_one_replica_and_spread_sessions() {
+    let sims = sims(4).await;
+    let gw = start_routed(routing_config(&urls(&sims)), 4).await;
+    let url = api(&gw);
+    let mut homes = std::collections::HashSet::new();
+    for s in 0..12 {
+        let id = format!("conv-{s}");
+        let first = with_id(&url, &sims, &turn(s, 0), &id).await;
+        for t in 1..4 {
+            assert_eq!(
+                with_id(&url, &sims, &turn(s, t), &id).await,
+                first,
+                "session {s} turn {t} moved"
+            );
+        }
+        homes.insert(first);
+    }
+    assert!(homes.len() >= 3, "12 sessions on {homes:?}");
+    assert_eq!(reasons(&gw, "session").await, 36.0);
+    assert_eq!(reasons(&gw, "session_new").await, 12.0);
+    let (_, text) = get_text(&format!("{}/admin/routing", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["sessions"]["remembered"], 12, "{v}");
+    assert!(!text.contains("conv-"), "no session id is shown: {text}");
+    assert_eq!(gateway_metric(&gw, "sluice_routing_sessions").await, 12.0);
+}
+
+#[tokio::test]
+async fn without_an_id_the_prompt_tells_conversations_apart() {
+    let sims = sims(4).await;
+    let gw = start_routed(routing_config(&urls(&sims)), 4).await;
+    for s in 0..8 {
+        let first = served_by(&gw, &sims, &turn(s, 0)).await;
+        for t in 1..4 {
+            assert_eq!(
+                served_by(&gw, &sims, &turn(s, t)).await,
+                first,
+                "session {s} turn {t} moved"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn three_gateways_agree_on_every_sessions_replica() {
+    let sims = sims(4).await;
+    let mut gws = Vec::new();
+    for _ in 0..3 {
+        gws.push(start_routed(routing_config(&urls(&sims)), 4).await);
+    }
+    let urls: Vec<String> = gws.iter().map(api).collect();
+    for s in 0..12 {
+        let id = format!("agent-{s}");
+        // Each turn through another gateway, as a round-robin balancer sends them.
+        let homes: Vec<usize> = {
+            let mut v = Vec::new();
+            for t in 0..6 {
+                v.push(with_id(&urls[(s + t) % 3], &sims, &turn(s, t), &id).await);
+            }
+            v
+        };
+        assert!(
+            homes.iter().all(|&h| h == homes[0]),
+            "session {s}: {homes:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_saturated_replica_keeps_its_sessions_and_sheds_new_ones() {
+    let sims = sims(3).await;
+    let gw = start_routed(routing_config(&urls(&sims)), 3).await;
+    let url = api(&gw);
+    // Sessions until one lands on each replica.
+    let mut placed: Vec<(String, usize)> = Vec::new();
+    for s in 0..30 {
+        let id = format!("s-{s}");
+        placed.push((id.clone(), with_id(&url, &sims, &turn(s, 0), &id).await));
+    }
+    let full = placed[0].1;
+    let mut c = sims[full].state.control();
+    c.kv_usage = Some(0.99);
+    sims[full].state.set_control(c);
+    until_backend(&gw, "pressure seen", |v| {
+        backend(v, &sims[full])["kv_cache_usage"] == 0.99
+    })
+    .await;
+    // Its own sessions stay (their history is there)...
+    for (s, (id, home)) in placed.iter().enumerate().filter(|(_, (_, h))| *h == full) {
+        assert_eq!(
+            with_id(&url, &sims, &turn(s, 1), id).await,
+            *home,
+            "{id} left its replica"
+        );
+    }
+    // ...new ones go elsewhere.
+    for s in 100..120 {
+        let id = format!("new-{s}");
+        assert_ne!(
+            with_id(&url, &sims, &turn(s, 0), &id).await,
+            full,
+            "new session {id} on the full replica"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_sessions_of_a_dead_replica_move() {
+    let mut sims = sims(3).await;
+    let mut config = routing_config(&urls(&sims));
+    config.upstream.health_check.interval = Duration::from_millis(100);
+    let gw = start_routed(config, 3).await;
+    let url = api(&gw);
+    let mut placed = Vec::new();
+    for s in 0..20 {
+        let id = format!("d-{s}");
+        placed.push((id.clone(), with_id(&url, &sims, &turn(s, 0), &id).await));
+    }
+    let dead = placed[0].1;
+    sims.remove(dead).stop();
+    let pool = gw.state().pool.clone();
+    wait_until(
+        "the dead replica is unhealthy",
+        Duration::from_secs(10),
+        || {
+            let pool = pool.clone();
+            async move { pool.replicas().iter().filter(|r| r.is_healthy()).count() == 2 }
+        },
+    )
+    .await;
+    let mut moved = 0;
+    for (s, (id, home)) in placed.iter().enumerate() {
+        let (status, _, _) = post_with(
+            &format!("{url}/v1/chat/completions"),
+            &turn(s, 1),
+            &[("x-session-id", id)],
+        )
+        .await;
+        assert_eq!(status, 200, "{id}");
+        moved += usize::from(*home == dead);
+    }
+    let n = gateway_metric(
+        &gw,
+        "sluice_routing_session_moves_total{model=\"sim-model\",reason=\"session_new\"}",
+    )
+    .await;
+    assert_eq!(n, moved as f64);
+    assert!(moved > 0);
+}
+
+#[tokio::test]
+async fn cached_tokens_counted_are_the_engines_own() {
+    let mut cfg = fast_sim();
+    cfg = sluice::sim::SimConfig::engine("tiny", 20.0)
+        .map(|e| sluice::sim::SimConfig {
+            model: cfg.model.clone(),
+            output_tokens: 4,
+            ..e
+        })
+        .unwrap();
+    let mut sims = Vec::new();
+    for _ in 0..2 {
+        sims.push(start_sim(cfg.clone()).await);
+    }
+    let gw = start_routed(routing_config(&urls(&sims)), 2).await;
+    let url = api(&gw);
+    for s in 0..6 {
+        for t in 0..4 {
+            with_id(&url, &sims, &turn(s, t), &format!("c-{s}")).await;
+        }
+    }
+    let engine: u64 = sims.iter().map(|s| s.state.metrics.prefix_hits.get()).sum();
+    assert!(engine > 0, "the engines hit their cache");
+    let counted = gateway_metric(
+        &gw,
+        "sluice_prompt_tokens_cached_total{model=\"sim-model\"}",
+    )
+    .await;
+    assert_eq!(
+        counted, engine as f64,
+        "the gateway counts the engines' cached tokens"
+    );
+    // Per replica, the closed loop saw the same tokens.
+    let mut actual = 0.0;
+    for s in &sims {
+        actual += gateway_metric(
+            &gw,
+            &format!(
+                "sluice_backend_cached_tokens_actual_total{{backend=\"{}\"}}",
+                s.addr
+            ),
+        )
+        .await;
+    }
+    assert_eq!(actual, engine as f64);
+    let _: &Gateway = &gw;
+}
