@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Coding-agent sessions on a simulated fleet: Sluice against the best peer
-routers, in one run.
+"""Routing against the best peer routers on a simulated fleet, in one run:
+coding-agent sessions (`--scenario agentic`, the default) or shared-prefix
+traffic (`--scenario shared`).
 
 Four `sluice sim` replicas (engine model `h100-llama3-8b`), restarted fresh for
 each router so no one inherits another's cache. Then `sluice bench --workload
@@ -17,6 +18,13 @@ Reports client TTFT percentiles, stickiness (turns on the previous turn's
 replica), replicas per session, the engines' prefix-cache hit rate (from
 `usage.prompt_tokens_details.cached_tokens`) against the ideal (sessions kept
 whole), and the busiest replica's share over the mean.
+
+`--scenario shared`: 16 system prompts of ~1,500 tokens, each request one of
+them and a short question, Poisson arrivals at `--rate`, through Sluice (one
+gateway), sglang-router cache_aware and round robin (sglang-router); the
+replicas' KV cut to `--num-blocks` (default 1000 here: ~10 prompts per
+replica, all 16 fit the fleet). Reports TTFT, each replica's share of the
+requests (from the replicas' own counters) and their prefix-cache hit rate.
 
     cargo build --release
     python3 -m venv /tmp/routers && /tmp/routers/bin/pip install sglang-router vllm-router
@@ -35,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stream_overhead import free_port, wait_http  # noqa: E402
@@ -164,6 +173,62 @@ def bench(url, args, no_id=False):
         return json.load(f)
 
 
+def sim_counts(sims, name):
+    out = []
+    for u in sims:
+        total = 0.0
+        with urllib.request.urlopen(u + "/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + "{") or line.startswith(name + " "):
+                    total += float(line.rsplit(" ", 1)[1])
+        out.append(total)
+    return out
+
+
+def shared(args):
+    runs = ["sluice", "round_robin"]
+    if args.routers_venv:
+        runs.insert(1, "sglang-cache_aware")
+    if args.only:
+        runs = [r for r in runs if r in args.only]
+    results = {}
+    for name in runs:
+        procs = Procs()
+        try:
+            sims = start_sims(procs, 4, args.num_blocks or 1000)
+            if name == "sluice":
+                url = start_sluice(procs, sims, ["--config", args.sluice_config] if args.sluice_config else [])
+            elif name == "sglang-cache_aware":
+                url = start_router(procs, args.routers_venv, "sglang", "cache_aware", sims)
+            else:
+                url = start_router(procs, args.routers_venv, "sglang", "round_robin", sims) \
+                    if args.routers_venv else start_sluice(procs, sims, ["--policy", "round-robin"])
+            time.sleep(2)
+            out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+            subprocess.run([BIN, "bench", "--url", url, "--model", "sim-model", "--workload", "shared-prefix",
+                            "--prefixes", "16", "--prefix-tokens", "1500", "--prompt-tokens", "50",
+                            "--max-tokens", "64", "--rate", str(args.rate), "--concurrency", "1024",
+                            "--duration", args.duration, "--seed", str(args.seed), "--quiet", "--json", out],
+                           check=True, stdout=subprocess.DEVNULL)
+            with open(out) as f:
+                r = json.load(f)
+            served = sim_counts(sims, "vllm:request_success_total")
+            hits = sum(sim_counts(sims, "vllm:prefix_cache_hits_total"))
+            queries = sum(sim_counts(sims, "vllm:prefix_cache_queries_total"))
+            total = sum(served) or 1
+            r["shares"] = [round(x / total, 3) for x in served]
+            r["busiest_over_mean"] = round(max(served) / (total / len(served)), 3)
+            r["prefix_hit"] = hits / queries if queries else None
+            results[name] = r
+            t = r["ttft_seconds"]
+            print(f"{name:22s} TTFT p50 {t['p50']*1e3:7.1f} p99 {t['p99']*1e3:8.1f} ms | shares {r['shares']} "
+                  f"busiest {r['busiest_over_mean']:.2f}x | hit {r['prefix_hit']*100:5.1f}% | "
+                  f"{r['requests_per_second']:.1f} req/s | ok {r['ok']}/{r['requests']}", flush=True)
+        finally:
+            procs.stop()
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--routers-venv", help="virtualenv with sglang-router and vllm-router")
@@ -178,8 +243,23 @@ def main():
     ap.add_argument("--think", default="1s")
     ap.add_argument("--num-blocks", type=int, default=0, help="KV blocks per replica (0: the profile's)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--scenario", choices=["agentic", "shared"], default="agentic")
+    ap.add_argument("--rate", type=float, default=40.0, help="shared: requests per second")
+    ap.add_argument("--duration", default="40s", help="shared: how long")
+    ap.add_argument("--sluice-config", help="a config file for the Sluice gateways (tuning runs)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.scenario == "shared":
+        results = shared(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+                    "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}",
+                    "args": vars(args),
+                    "results": results,
+                }, f, indent=2)
+        return
 
     runs = ["sluice", "sluice-3gw", "sluice-no-id"]
     if args.routers_venv:
