@@ -109,15 +109,28 @@ async fn a_real_prometheus_scrapes_the_openmetrics_format_with_exemplars() {
     )
     .await;
     // It asked for OpenMetrics (what its Accept header prefers) and read the samples.
-    let q = format!("{api}/query?query=sluice_requests_total");
-    let v: serde_json::Value = client().get(&q).send().await.unwrap().json().await.unwrap();
-    let n: f64 = v["data"]["result"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["value"][1].as_str().unwrap().parse::<f64>().unwrap())
-        .sum();
-    assert_eq!(n, 4.0, "{v}");
+    // "up" can be reported a moment before the scrape's samples are queryable, so
+    // the query is polled; it never reaches 4 if the exposition was misread.
+    let q = format!("{api}/query?query=sum(sluice_requests_total)");
+    wait_until(
+        "prometheus read the 4 requests",
+        Duration::from_secs(30),
+        || {
+            let q = q.clone();
+            async move {
+                let Ok(r) = client().get(&q).send().await else {
+                    return false;
+                };
+                let v: serde_json::Value = r.json().await.unwrap_or_default();
+                let n = v["data"]["result"][0]["value"][1]
+                    .as_str()
+                    .and_then(|s| s.parse::<f64>().ok());
+                assert!(n <= Some(4.0), "more requests than were sent: {v}");
+                n == Some(4.0)
+            }
+        },
+    )
+    .await;
     // And kept the exemplars (trace ids on the latency buckets).
     let q = format!(
         "{api}/query_exemplars?query=sluice_time_to_first_token_seconds_bucket&start=0&end=9999999999"
