@@ -8,7 +8,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::api::{admin, models, proxy, request_id};
+use crate::api::{admin, models, proxy, request_id, responses};
 use crate::error::GatewayError;
 use crate::state::{Current, Live};
 use crate::vocab::Endpoint;
@@ -23,6 +23,22 @@ async fn completions(Current(s): Current, req: Request) -> Response {
 
 async fn embeddings(Current(s): Current, req: Request) -> Response {
     proxy::handle(s, Endpoint::Embeddings, req).await
+}
+
+async fn messages(Current(s): Current, req: Request) -> Response {
+    proxy::handle(s, Endpoint::Messages, req).await
+}
+
+async fn count_tokens(Current(s): Current, req: Request) -> Response {
+    proxy::handle(s, Endpoint::CountTokens, req).await
+}
+
+async fn responses_create(Current(s): Current, req: Request) -> Response {
+    proxy::handle(s, Endpoint::Responses, req).await
+}
+
+async fn response_by_id(Current(s): Current, req: Request) -> Response {
+    responses::by_id(s, req).await
 }
 
 async fn passthrough(Current(s): Current, req: Request) -> Response {
@@ -49,6 +65,15 @@ pub(crate) fn build_app(state: Arc<Live>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses_create))
+        .route(
+            "/v1/responses/{id}",
+            get(response_by_id).delete(response_by_id),
+        )
+        .route("/v1/responses/{id}/cancel", post(response_by_id))
+        .route("/v1/responses/{id}/input_items", get(response_by_id))
         .route("/v1/models", get(models::list))
         // Other `/v1/*` routes: POSTs naming a model go through; any other
         // method there is an unknown URL (404), not a wrong method (405).

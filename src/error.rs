@@ -1,10 +1,14 @@
 //! The boundary error: every failure a client can see, its status, its metric
-//! label, and its OpenAI-shaped JSON body, rendered in one place.
+//! label, and its body in the request's protocol (OpenAI's shape for chat,
+//! completions, embeddings and Responses; Anthropic's for Messages), before
+//! a stream starts and as a stream's last event, rendered in one place.
 
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
+
+use crate::vocab::Wire;
 
 /// Who caused a failure: decides the error `type` and whether a retry can help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,6 +305,118 @@ impl GatewayError {
     }
 }
 
+/// Anthropic's error types, by the status they come with.
+const ANTHROPIC_TYPES: [&str; 10] = [
+    "invalid_request_error",
+    "authentication_error",
+    "billing_error",
+    "permission_error",
+    "not_found_error",
+    "request_too_large",
+    "rate_limit_error",
+    "api_error",
+    "timeout_error",
+    "overloaded_error",
+];
+
+fn anthropic_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+impl GatewayError {
+    /// The message and OpenAI-style fields, also of a replica's (normalised) body.
+    fn parts(&self) -> (String, String, Option<String>, Option<String>) {
+        if let GatewayError::Upstream { body, .. } = self {
+            let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            let e = &v["error"];
+            let text = |k: &str| e[k].as_str().map(str::to_string);
+            return (
+                text("message").unwrap_or_default(),
+                text("type").unwrap_or_default(),
+                text("param"),
+                text("code"),
+            );
+        }
+        (
+            self.to_string(),
+            self.error_type().to_string(),
+            self.param().map(str::to_string),
+            self.code().map(str::to_string),
+        )
+    }
+
+    /// The Anthropic error object: `{"type","message"}`, the type by status
+    /// unless the replica already gave one of Anthropic's.
+    fn anthropic_error(&self) -> serde_json::Value {
+        let (message, given, _, _) = self.parts();
+        let replica_said = matches!(self, GatewayError::Upstream { .. })
+            && ANTHROPIC_TYPES.contains(&given.as_str());
+        let kind = if replica_said {
+            given
+        } else {
+            anthropic_type(self.status()).to_string()
+        };
+        serde_json::json!({"type": kind, "message": message})
+    }
+
+    /// The error body in `wire`'s shape: Anthropic's
+    /// `{"type":"error","error":{"type","message"}}` for Messages, else OpenAI's.
+    pub(crate) fn body_in(&self, wire: Wire) -> Bytes {
+        match wire {
+            Wire::Anthropic => {
+                let v = serde_json::json!({"type": "error", "error": self.anthropic_error()});
+                Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+            }
+            _ => self.body(),
+        }
+    }
+
+    /// The error as the last event of a Messages or Responses stream (no
+    /// `[DONE]`, which neither protocol has): Anthropic's `error` event, or
+    /// Responses' `error` event numbered `sequence` (one past the last seen).
+    pub(crate) fn named_sse_event(&self, wire: Wire, sequence: u64) -> Bytes {
+        let data = match wire {
+            Wire::Anthropic => {
+                serde_json::json!({"type": "error", "error": self.anthropic_error()})
+            }
+            Wire::Responses => {
+                let (message, kind, param, code) = self.parts();
+                serde_json::json!({
+                    "type": "error",
+                    "code": code.unwrap_or(kind),
+                    "message": message,
+                    "param": param,
+                    "sequence_number": sequence,
+                })
+            }
+            Wire::OpenAi => return self.sse_event(),
+        };
+        let mut out = b"event: error\ndata: ".to_vec();
+        out.extend_from_slice(&serde_json::to_vec(&data).unwrap_or_default());
+        out.extend_from_slice(b"\n\n");
+        Bytes::from(out)
+    }
+
+    /// The HTTP response in `wire`'s shape (see [`GatewayError::body_in`]).
+    pub(crate) fn into_response_in(self, wire: Wire) -> Response {
+        let body = self.body_in(wire);
+        let mut resp = self.into_response();
+        *resp.body_mut() = axum::body::Body::from(body);
+        resp
+    }
+}
+
 #[derive(Serialize)]
 struct ErrorEnvelope<'a> {
     error: ErrorObject<'a>,
@@ -457,6 +573,53 @@ mod tests {
                 .unwrap_or_default()
                 .contains("gpt-9")
         );
+    }
+
+    #[test]
+    fn anthropic_and_responses_shapes() {
+        let e = GatewayError::ModelNotFound("gpt-9".into());
+        let v = json(&e.body_in(Wire::Anthropic));
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "not_found_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("gpt-9"));
+        // A replica's Anthropic type survives; an OpenAI one maps by status.
+        let up = |status: StatusCode, body: &[u8]| GatewayError::Upstream {
+            status,
+            body: normalise_upstream_error(status, body),
+        };
+        let e = up(
+            StatusCode::from_u16(529).unwrap(),
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#,
+        );
+        let v = json(&e.body_in(Wire::Anthropic));
+        assert_eq!(v["error"]["type"], "overloaded_error");
+        assert_eq!(v["error"]["message"], "busy");
+        let e = up(
+            StatusCode::BAD_REQUEST,
+            br#"{"object":"error","message":"too long","type":"BadRequestError"}"#,
+        );
+        assert_eq!(
+            json(&e.body_in(Wire::Anthropic))["error"]["type"],
+            "invalid_request_error"
+        );
+        // Stream events: named, no [DONE].
+        let e = GatewayError::UpstreamTimeout {
+            phase: TimeoutPhase::Idle,
+        };
+        let ev = e.named_sse_event(Wire::Anthropic, 0);
+        let text = std::str::from_utf8(&ev).unwrap();
+        assert!(
+            text.starts_with("event: error\ndata: {") && text.ends_with("}\n\n"),
+            "{text}"
+        );
+        assert!(text.contains("\"timeout_error\""), "{text}");
+        let ev = e.named_sse_event(Wire::Responses, 42);
+        let data: serde_json::Value =
+            serde_json::from_slice(&ev["event: error\ndata: ".len()..]).unwrap();
+        assert_eq!(data["type"], "error");
+        assert_eq!(data["sequence_number"], 42);
+        assert_eq!(data["code"], "timeout_idle");
+        assert!(!text.contains("[DONE]"));
     }
 
     #[test]

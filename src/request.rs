@@ -24,7 +24,9 @@ use tokio::time::Instant;
 
 use crate::error::GatewayError;
 use crate::limits::{Admission, Identity, RateHeaders};
+use crate::routing::Affinity;
 use crate::routing::placement::Placement;
+use crate::routing::sessions::response_key;
 use crate::telemetry::Telemetry;
 use crate::telemetry::metrics::ModelSeries;
 use crate::telemetry::record::RequestRecord;
@@ -47,6 +49,8 @@ pub struct RequestGuard {
     stall_threshold: Duration,
     /// The prompt's text, only when the access log includes prompts.
     prompt_text: Option<String>,
+    /// Responses: where the produced response's id is remembered.
+    response_homes: Option<Arc<Affinity>>,
 }
 
 impl RequestGuard {
@@ -72,6 +76,7 @@ impl RequestGuard {
             tele,
             stall_threshold,
             prompt_text: None,
+            response_homes: None,
         }
     }
 
@@ -85,12 +90,22 @@ impl RequestGuard {
     /// The served model is known (aliases resolved): its series label the
     /// request and count it in flight.
     pub fn set_model(&mut self, model: Arc<str>) {
-        let series = self.tele.metrics.models.get(&(model.clone(),));
+        let series = self
+            .tele
+            .metrics
+            .models
+            .get(&(model.clone(), self.record.endpoint.as_str()));
         series.in_flight.inc();
         if let Some(old) = self.series.replace(series) {
             old.in_flight.dec();
         }
         self.record.model = model;
+    }
+
+    /// Remember the id of the response this request produces (Responses), so
+    /// that a follow-up naming it goes to the same replica.
+    pub(crate) fn remember_response(&mut self, homes: Arc<Affinity>) {
+        self.response_homes = Some(homes);
     }
 
     pub(crate) fn set_prompt_text(&mut self, text: Option<String>) {
@@ -219,6 +234,12 @@ impl RequestGuard {
                 series.cached_actual.add(u64::from(actual));
             }
             self.placement = None;
+            if let (Some(homes), Some(id)) = (&self.response_homes, &r.response_id) {
+                let name = &attempt.replica().name;
+                homes
+                    .responses
+                    .place(response_key(id), name, std::time::Instant::now());
+            }
             if r.succeeded() {
                 let replica = attempt.replica();
                 replica.record_success();

@@ -12,6 +12,12 @@ pub enum Endpoint {
     Chat,
     Completions,
     Embeddings,
+    /// Anthropic Messages (`/v1/messages`).
+    Messages,
+    /// Anthropic `/v1/messages/count_tokens`: routed like a generation, no output.
+    CountTokens,
+    /// OpenAI Responses (`/v1/responses`).
+    Responses,
     /// Any other `POST /v1/*` naming a model, forwarded untouched.
     Passthrough,
 }
@@ -22,9 +28,42 @@ impl Endpoint {
             Endpoint::Chat => "chat",
             Endpoint::Completions => "completions",
             Endpoint::Embeddings => "embeddings",
+            Endpoint::Messages => "messages",
+            Endpoint::CountTokens => "count_tokens",
+            Endpoint::Responses => "responses",
             Endpoint::Passthrough => "passthrough",
         }
     }
+
+    /// The protocol its bodies, streams and errors are in.
+    pub fn wire(self) -> Wire {
+        match self {
+            Endpoint::Messages | Endpoint::CountTokens => Wire::Anthropic,
+            Endpoint::Responses => Wire::Responses,
+            _ => Wire::OpenAi,
+        }
+    }
+
+    /// It generates tokens (timed, and bounded by a tier's output cap).
+    pub fn generates(self) -> bool {
+        matches!(
+            self,
+            Endpoint::Chat | Endpoint::Completions | Endpoint::Messages | Endpoint::Responses
+        )
+    }
+}
+
+/// The wire protocol of a request: how its stream's events are read, and the
+/// shape its errors take (bodies, stream events, rate-limit headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// OpenAI chat/completions: `data:` chunks with `choices`, ended by `[DONE]`.
+    OpenAi,
+    /// Anthropic Messages: named events from `message_start` to `message_stop`.
+    Anthropic,
+    /// OpenAI Responses: `response.*` events ending in `response.completed`,
+    /// `response.incomplete` or `response.failed`.
+    Responses,
 }
 
 /// Why a generation stopped, from the closed set engines report.
@@ -124,6 +163,8 @@ pub enum RouteReason {
     Session,
     /// A session seen for the first time here, placed where it should stay.
     SessionNew,
+    /// Responses: the replica that produced `previous_response_id`.
+    ResponseHome,
     /// The preferred replica's KV cache was above `kv_high`.
     SpillKv,
     /// The preferred replica's queue was above `queue_high`.
@@ -147,6 +188,7 @@ impl RouteReason {
             RouteReason::Affinity => "affinity",
             RouteReason::Session => "session",
             RouteReason::SessionNew => "session_new",
+            RouteReason::ResponseHome => "response_home",
             RouteReason::SpillKv => "spill_kv",
             RouteReason::SpillQueue => "spill_queue",
             RouteReason::SpillStale => "spill_stale",
@@ -156,12 +198,13 @@ impl RouteReason {
         }
     }
 
-    pub const ALL: [RouteReason; 11] = [
+    pub const ALL: [RouteReason; 12] = [
         RouteReason::RoundRobin,
         RouteReason::LeastLoaded,
         RouteReason::Affinity,
         RouteReason::Session,
         RouteReason::SessionNew,
+        RouteReason::ResponseHome,
         RouteReason::SpillKv,
         RouteReason::SpillQueue,
         RouteReason::SpillStale,

@@ -98,6 +98,15 @@ struct Lite<'a> {
     metadata: Option<MetadataLite<'a>>,
     #[serde(default, borrow)]
     previous_response_id: Option<Cow<'a, str>>,
+    /// Anthropic Messages: the system prompt (a string or text blocks).
+    #[serde(default, borrow)]
+    system: Option<ContentLite<'a>>,
+    /// Responses: the system prompt.
+    #[serde(default, borrow)]
+    instructions: Option<Cow<'a, str>>,
+    /// Responses: the output limit.
+    #[serde(default)]
+    max_output_tokens: Option<u32>,
 }
 
 /// Anthropic's `metadata` (only `user_id` is read; anything else is skipped).
@@ -110,17 +119,73 @@ struct MetadataLite<'a> {
 /// A session id as a key: its source and its value, hashed.
 fn id_hash(source: &str, v: &Option<Cow<'_, str>>) -> Option<u64> {
     let v = v.as_deref().filter(|v| !v.is_empty())?;
-    Some(xxhash_rust::xxh3::xxh3_64_with_seed(
-        v.as_bytes(),
-        xxhash_rust::xxh3::xxh3_64(source.as_bytes()),
-    ))
+    Some(crate::routing::sessions::id_key(source, v))
 }
 
-/// The conversation's identity in a chat prompt: its system messages and its
-/// first user message; whether earlier turns are present; the prompt's
-/// length and its tail's (from the last assistant message on).
-fn derived_session(lite: &Lite<'_>) -> (Option<u64>, bool, u32, u32) {
-    let Some(msgs) = &lite.messages else {
+/// A prompt as ordered turns (role and texts), whatever the protocol wrote
+/// it as: chat `messages`; Anthropic `system` and `messages` (text blocks,
+/// tool results); Responses `instructions` and `input` (a string, or items:
+/// messages, function calls and their outputs). The same conversation gives
+/// the same turns in every protocol, so its prefix blocks, session and
+/// estimate agree.
+#[derive(Default)]
+struct Turns<'a> {
+    texts: Vec<&'a str>,
+    /// Role, and the range of `texts` that is its content.
+    turns: Vec<(&'a str, std::ops::Range<usize>)>,
+}
+
+impl<'a> Turns<'a> {
+    /// `None` for a prompt that is not a conversation (completions, embeddings).
+    fn of(endpoint: Endpoint, lite: &'a Lite<'a>) -> Option<Self> {
+        let mut t = Turns::default();
+        if let Some(system) = &lite.system {
+            t.push("system", |texts| system.texts(texts));
+        }
+        if let Some(i) = lite.instructions.as_deref() {
+            t.push("system", |texts| texts.push(i));
+        }
+        if let Some(msgs) = &lite.messages {
+            for m in msgs {
+                let role = m.role.as_deref().unwrap_or("user");
+                t.push(role, |texts| {
+                    if let Some(c) = &m.content {
+                        c.texts(texts);
+                    }
+                });
+            }
+        } else if endpoint == Endpoint::Responses {
+            match &lite.input {
+                Some(PromptLite::Text(text)) => t.push("user", |texts| texts.push(text)),
+                Some(PromptLite::Items(items)) => {
+                    for item in items {
+                        t.push(item.role(), |texts| item.texts(texts));
+                    }
+                }
+                _ => {}
+            }
+        }
+        (!t.turns.is_empty()).then_some(t)
+    }
+
+    fn push(&mut self, role: &'a str, fill: impl FnOnce(&mut Vec<&'a str>)) {
+        let start = self.texts.len();
+        fill(&mut self.texts);
+        self.turns.push((role, start..self.texts.len()));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&'a str, &[&'a str])> {
+        self.turns
+            .iter()
+            .map(|(role, r)| (*role, &self.texts[r.clone()]))
+    }
+}
+
+/// The conversation's identity: its system turns and its first user turn,
+/// hashed; whether earlier turns are present; the prompt's length and its
+/// tail's (from the last assistant turn on).
+fn derived_session(turns: Option<&Turns<'_>>, lite: &Lite<'_>) -> (Option<u64>, bool, u32, u32) {
+    let Some(turns) = turns else {
         let chars = match &lite.prompt {
             Some(PromptLite::Text(t)) => t.len(),
             Some(PromptLite::Many(v)) => v.iter().map(|t| t.len()).sum(),
@@ -133,18 +198,8 @@ fn derived_session(lite: &Lite<'_>) -> (Option<u64>, bool, u32, u32) {
     let mut first_user = false;
     let mut continuing = false;
     let (mut chars, mut tail) = (0usize, 0usize);
-    for m in msgs {
-        let role = m.role.as_deref().unwrap_or("user");
-        let len = match &m.content {
-            Some(ContentLite::Text(t)) => t.len(),
-            Some(ContentLite::Parts(parts)) => parts
-                .iter()
-                .filter_map(|p| p.text.as_deref())
-                .map(str::len)
-                .sum(),
-            _ => 0,
-        } + role.len()
-            + 2;
+    for (role, texts) in turns.iter() {
+        let len = texts.iter().map(|t| t.len()).sum::<usize>() + role.len() + 2;
         chars += len;
         if role == "assistant" {
             tail = 0;
@@ -161,14 +216,8 @@ fn derived_session(lite: &Lite<'_>) -> (Option<u64>, bool, u32, u32) {
         }
         h.update(role.as_bytes());
         h.update(b"\n");
-        match &m.content {
-            Some(ContentLite::Text(t)) => h.update(t.as_bytes()),
-            Some(ContentLite::Parts(parts)) => {
-                for p in parts.iter().filter_map(|p| p.text.as_deref()) {
-                    h.update(p.as_bytes());
-                }
-            }
-            _ => {}
+        for t in texts {
+            h.update(t.as_bytes());
         }
         h.update(b"\n");
     }
@@ -186,7 +235,7 @@ impl PromptLite<'_> {
         match self {
             PromptLite::Text(t) => crate::tokens::estimate(t),
             PromptLite::Many(v) => v.iter().map(|t| crate::tokens::estimate(t)).sum(),
-            PromptLite::Other(_) => 0,
+            PromptLite::Items(_) | PromptLite::Other(_) => 0,
         }
     }
 }
@@ -210,10 +259,74 @@ enum ContentLite<'a> {
     Other(serde::de::IgnoredAny),
 }
 
+impl<'a> ContentLite<'a> {
+    /// The texts of a content: the string, or its text parts and the
+    /// content of tool results (Anthropic `tool_result`), in order.
+    fn texts(&'a self, out: &mut Vec<&'a str>) {
+        match self {
+            ContentLite::Text(t) => out.push(t),
+            ContentLite::Parts(parts) => {
+                for p in parts {
+                    if let Some(t) = p.text.as_deref() {
+                        out.push(t);
+                    }
+                    if let Some(c) = &p.content {
+                        c.texts(out);
+                    }
+                }
+            }
+            ContentLite::Other(_) => {}
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct PartLite<'a> {
     #[serde(default, borrow)]
     text: Option<Cow<'a, str>>,
+    /// A tool result's content (Anthropic): a string or blocks.
+    #[serde(default, borrow)]
+    content: Option<Box<ContentLite<'a>>>,
+}
+
+/// A Responses `input` item: a message, a function call or its output.
+#[derive(Deserialize)]
+struct ItemLite<'a> {
+    #[serde(rename = "type", default, borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    role: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    content: Option<ContentLite<'a>>,
+    /// `function_call_output`: what the tool returned.
+    #[serde(default, borrow)]
+    output: Option<ContentLite<'a>>,
+    /// `function_call`: the call's arguments.
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+impl<'a> ItemLite<'a> {
+    fn role(&'a self) -> &'a str {
+        match (self.role.as_deref(), self.kind.as_deref()) {
+            (Some(r), _) => r,
+            (None, Some("function_call_output" | "custom_tool_call_output")) => "tool",
+            (None, Some("message") | None) => "user",
+            (None, Some(_)) => "assistant",
+        }
+    }
+
+    fn texts(&'a self, out: &mut Vec<&'a str>) {
+        if let Some(c) = &self.content {
+            c.texts(out);
+        }
+        if let Some(o) = &self.output {
+            o.texts(out);
+        }
+        if let Some(a) = self.arguments.as_deref() {
+            out.push(a);
+        }
+    }
 }
 
 /// A completion prompt: a string or a list of strings (token-id prompts do not
@@ -225,24 +338,24 @@ enum PromptLite<'a> {
     Text(Cow<'a, str>),
     #[serde(borrow)]
     Many(Vec<Cow<'a, str>>),
+    /// Responses `input` items.
+    #[serde(borrow)]
+    Items(Vec<ItemLite<'a>>),
     Other(serde::de::IgnoredAny),
 }
 
 /// The prompt as the ordered pieces `routing::prefix` hashes: `role\ncontent\n`
-/// per chat message, or the completion prompt(s).
-fn prompt_pieces<'a>(lite: &'a Lite<'a>) -> crate::routing::prefix::PromptText<'a> {
+/// per turn, or the completion prompt(s).
+fn prompt_pieces<'a>(
+    turns: Option<&Turns<'a>>,
+    lite: &'a Lite<'a>,
+) -> crate::routing::prefix::PromptText<'a> {
     let mut pieces = Vec::new();
-    if let Some(msgs) = &lite.messages {
-        for m in msgs {
-            pieces.push(m.role.as_deref().unwrap_or("user"));
+    if let Some(turns) = turns {
+        for (role, texts) in turns.iter() {
+            pieces.push(role);
             pieces.push("\n");
-            match &m.content {
-                Some(ContentLite::Text(t)) => pieces.push(t.as_ref()),
-                Some(ContentLite::Parts(parts)) => {
-                    pieces.extend(parts.iter().filter_map(|p| p.text.as_deref()));
-                }
-                _ => {}
-            }
+            pieces.extend_from_slice(texts);
             pieces.push("\n");
         }
     } else {
@@ -330,35 +443,40 @@ pub(crate) fn inspect_with(
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     let has_stream_options = lite.stream_options.is_some();
-    let max_tokens = lite.max_completion_tokens.or(lite.max_tokens);
+    let max_tokens = lite
+        .max_completion_tokens
+        .or(lite.max_tokens)
+        .or(lite.max_output_tokens);
     let asks_usage = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+    let turns = Turns::of(endpoint, &lite);
     let prefix = match prefix {
-        Some(p) if matches!(endpoint, Endpoint::Chat | Endpoint::Completions) => {
+        Some(p) if endpoint.generates() || endpoint == Endpoint::CountTokens => {
             crate::routing::prefix::block_hashes(
                 lite.cache_salt.as_deref(),
-                &prompt_pieces(&lite),
+                &prompt_pieces(turns.as_ref(), &lite),
                 p.block_chars,
                 p.max_blocks,
             )
         }
         _ => Vec::new(),
     };
-    // The shared approximate tokenizer, counted as the simulator counts.
-    let prompt_estimate = match (&lite.messages, &lite.prompt, &lite.input) {
-        _ if !estimate => 0,
-        (Some(msgs), _, _) => crate::tokens::estimate_messages(msgs.iter().flat_map(|m| {
-            let parts: Vec<&str> = match &m.content {
-                Some(ContentLite::Text(t)) => vec![t.as_ref()],
-                Some(ContentLite::Parts(p)) => p.iter().filter_map(|p| p.text.as_deref()).collect(),
-                _ => vec![""],
-            };
-            parts
-        })),
+    // The shared approximate tokenizer, counted as the simulator counts;
+    // counting tokens generates nothing and is charged as a request only.
+    let prompt_estimate = match (&turns, &lite.prompt, &lite.input) {
+        _ if !estimate || endpoint == Endpoint::CountTokens => 0,
+        (Some(turns), _, _) => crate::tokens::estimate_messages(
+            turns
+                .iter()
+                .flat_map(|(_, texts)| if texts.is_empty() { &[""][..] } else { texts })
+                .copied(),
+        ),
         (None, Some(p), _) | (None, None, Some(p)) => p.estimate(),
         _ => 0,
     };
-    let prompt_text = needs.text.then(|| prompt_pieces(&lite).pieces.concat());
-    let (derived, continuing, prompt_chars, tail_chars) = derived_session(&lite);
+    let prompt_text = needs
+        .text
+        .then(|| prompt_pieces(turns.as_ref(), &lite).pieces.concat());
+    let (derived, continuing, prompt_chars, tail_chars) = derived_session(turns.as_ref(), &lite);
     let session = SessionFields {
         prompt_cache_key: id_hash("prompt_cache_key", &lite.prompt_cache_key),
         metadata_user_id: id_hash(
@@ -422,10 +540,10 @@ fn with_leading_member(body: &Bytes, member: &[u8]) -> Result<Bytes, GatewayErro
     Ok(Bytes::from(out))
 }
 
-/// The body with `"max_tokens": n` added (the tier's cap applied to a request
-/// that set none).
-pub(crate) fn with_max_tokens(body: &Bytes, n: u32) -> Result<Bytes, GatewayError> {
-    with_leading_member(body, format!("\"max_tokens\":{n}").as_bytes())
+/// The body with `"field": n` added (the tier's cap applied to a request
+/// that set no output limit; `field` is the protocol's name for it).
+pub(crate) fn with_max_tokens(body: &Bytes, field: &str, n: u32) -> Result<Bytes, GatewayError> {
+    with_leading_member(body, format!("\"{field}\":{n}").as_bytes())
 }
 
 /// The body with `stream_options.include_usage = true`, so that token counts are

@@ -5,4 +5,5 @@ pub mod inbound;
 pub(crate) mod models;
 pub mod proxy;
 pub(crate) mod request_id;
+pub(crate) mod responses;
 pub(crate) mod session;

@@ -25,12 +25,13 @@ use crate::routing::{LoadView, ReplicaView, RouteCtx};
 use crate::state::AppState;
 use crate::stream::body::{ReplicaConn, TimedBody};
 use crate::stream::event::chunk_info;
+use crate::stream::protocols;
 use crate::stream::relay::Mode;
 use crate::telemetry::tracecontext::TraceCtx;
 use crate::upstream::client::{downstream_headers, upstream_headers};
 use crate::upstream::conn::{Conn, SendError};
 use crate::upstream::pool::{Candidates, Replica};
-use crate::vocab::{Endpoint, RouteReason};
+use crate::vocab::{Endpoint, RouteReason, Wire};
 
 /// Largest error body read from a replica before giving up on it.
 const MAX_ERROR_BODY: usize = 1 << 20;
@@ -61,7 +62,7 @@ pub(crate) async fn handle(
         Ok(Reply::Stream(resp)) => {
             let mut resp = *resp;
             if let Some(h) = guard.rate_headers() {
-                h.apply(resp.headers_mut());
+                h.apply_in(endpoint.wire(), resp.headers_mut());
             }
             // The body owns the request from here to its end.
             let (head, timed) = resp.into_parts();
@@ -69,11 +70,11 @@ pub(crate) async fn handle(
         }
         Err(error) => {
             guard.fail(&error);
-            error.into_response()
+            error.into_response_in(endpoint.wire())
         }
     };
     if let Some(h) = guard.rate_headers() {
-        h.apply(resp.headers_mut());
+        h.apply_in(endpoint.wire(), resp.headers_mut());
     }
     resp
 }
@@ -160,7 +161,7 @@ async fn proxy(
     crate::routing::prefix::bind_model(&mut inbound.prefix, &model);
 
     if let (Some(limiter), Some(id)) = (&state.limiter, &identity) {
-        let generates = matches!(endpoint, Endpoint::Chat | Endpoint::Completions);
+        let generates = endpoint.generates();
         let mut max_tokens = inbound.max_tokens;
         if let Some(cap) = limiter.max_tokens_cap(id, &model) {
             match inbound.max_tokens {
@@ -169,13 +170,17 @@ async fn proxy(
                 }
                 None if generates => {
                     // The tier bounds every generation, also one that set no limit.
-                    inbound.body = inbound::with_max_tokens(&inbound.body, cap)?;
+                    let field = match endpoint {
+                        Endpoint::Responses => "max_output_tokens",
+                        _ => "max_tokens",
+                    };
+                    inbound.body = inbound::with_max_tokens(&inbound.body, field, cap)?;
                     max_tokens = Some(cap);
                 }
                 _ => {}
             }
         }
-        if endpoint == Endpoint::Embeddings {
+        if matches!(endpoint, Endpoint::Embeddings | Endpoint::CountTokens) {
             max_tokens = Some(0);
         }
         match limiter
@@ -263,6 +268,18 @@ async fn forward(
         u32::try_from(state.config.routing.prefix_kv.block_chars / crate::tokens::CHARS_PER_TOKEN)
             .unwrap_or(16)
             .max(1);
+    // A Responses follow-up goes where its previous response is kept; when
+    // that replica is gone, routing picks as usual and the engine answers
+    // that it does not know the response.
+    let mut pinned = match (endpoint, inbound.session.previous_response_id) {
+        (Endpoint::Responses, Some(key)) => {
+            state.affinity.responses.get(key, std::time::Instant::now())
+        }
+        _ => None,
+    };
+    if endpoint == Endpoint::Responses {
+        guard.remember_response(state.affinity.clone());
+    }
     loop {
         let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
         let ctx = RouteCtx {
@@ -273,7 +290,17 @@ async fn forward(
             tail_tokens,
             now: std::time::Instant::now(),
         };
-        let Some(decision) = state.policy.pick(&ctx, &views) else {
+        let home = pinned
+            .take()
+            .and_then(|name| views.iter().position(|v| v.name == name));
+        let decision = match home {
+            Some(index) => Some(crate::routing::Decision::plain(
+                index,
+                RouteReason::ResponseHome,
+            )),
+            None => state.policy.pick(&ctx, &views),
+        };
+        let Some(decision) = decision else {
             // Only reachable after retries exhausted the candidates.
             return Err(GatewayError::NoHealthyBackend(model.to_string()));
         };
@@ -352,7 +379,7 @@ async fn forward(
 
 /// Send one attempt and wait for response headers; non-2xx answers become errors
 /// carrying the replica's (normalised) body.
-async fn send(
+pub(super) async fn send(
     replica: &Replica,
     req: Request<Bytes>,
     headers_by: Instant,
@@ -428,12 +455,12 @@ async fn respond(
     let deadline = guard.record.arrival + state.config.upstream.timeouts.total;
 
     if is_sse || endpoint == Endpoint::Passthrough {
-        let mode = if is_sse && endpoint != Endpoint::Passthrough {
-            Mode::OpenAi {
+        let mode = match endpoint.wire() {
+            _ if !is_sse || endpoint == Endpoint::Passthrough => Mode::Raw,
+            Wire::OpenAi => Mode::OpenAi {
                 strip_usage: !inbound.client_wants_usage,
-            }
-        } else {
-            Mode::Raw
+            },
+            wire => Mode::Named(wire),
         };
         let idle = state.config.upstream.timeouts.idle;
         let mut timed = TimedBody::new(up, mode, idle, deadline, state.cut.clone());
@@ -483,9 +510,20 @@ async fn respond(
         }
     };
     up.replica.conns.checkin(up.conn);
-    if let Some(info) = chunk_info(&bytes) {
-        guard.record.usage = info.usage;
-        guard.record.finish_reason = info.finish_reason;
+    match endpoint.wire() {
+        Wire::OpenAi => {
+            if let Some(info) = chunk_info(&bytes) {
+                guard.record.usage = info.usage;
+                guard.record.finish_reason = info.finish_reason;
+            }
+        }
+        wire => {
+            if let Some(w) = protocols::whole(wire, &bytes) {
+                guard.record.usage = w.usage;
+                guard.record.finish_reason = w.finish_reason;
+                guard.record.response_id = w.response_id;
+            }
+        }
     }
     let now = Instant::now();
     guard.record.end = Some(now);

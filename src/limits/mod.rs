@@ -23,7 +23,7 @@ use subtle::ConstantTimeEq;
 use crate::config::{ApiKey, Config, OnStoreError, RedisConfig, StoreKind, TierConfig};
 use crate::error::GatewayError;
 use crate::telemetry::metrics::Metrics;
-use crate::vocab::LimitKind;
+use crate::vocab::{LimitKind, Wire};
 use gcra::{Rate, Window};
 use memory::MemoryStore;
 use redis::RedisStore;
@@ -78,7 +78,8 @@ enum Store {
     Redis(RedisStore),
 }
 
-/// The `x-ratelimit-*` headers of a response (OpenAI's names and formats).
+/// The rate-limit headers of a response: OpenAI's `x-ratelimit-*`, or for
+/// Messages Anthropic's `anthropic-ratelimit-*` (reset as an RFC 3339 time).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RateHeaders {
     pub requests: Option<Window>,
@@ -86,14 +87,53 @@ pub(crate) struct RateHeaders {
 }
 
 impl RateHeaders {
-    /// The headers as a map of their own (for an error response).
+    /// The headers as a map of their own (for a refusal), in both
+    /// protocols' names: the response keeps those of its protocol.
     pub(crate) fn to_map(&self) -> HeaderMap {
         let mut h = HeaderMap::new();
         self.apply(&mut h);
+        self.apply_anthropic(&mut h);
         h
     }
 
-    pub(crate) fn apply(&self, h: &mut HeaderMap) {
+    /// The headers in `wire`'s names.
+    pub(crate) fn apply_in(&self, wire: Wire, h: &mut HeaderMap) {
+        match wire {
+            Wire::Anthropic => self.apply_anthropic(h),
+            _ => self.apply(h),
+        }
+    }
+
+    fn apply_anthropic(&self, h: &mut HeaderMap) {
+        let now = std::time::SystemTime::now();
+        let mut put = |name: &'static str, v: String| {
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                h.insert(name, v);
+            }
+        };
+        let at = |ms: f64| {
+            let ms = Duration::from_millis(ms.max(0.0).ceil() as u64);
+            humantime::format_rfc3339_seconds(now + ms).to_string()
+        };
+        if let Some(w) = self.requests {
+            put("anthropic-ratelimit-requests-limit", w.limit.to_string());
+            put(
+                "anthropic-ratelimit-requests-remaining",
+                w.remaining.to_string(),
+            );
+            put("anthropic-ratelimit-requests-reset", at(w.reset_ms));
+        }
+        if let Some(w) = self.tokens {
+            put("anthropic-ratelimit-tokens-limit", w.limit.to_string());
+            put(
+                "anthropic-ratelimit-tokens-remaining",
+                w.remaining.to_string(),
+            );
+            put("anthropic-ratelimit-tokens-reset", at(w.reset_ms));
+        }
+    }
+
+    fn apply(&self, h: &mut HeaderMap) {
         let mut put = |name: &'static str, v: String| {
             if let Ok(v) = HeaderValue::from_str(&v) {
                 h.insert(name, v);
@@ -245,26 +285,41 @@ impl Limiter {
         })))
     }
 
-    /// Who is calling, from `Authorization: Bearer KEY`.
+    /// Who is calling, from `Authorization: Bearer KEY` or, as Anthropic
+    /// clients send it, `x-api-key: KEY` (Authorization wins when both come).
     pub(crate) fn identify(&self, headers: &HeaderMap) -> Result<Arc<Identity>, GatewayError> {
-        let Some(value) = headers.get(header::AUTHORIZATION) else {
-            return self.anonymous.clone().ok_or_else(|| {
-                GatewayError::Unauthorized(
-                    "You didn't provide an API key. Send it as `Authorization: Bearer KEY`.".into(),
-                )
-            });
+        let key = match (headers.get(header::AUTHORIZATION), headers.get("x-api-key")) {
+            (Some(value), _) => value
+                .to_str()
+                .ok()
+                .and_then(|v| {
+                    let (scheme, key) = v.trim().split_once(' ')?;
+                    scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+                })
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| {
+                    GatewayError::Unauthorized(
+                        "The Authorization header must be `Bearer KEY`.".into(),
+                    )
+                })?,
+            (None, Some(value)) => value
+                .to_str()
+                .ok()
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| {
+                    GatewayError::Unauthorized("The x-api-key header is empty.".into())
+                })?,
+            (None, None) => {
+                return self.anonymous.clone().ok_or_else(|| {
+                    GatewayError::Unauthorized(
+                        "You didn't provide an API key. Send it as `Authorization: Bearer KEY` \
+                         (or `x-api-key: KEY`, as Anthropic clients do)."
+                            .into(),
+                    )
+                });
+            }
         };
-        let key = value
-            .to_str()
-            .ok()
-            .and_then(|v| {
-                let (scheme, key) = v.trim().split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
-            })
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| {
-                GatewayError::Unauthorized("The Authorization header must be `Bearer KEY`.".into())
-            })?;
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         // The map is keyed by digests: lookup timing reveals nothing usable
         // about a key. The final comparison is constant-time anyway.

@@ -25,6 +25,11 @@ use crate::telemetry::metrics::epoch;
 /// that went away must not keep its index forever).
 pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(600);
 
+/// Response ids remembered (about 100 bytes each), and for how long after
+/// their last use: engines keep stored responses until they restart.
+pub(crate) const RESPONSE_IDS: usize = 200_000;
+pub(crate) const RESPONSE_ID_TTL: Duration = Duration::from_secs(24 * 3600);
+
 pub(crate) struct ReplicaMemory {
     pub(crate) prefixes: Mutex<PrefixIndex>,
     /// Work sent there and the rates learned from it.
@@ -49,6 +54,9 @@ pub struct Affinity {
     replicas: ArcSwap<HashMap<Arc<str>, Arc<ReplicaMemory>>>,
     capacity: usize,
     pub(crate) sessions: Sessions,
+    /// Responses API: response id -> the replica that produced it (engines
+    /// keep response state in memory: a follow-up must go back there).
+    pub(crate) responses: Sessions,
     /// What the session table was built with (a reload keeps it while equal).
     session_limits: (usize, Duration),
 }
@@ -61,6 +69,7 @@ impl Affinity {
             replicas: ArcSwap::from_pointee(HashMap::new()),
             capacity,
             sessions: Sessions::new(max_sessions, session_ttl),
+            responses: Sessions::new(RESPONSE_IDS, RESPONSE_ID_TTL),
             session_limits: (max_sessions, session_ttl),
         })
     }

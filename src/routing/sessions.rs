@@ -18,6 +18,20 @@ use super::index::Identity;
 
 const SHARDS: usize = 16;
 
+/// The key of an id from `source` (a header name, `prompt_cache_key`,
+/// `previous_response_id`...): the same id from two sources differs.
+pub(crate) fn id_key(source: &str, id: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(
+        id.as_bytes(),
+        xxhash_rust::xxh3::xxh3_64(source.as_bytes()),
+    )
+}
+
+/// The key a response id is remembered by (its `previous_response_id` key).
+pub(crate) fn response_key(id: &str) -> u64 {
+    id_key("previous_response_id", id)
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     replica: Arc<str>,
@@ -96,6 +110,11 @@ impl Sessions {
             },
         );
         false
+    }
+
+    /// Forget `key`.
+    pub(crate) fn forget(&self, key: u64) {
+        self.shard(key).lock().remove(&key);
     }
 
     /// Sessions remembered now (expired ones included until evicted).

@@ -111,7 +111,7 @@ impl<I: Write + Unpin> ParseErrors<I> {
         };
         let (bytes, kind) = answer(code);
         let state = self.live.load();
-        let key = (Arc::from(""), Arc::from(""), StatusLabel(code), kind);
+        let key = (Arc::from(""), "", Arc::from(""), StatusLabel(code), kind);
         state.metrics.requests.get(&key).inc();
         self.pending = Some(bytes);
         true

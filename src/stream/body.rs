@@ -91,10 +91,9 @@ impl<U: Upstream> TimedBody<U> {
         total: Instant,
         cut: CancellationToken,
     ) -> Self {
-        let strip = matches!(mode, Mode::OpenAi { strip_usage: true });
         Self {
             upstream: Some(upstream),
-            relay: Relay::new(strip),
+            relay: Relay::new(mode),
             raw: mode == Mode::Raw,
             clock: Deadlines::new(Instant::now(), idle, total),
             guard: None,
@@ -168,7 +167,7 @@ impl<U: Upstream> TimedBody<U> {
             let status = g.record.status;
             g.record.fail(status, err.kind());
         }
-        self.relay.push(err.sse_event());
+        self.relay.push_error(err);
     }
 
     /// Account a chunk that arrived at `at` (Raw bodies are not read).
@@ -181,7 +180,7 @@ impl<U: Upstream> TimedBody<U> {
         }
     }
 
-    /// Upstream ended cleanly; an OpenAI stream must have finished properly.
+    /// Upstream ended cleanly; an event stream must have finished properly.
     fn on_upstream_end(&mut self) {
         if !self.raw {
             let finished = self
@@ -194,7 +193,7 @@ impl<U: Upstream> TimedBody<U> {
                 );
                 return self.fail(&e, true);
             }
-            if !self.relay.done_seen && !finished {
+            if !self.relay.complete(finished) {
                 let e = GatewayError::UpstreamProtocol(
                     "the replica closed the stream before it finished".into(),
                 );

@@ -5,6 +5,7 @@
 //! error object. Everything else is skipped by serde without being built. The
 //! event bytes themselves are never rewritten.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::Deserialize;
@@ -27,13 +28,25 @@ pub enum Event {
 
 /// Classify one complete SSE event (as cut by the splitter).
 pub fn classify(event: &[u8]) -> Event {
+    match payload_of(event) {
+        Some(payload) => classify_payload(&payload),
+        None => Event::Other,
+    }
+}
+
+/// The data of one complete SSE event: its `data:` lines joined with `\n`
+/// (SSE), or `None` for an event without data (a comment, a keep-alive).
+/// Borrowed in the common case, one `data: ` line.
+pub(crate) fn payload_of(event: &[u8]) -> Option<Cow<'_, [u8]>> {
     // Fast path, what engines send: one `data: ` line and the blank line.
     if let Some(rest) = event.strip_prefix(b"data: ")
         && let Some(nl) = memchr::memchr(b'\n', rest)
         && matches!(&rest[nl..], b"\n\n" | b"\n\r\n")
     {
         let payload = &rest[..nl];
-        return classify_payload(payload.strip_suffix(b"\r").unwrap_or(payload));
+        return Some(Cow::Borrowed(
+            payload.strip_suffix(b"\r").unwrap_or(payload),
+        ));
     }
     let mut data: Option<&[u8]> = None;
     let mut multi = false;
@@ -47,9 +60,7 @@ pub fn classify(event: &[u8]) -> Event {
             data = Some(rest);
         }
     }
-    let Some(payload) = data else {
-        return Event::Other;
-    };
+    let payload = data?;
     if multi {
         // Multi-line data is joined with '\n' (SSE spec); rare, so allocate here.
         let joined: Vec<u8> = event
@@ -58,9 +69,9 @@ pub fn classify(event: &[u8]) -> Event {
             .map(|r| r.strip_prefix(b" ").unwrap_or(r))
             .collect::<Vec<_>>()
             .join(&b'\n');
-        return classify_payload(&joined);
+        return Some(Cow::Owned(joined));
     }
-    classify_payload(payload)
+    Some(Cow::Borrowed(payload))
 }
 
 fn classify_payload(payload: &[u8]) -> Event {

@@ -4,6 +4,7 @@ pub(crate) mod body;
 pub(crate) mod chunk;
 pub(crate) mod clock;
 pub mod event;
+pub(crate) mod protocols;
 pub(crate) mod relay;
 pub(crate) mod scan;
 pub mod sse;

@@ -13,10 +13,12 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use super::event::{Event, classify};
+use super::event::{Event, classify, payload_of};
+use super::protocols::ProtoReader;
 use super::sse::SseSplitter;
 use crate::error::GatewayError;
 use crate::request::RequestGuard;
+use crate::vocab::Wire;
 
 /// Largest single SSE event accepted from a replica.
 pub(crate) const MAX_EVENT_BYTES: usize = 4 << 20;
@@ -29,6 +31,9 @@ pub(crate) enum Mode {
         /// Drop the usage-only chunk: the gateway asked for it, the client did not.
         strip_usage: bool,
     },
+    /// An Anthropic Messages or OpenAI Responses stream: events read for
+    /// timing and usage, all forwarded.
+    Named(Wire),
     /// Any other response: bytes forwarded as they come, only the end is timed.
     Raw,
 }
@@ -38,18 +43,47 @@ pub(crate) struct Relay {
     /// What goes to the client next, in order (usually one slice per chunk).
     out: VecDeque<Bytes>,
     strip_usage: bool,
-    /// `data: [DONE]` was seen.
+    /// The reader of a Messages or Responses stream.
+    proto: Option<ProtoReader>,
+    /// The stream's last event was seen (`data: [DONE]`, `message_stop`, a
+    /// terminal `response.*`).
     pub done_seen: bool,
+    /// The replica reported an error in-band (Messages, Responses): the
+    /// client has its error event, the stream may end without more.
+    pub(crate) errored: bool,
 }
 
 impl Relay {
-    pub(crate) fn new(strip_usage: bool) -> Self {
+    pub(crate) fn new(mode: Mode) -> Self {
         Self {
             splitter: SseSplitter::new(MAX_EVENT_BYTES),
             out: VecDeque::with_capacity(4),
-            strip_usage,
+            strip_usage: matches!(mode, Mode::OpenAi { strip_usage: true }),
+            proto: match mode {
+                Mode::Named(wire) => Some(ProtoReader::new(wire)),
+                _ => None,
+            },
             done_seen: false,
+            errored: false,
         }
+    }
+
+    /// Whether a stream that ends now ended properly: its last event came
+    /// (or an error the client already has); for chat also a finish reason.
+    pub(crate) fn complete(&self, finished: bool) -> bool {
+        match self.proto {
+            Some(_) => self.done_seen || self.errored,
+            None => self.done_seen || finished,
+        }
+    }
+
+    /// Queue `err` as the stream's last event, in the stream's protocol.
+    pub(crate) fn push_error(&mut self, err: &GatewayError) {
+        let event = match &self.proto {
+            None => err.sse_event(),
+            Some(p) => err.named_sse_event(p.wire(), p.next_sequence()),
+        };
+        self.out.push_back(event);
     }
 
     /// Account every complete event of `data` (arrived at `at`) on `guard`
@@ -93,6 +127,9 @@ impl Relay {
         at: Instant,
         guard: &mut RequestGuard,
     ) -> Result<Option<Bytes>, GatewayError> {
+        if self.proto.is_some() {
+            return self.on_named_event(ev, at, guard);
+        }
         match classify(&ev) {
             Event::Done => {
                 self.done_seen = true;
@@ -125,6 +162,47 @@ impl Relay {
         }
     }
 
+    /// Read one whole event of a Messages or Responses stream; all are forwarded.
+    fn on_named_event(
+        &mut self,
+        ev: Bytes,
+        at: Instant,
+        guard: &mut RequestGuard,
+    ) -> Result<Option<Bytes>, GatewayError> {
+        let (Some(reader), Some(payload)) = (self.proto.as_mut(), payload_of(&ev)) else {
+            // A comment or keep-alive.
+            return Ok(Some(ev));
+        };
+        let e = reader
+            .read(&payload)
+            .map_err(|why| GatewayError::UpstreamProtocol(why.into()))?;
+        if e.has_output {
+            guard.on_output(at);
+        }
+        if let Some(f) = e.finish_reason {
+            guard.record.finish_reason = Some(f);
+        }
+        if let Some(u) = reader.usage() {
+            guard.record.usage = Some(u);
+        }
+        if let Some(id) = e.response_id
+            && guard.record.response_id.is_none()
+        {
+            guard.record.response_id = Some(id);
+        }
+        if e.is_error {
+            self.errored = true;
+            let status = guard.record.status;
+            guard.record.fail(status, "upstream_stream_error");
+            guard.attempt_failed("upstream_stream_error", true);
+        }
+        if e.terminal {
+            self.done_seen = true;
+            guard.record.end = Some(at);
+        }
+        Ok(Some(ev))
+    }
+
     fn enqueue(&mut self, ev: Bytes, origin: &Bytes) {
         if let Some(last) = self.out.back_mut()
             && let Some(start) = offset_in(origin, last)
@@ -134,11 +212,6 @@ impl Relay {
             return;
         }
         self.out.push_back(ev);
-    }
-
-    /// Queue bytes of the gateway's own (an error event).
-    pub(crate) fn push(&mut self, b: Bytes) {
-        self.out.push_back(b);
     }
 
     /// Bytes of an event that has not ended yet.

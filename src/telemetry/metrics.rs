@@ -106,7 +106,8 @@ impl BackendSeries {
 }
 
 pub struct Metrics {
-    pub models: Family<(Arc<str>,), ModelSeries>,
+    /// model, endpoint.
+    pub models: Family<(Arc<str>, &'static str), ModelSeries>,
     pub requests: Family<RequestKey, Counter>,
     pub finish_reasons: Family<(Arc<str>, &'static str), Counter>,
     pub upstream_errors: Family<(Arc<str>, &'static str), Counter>,
@@ -140,7 +141,8 @@ pub struct Metrics {
 }
 
 /// model, tier ("" without keys), status code, error kind ("" on success).
-pub(crate) type RequestKey = (Arc<str>, Arc<str>, StatusLabel, &'static str);
+/// model, endpoint, tier, status, error kind.
+pub(crate) type RequestKey = (Arc<str>, &'static str, Arc<str>, StatusLabel, &'static str);
 
 /// A status code as a label value without formatting per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -198,7 +200,7 @@ impl Metrics {
         );
         let tokens: Arc<[f64]> = Arc::from(buckets::TOKENS);
         Self {
-            models: Family::new(&["model"], move || ModelSeries {
+            models: Family::new(&["model", "endpoint"], move || ModelSeries {
                 ttft: Histogram::seconds(ttft.clone()),
                 inter_token: Histogram::seconds(itl.clone()),
                 tpot: Histogram::seconds(tpot.clone()),
@@ -215,7 +217,10 @@ impl Metrics {
                 in_flight: Gauge::default(),
                 client_disconnects: Counter::default(),
             }),
-            requests: Family::new(&["model", "tier", "status", "error_kind"], Counter::default),
+            requests: Family::new(
+                &["model", "endpoint", "tier", "status", "error_kind"],
+                Counter::default,
+            ),
             finish_reasons: Family::new(&["model", "finish_reason"], Counter::default),
             upstream_errors: Family::new(&["backend", "kind"], Counter::default),
             retries: Family::new(&["model", "reason"], Counter::default),
@@ -248,7 +253,7 @@ impl Metrics {
         let m = &self.models;
         e.counters(
             "sluice_requests_total",
-            "Requests finished, by model, tier, HTTP status and error kind (empty on success).",
+            "Requests finished, by model, endpoint, tier, HTTP status and error kind (empty on success).",
             &self.requests,
             |c| c,
         );

@@ -79,6 +79,9 @@ pub struct RequestRecord {
     pub end: Option<Instant>,
     /// The client went away before the response ended.
     pub disconnected: bool,
+    /// Responses: the id of the response the replica produced (where a
+    /// later `previous_response_id` must go).
+    pub response_id: Option<String>,
 }
 
 impl RequestRecord {
@@ -119,6 +122,7 @@ impl RequestRecord {
             error_kind: None,
             end: None,
             disconnected: false,
+            response_id: None,
         }
     }
 
@@ -249,6 +253,7 @@ impl Telemetry {
         m.requests
             .get(&(
                 r.model.clone(),
+                r.endpoint.as_str(),
                 tier,
                 StatusLabel(r.status),
                 r.error_kind.unwrap_or(""),

@@ -276,6 +276,29 @@ where
     }
 }
 
+impl<A, B, C, D, E> LabelKey for (A, B, C, D, E)
+where
+    A: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    B: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    C: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    D: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+    E: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn write_values(&self, names: &[&str], out: &mut String) {
+        write_pairs(
+            out,
+            names,
+            &[
+                self.0.as_ref(),
+                self.1.as_ref(),
+                self.2.as_ref(),
+                self.3.as_ref(),
+                self.4.as_ref(),
+            ],
+        );
+    }
+}
+
 impl<A, B, C> LabelKey for (A, B, C)
 where
     A: AsRef<str> + Hash + Eq + Clone + Send + Sync + 'static,

@@ -243,6 +243,9 @@ fn operation(e: Endpoint) -> &'static str {
         Endpoint::Chat => "chat",
         Endpoint::Completions => "text_completion",
         Endpoint::Embeddings => "embeddings",
+        // Both are conversations in GenAI terms; `sluice.endpoint` tells them apart.
+        Endpoint::Messages | Endpoint::Responses => "chat",
+        Endpoint::CountTokens => "count_tokens",
         Endpoint::Passthrough => "passthrough",
     }
 }
@@ -277,6 +280,7 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
         KeyValue::new("gen_ai.response.model", r.model.to_string()),
         KeyValue::new("http.response.status_code", i64::from(r.status)),
         KeyValue::new("sluice.request_id", r.request_id.clone()),
+        KeyValue::new("sluice.endpoint", r.endpoint.as_str()),
         KeyValue::new("sluice.stream", r.stream),
         KeyValue::new("sluice.sampling.reason", keep.as_str()),
         KeyValue::new("sluice.output_events", i64::from(r.output_events)),

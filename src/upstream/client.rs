@@ -61,7 +61,7 @@ fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
 }
 
 /// The headers sent to a replica: the client's, minus hop-by-hop headers, its
-/// `Authorization` (a gateway key is not the replica's key), `Host`, the body
+/// `Authorization` and `x-api-key` (a gateway key is not the replica's key), `Host`, the body
 /// framing (recomputed) and `Accept-Encoding` (streams must stay readable to
 /// the gateway), plus the request id and the replica's own key.
 pub(crate) fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
@@ -71,6 +71,7 @@ pub(crate) fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> 
         if is_hop_by_hop(name)
             || listed.contains(name)
             || name == header::AUTHORIZATION
+            || name == "x-api-key"
             || name == header::HOST
             || name == header::CONTENT_LENGTH
             || name == header::ACCEPT_ENCODING

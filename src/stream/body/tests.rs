@@ -142,12 +142,18 @@ impl Rig {
         self.tele
             .metrics
             .requests
-            .get(&(Arc::from("m"), Arc::from(""), StatusLabel(status), kind))
+            .get(&(
+                Arc::from("m"),
+                "chat",
+                Arc::from(""),
+                StatusLabel(status),
+                kind,
+            ))
             .get()
     }
 
     fn series(&self) -> Arc<crate::telemetry::metrics::ModelSeries> {
-        self.tele.metrics.models.get(&(Arc::from("m"),))
+        self.tele.metrics.models.get(&(Arc::from("m"), "chat"))
     }
 }
 

@@ -145,10 +145,53 @@ pub async fn get_text(url: &str) -> (u16, String) {
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
-/// The value of a sample in Prometheus text (`name{labels}` exactly as rendered).
+/// The value of a series in Prometheus text: `name{labels}` names the
+/// samples of `name` carrying at least those labels (others, e.g.
+/// `endpoint`, are summed over); `None` when no sample matches.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    let (name, want) = split_series(series);
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((s, v)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (n, labels) = split_series(s);
+        if n != name || !want.iter().all(|w| labels.contains(w)) {
+            continue;
+        }
+        if let Ok(v) = v.parse::<f64>() {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+/// `name{a="x",b="y"}` as the name and its `a="x"` pairs.
+fn split_series(s: &str) -> (&str, Vec<&str>) {
+    match s.split_once('{') {
+        Some((name, rest)) => {
+            let body = rest.strip_suffix('}').unwrap_or(rest);
+            let mut pairs = Vec::new();
+            let (mut start, mut quoted, mut escaped) = (0, false, false);
+            for (i, c) in body.char_indices() {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '"' => quoted = !quoted,
+                    ',' if !quoted => {
+                        pairs.push(&body[start..i]);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            if start < body.len() {
+                pairs.push(&body[start..]);
+            }
+            (name, pairs)
+        }
+        None => (s, Vec::new()),
+    }
 }
 
 pub async fn gateway_metric(gw: &Gateway, series: &str) -> f64 {
