@@ -144,6 +144,10 @@ pub struct BenchArgs {
     /// Request shapes.
     #[arg(long, value_enum, default_value = "random")]
     pub workload: crate::bench::workload::Workload,
+    /// The API requests use: chat (/v1/chat/completions), messages (Anthropic
+    /// /v1/messages) or responses (OpenAI /v1/responses). Not with agentic.
+    #[arg(long, value_enum, default_value = "chat")]
+    pub api: crate::bench::Api,
     /// Prompt length in tokens (about 4 characters each).
     #[arg(long, default_value_t = 200)]
     pub prompt_tokens: u32,

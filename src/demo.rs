@@ -88,6 +88,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         api_key: None,
         json: None,
         progress: false,
+        api: bench::Api::Chat,
     }));
 
     let started = Instant::now();

@@ -151,6 +151,10 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(args) => {
+            anyhow::ensure!(
+                args.api == bench::Api::Chat || args.workload != bench::workload::Workload::Agentic,
+                "--workload agentic speaks chat only (--api chat)"
+            );
             let arrival = match (args.workload, args.rate) {
                 (bench::workload::Workload::Burst, _) => bench::Arrival::Burst {
                     size: args
@@ -193,6 +197,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 api_key: args.api_key,
                 json: args.json.clone(),
                 progress: !args.quiet,
+                api: args.api,
             })
             .await?;
             if args.json.as_deref() != Some(std::path::Path::new("-")) {

@@ -170,7 +170,17 @@ async fn session(
         } else {
             vec![]
         };
-        let sample = one_with(client, base, key, body.to_string(), until, &headers, true).await;
+        let sample = one_with(
+            client,
+            base,
+            key,
+            super::Api::Chat,
+            body.to_string(),
+            until,
+            &headers,
+            true,
+        )
+        .await;
         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let failed = sample.error.is_some();
         let answer = sample.content.clone().unwrap_or_default();

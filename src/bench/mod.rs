@@ -25,7 +25,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 
-use crate::stream::event::{Event, classify};
+use crate::stream::event::{Event, classify, payload_of};
+use crate::stream::protocols::ProtoReader;
 use crate::stream::sse::SseSplitter;
 
 #[derive(Debug, Clone)]
@@ -47,6 +48,76 @@ pub(crate) struct BenchConfig {
     pub json: Option<PathBuf>,
     /// Print progress to stderr every second.
     pub progress: bool,
+    /// Which API the requests use.
+    pub api: Api,
+}
+
+/// The API a load's requests use (`--api`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// `/v1/chat/completions`.
+    #[default]
+    Chat,
+    /// Anthropic `/v1/messages`.
+    Messages,
+    /// OpenAI `/v1/responses`.
+    Responses,
+}
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Messages => "/v1/messages",
+            Api::Responses => "/v1/responses",
+        }
+    }
+
+    /// A streamed request for `messages` (chat-style, system first) in this API.
+    pub(crate) fn body(
+        self,
+        model: &str,
+        messages: serde_json::Value,
+        max_tokens: u32,
+    ) -> serde_json::Value {
+        let msgs = messages.as_array().cloned().unwrap_or_default();
+        let (system, rest): (Vec<_>, Vec<_>) = msgs
+            .into_iter()
+            .partition(|m| m["role"] == "system" || m["role"] == "developer");
+        let system: String = system
+            .iter()
+            .filter_map(|m| m["content"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        match self {
+            Api::Chat => serde_json::json!({
+                "model": model,
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            }),
+            Api::Messages => {
+                let mut b = serde_json::json!({
+                    "model": model, "messages": rest, "max_tokens": max_tokens, "stream": true,
+                });
+                if !system.is_empty() {
+                    b["system"] = system.into();
+                }
+                b
+            }
+            Api::Responses => {
+                let mut b = serde_json::json!({
+                    "model": model, "input": rest, "max_output_tokens": max_tokens, "stream": true,
+                });
+                if !system.is_empty() {
+                    b["instructions"] = system.into();
+                }
+                b
+            }
+        }
+    }
 }
 
 /// When requests are sent.
@@ -109,6 +180,7 @@ impl Percentiles {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Report {
     pub url: String,
+    pub api: Api,
     pub model: String,
     pub workload: String,
     pub arrival: String,
@@ -218,17 +290,11 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
             break;
         }
         let (messages, max_tokens) = generator.next(n);
-        let body = serde_json::json!({
-            "model": model,
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-        });
+        let body = cfg.api.body(&model, messages, max_tokens);
         let (client, base, key) = (client.clone(), base.clone(), cfg.api_key.clone());
-        let (done, failed) = (done.clone(), failed.clone());
+        let (done, failed, api) = (done.clone(), failed.clone(), cfg.api);
         tasks.spawn(async move {
-            let s = one(&client, &base, key.as_deref(), body.to_string(), until).await;
+            let s = one(&client, &base, key.as_deref(), api, body.to_string(), until).await;
             if s.error.is_some() {
                 failed.fetch_add(1, Relaxed);
             }
@@ -287,18 +353,24 @@ async fn one(
     client: &BenchClient,
     base: &str,
     key: Option<&str>,
+    api: Api,
     body: String,
     until: Option<Instant>,
 ) -> Sample {
-    one_with(client, base, key, body, until, &[], false).await
+    one_with(client, base, key, api, body, until, &[], false).await
 }
 
-/// One streamed chat request with extra `headers`; `collect` keeps the
-/// answer's text and the replica that served it.
+/// One streamed request in `api` with extra `headers`; `collect` keeps the
+/// answer's text and the replica that served it (chat only).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "two call sites; a struct would only rename them"
+)]
 pub(crate) async fn one_with(
     client: &BenchClient,
     base: &str,
     key: Option<&str>,
+    api: Api,
     body: String,
     until: Option<Instant>,
     headers: &[(&str, &str)],
@@ -309,7 +381,7 @@ pub(crate) async fn one_with(
     let result = async {
         let mut req = Request::builder()
             .method(Method::POST)
-            .uri(format!("{base}/v1/chat/completions"))
+            .uri(format!("{base}{}", api.path()))
             .header(header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| e.to_string())?;
@@ -337,6 +409,11 @@ pub(crate) async fn one_with(
         let mut splitter = SseSplitter::new(4 << 20);
         let mut last: Option<Instant> = None;
         let mut done = false;
+        let mut named = match api {
+            Api::Chat => None,
+            Api::Messages => Some(ProtoReader::new(crate::vocab::Wire::Anthropic)),
+            Api::Responses => Some(ProtoReader::new(crate::vocab::Wire::Responses)),
+        };
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|_| "stream_broken".to_string())?;
             let now = Instant::now();
@@ -348,6 +425,31 @@ pub(crate) async fn one_with(
                 .next_event()
                 .map_err(|_| "event_too_large".to_string())?
             {
+                if let Some(reader) = named.as_mut() {
+                    let Some(payload) = payload_of(&ev) else {
+                        continue;
+                    };
+                    let e = reader
+                        .read(&payload)
+                        .map_err(|_| "malformed_event".to_string())?;
+                    if e.is_error {
+                        return Err("error_event".to_string());
+                    }
+                    if e.has_output {
+                        match last {
+                            None => s.ttft = Some(now - start),
+                            Some(prev) => s.gaps.push(now - prev),
+                        }
+                        last = Some(now);
+                    }
+                    if let Some(u) = reader.usage() {
+                        s.completion_tokens = u64::from(u.completion_tokens);
+                        s.prompt_tokens = u64::from(u.prompt_tokens);
+                        s.cached_tokens = u.cached_tokens.map(u64::from);
+                    }
+                    done |= e.terminal;
+                    continue;
+                }
                 match classify(&ev) {
                     Event::Done => done = true,
                     Event::Chunk(c) if c.is_error => return Err("error_event".to_string()),
@@ -439,6 +541,7 @@ fn summarise(cfg: &BenchConfig, model: &str, samples: Vec<Sample>, elapsed: f64)
     };
     Report {
         url: cfg.url.clone(),
+        api: cfg.api,
         model: model.to_string(),
         workload,
         arrival,
