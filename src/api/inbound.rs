@@ -32,6 +32,8 @@ pub struct Inbound {
     pub prompt_text: Option<String>,
     /// What the body says about its session (conversation).
     pub session: SessionFields,
+    /// Responses: the response this one continues.
+    pub previous_response_id: Option<String>,
 }
 
 /// The body's session ids (hashed) and what identifies the conversation in
@@ -490,6 +492,11 @@ pub(crate) fn inspect_with(
         prompt_chars,
         tail_chars,
     };
+    let previous_response_id = lite
+        .previous_response_id
+        .as_deref()
+        .filter(|id| endpoint == Endpoint::Responses && !id.is_empty())
+        .map(str::to_string);
     let body = if stream && asks_usage && !client_wants_usage {
         with_usage_requested(&body, has_stream_options)?
     } else {
@@ -505,6 +512,7 @@ pub(crate) fn inspect_with(
         prompt_estimate,
         prompt_text,
         session,
+        previous_response_id,
     })
 }
 

@@ -6,4 +6,5 @@ pub(crate) mod models;
 pub mod proxy;
 pub(crate) mod request_id;
 pub(crate) mod responses;
+pub(crate) mod send;
 pub(crate) mod session;

@@ -11,14 +11,14 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, header};
 use tokio::time::Instant;
 
 use super::inbound::{self, Inbound};
 use super::request_id::RequestId;
-use crate::error::{GatewayError, TimeoutPhase, normalise_upstream_error};
+use super::send;
+use crate::error::{GatewayError, TimeoutPhase};
 use crate::request::RequestGuard;
 use crate::routing::placement::Placement;
 use crate::routing::{LoadView, ReplicaView, RouteCtx};
@@ -29,12 +29,8 @@ use crate::stream::protocols;
 use crate::stream::relay::Mode;
 use crate::telemetry::tracecontext::TraceCtx;
 use crate::upstream::client::{downstream_headers, upstream_headers};
-use crate::upstream::conn::{Conn, SendError};
 use crate::upstream::pool::{Candidates, Replica};
 use crate::vocab::{Endpoint, RouteReason, Wire};
-
-/// Largest error body read from a replica before giving up on it.
-const MAX_ERROR_BODY: usize = 1 << 20;
 
 /// How long a replica's recent TPOT counts for routing: a replica that got no
 /// traffic because it was slow is tried again once its old measurement fades.
@@ -279,6 +275,13 @@ async fn forward(
     };
     if endpoint == Endpoint::Responses {
         guard.remember_response(state.affinity.clone());
+        if pinned.is_none()
+            && candidates.len() > 1
+            && let Some(id) = &inbound.previous_response_id
+        {
+            // Made through another gateway, or before a restart: ask.
+            pinned = super::responses::locate(state, &candidates, id, rid).await;
+        }
     }
     loop {
         let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
@@ -354,7 +357,7 @@ async fn forward(
         } else {
             deadline
         };
-        let error = match send(&replica, req, headers_by, inbound.stream).await {
+        let error = match send::send(&replica, req, headers_by, inbound.stream).await {
             Ok((resp, conn)) => {
                 let up = ReplicaConn { conn, replica };
                 return respond(state, endpoint, inbound, resp, up, rid, headers_by, guard).await;
@@ -375,58 +378,6 @@ async fn forward(
             .get(&(model.clone(), error.kind()))
             .inc();
     }
-}
-
-/// Send one attempt and wait for response headers; non-2xx answers become errors
-/// carrying the replica's (normalised) body.
-pub(super) async fn send(
-    replica: &Replica,
-    req: Request<Bytes>,
-    headers_by: Instant,
-    stream: bool,
-) -> Result<(http::Response<()>, Conn), GatewayError> {
-    let phase = if stream {
-        TimeoutPhase::FirstToken
-    } else {
-        TimeoutPhase::Total
-    };
-    let attempt = async {
-        let mut conn = replica.conns.checkout().await?;
-        let resp = match conn.send(&req).await {
-            // The replica closed a kept-alive connection just as it was reused
-            // (servers time idle connections out: uvicorn after 5 s): the
-            // request never reached it. Once more on a fresh connection.
-            Err(SendError::NotSent(_)) if conn.reused() => {
-                conn = replica.conns.connect().await?;
-                conn.send(&req).await
-            }
-            r => r,
-        };
-        // A request that could not have reached the replica (the connection
-        // died first) is a connect error: safe to retry on another replica.
-        let resp = resp.map_err(SendError::into_gateway)?;
-        Ok::<_, GatewayError>((resp, conn))
-    };
-    let (resp, mut conn) = match tokio::time::timeout_at(headers_by, attempt).await {
-        Err(_) => return Err(GatewayError::UpstreamTimeout { phase }),
-        Ok(r) => r?,
-    };
-    let status = resp.status();
-    if status.is_success() {
-        return Ok((resp, conn));
-    }
-    let read = tokio::time::timeout_at(headers_by, conn.collect(MAX_ERROR_BODY));
-    let body = match read.await {
-        Ok(Ok(b)) => {
-            replica.conns.checkin(conn);
-            b
-        }
-        _ => Bytes::new(),
-    };
-    Err(GatewayError::Upstream {
-        status,
-        body: normalise_upstream_error(status, &body),
-    })
 }
 
 #[expect(

@@ -24,7 +24,7 @@ use crate::error::GatewayError;
 use crate::routing::sessions::response_key;
 use crate::state::AppState;
 use crate::telemetry::metrics::StatusLabel;
-use crate::upstream::client::{downstream_headers, upstream_headers};
+use crate::upstream::client::{X_REQUEST_ID, downstream_headers, upstream_headers};
 use crate::upstream::pool::Replica;
 
 /// Largest answer read from a replica (a stored response with its output).
@@ -64,6 +64,49 @@ pub(crate) async fn by_id(state: Arc<AppState>, req: Request<Body>) -> Response 
         ))
         .inc();
     resp
+}
+
+/// Which of `candidates` keeps response `id`, asked of all at once
+/// (`GET /v1/responses/{id}`; the first 200 wins and is remembered). `None`
+/// when none says so within a second: routing then picks as usual and the
+/// engine answers that it does not know the response.
+pub(crate) async fn locate(
+    state: &AppState,
+    candidates: &[Arc<Replica>],
+    id: &str,
+    rid: &HeaderValue,
+) -> Option<Arc<str>> {
+    let by = Instant::now() + Duration::from_secs(1);
+    let mut asks = tokio::task::JoinSet::new();
+    for replica in candidates {
+        let (replica, rid) = (replica.clone(), rid.clone());
+        let uri = format!("{}/v1/responses/{id}", replica.path_prefix);
+        asks.spawn(async move {
+            let mut req = Request::get(uri).body(Bytes::new()).ok()?;
+            req.headers_mut().insert(X_REQUEST_ID.clone(), rid);
+            req.headers_mut()
+                .insert(header::HOST, replica.conns.host.clone());
+            if let Some(key) = &replica.api_key {
+                req.headers_mut().insert(header::AUTHORIZATION, key.clone());
+            }
+            let (_, mut conn) = super::send::send(&replica, req, by, false).await.ok()?;
+            // Read the stored response so the connection can be reused.
+            if let Ok(Ok(_)) = tokio::time::timeout_at(by, conn.collect(MAX_ANSWER)).await {
+                replica.conns.checkin(conn);
+            }
+            Some(replica.name.clone())
+        });
+    }
+    while let Some(found) = asks.join_next().await {
+        if let Ok(Some(name)) = found {
+            state
+                .affinity
+                .responses
+                .place(response_key(id), &name, std::time::Instant::now());
+            return Some(name);
+        }
+    }
+    None
 }
 
 /// Ask the replica that holds `id` (or each healthy one until one knows it).
@@ -117,7 +160,7 @@ async fn relay(
             req.headers_mut().insert(header::AUTHORIZATION, key.clone());
         }
         let by = Instant::now() + timeout;
-        match super::proxy::send(replica, req, by, false).await {
+        match super::send::send(replica, req, by, false).await {
             Ok((resp, mut conn)) => {
                 let body = tokio::time::timeout_at(by, conn.collect(MAX_ANSWER))
                     .await
