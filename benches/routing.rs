@@ -73,7 +73,11 @@ fn decision(c: &mut Criterion) {
     let prefix_kv = PrefixKv::new(
         PrefixKvConfig::default(),
         Some(Duration::from_secs(5)),
-        Affinity::new(1 << 18, 100_000, Duration::from_secs(1800)),
+        Affinity::new(
+            1 << 18,
+            (100_000, Duration::from_secs(1800)),
+            (100_000, Duration::from_secs(1800)),
+        ),
     );
     let views =
         |reps: &[Arc<Replica>]| -> Vec<ReplicaView> { reps.iter().map(|r| view(r)).collect() };

@@ -85,9 +85,11 @@ impl AppState {
         };
         let capacity = config.routing.prefix_kv.index_capacity;
         let s = &config.routing.sessions;
+        let r = &config.routing.responses;
+        let tables = ((s.max_sessions, s.ttl), (r.max_ids, r.ttl));
         let affinity = match previous {
-            Some(p) if p.affinity.built_for(capacity, s.max_sessions, s.ttl) => p.affinity.clone(),
-            _ => Affinity::new(capacity, s.max_sessions, s.ttl),
+            Some(p) if p.affinity.built_for(capacity, tables.0, tables.1) => p.affinity.clone(),
+            _ => Affinity::new(capacity, tables.0, tables.1),
         };
         let policy = routing::build(&config.routing, affinity.clone());
         let cut = previous.map_or_else(CancellationToken::new, |p| p.cut.clone());

@@ -244,8 +244,33 @@ pub struct RoutingConfig {
     pub prefix_kv: PrefixKvConfig,
     /// Conversations kept on one replica across turns (`prefix_kv`).
     pub sessions: SessionsConfig,
+    /// Responses API: which replica keeps which response (any policy).
+    pub responses: ResponsesConfig,
     /// Scraping each replica's own `/metrics` (KV usage, queue).
     pub metrics: ScrapeConfig,
+}
+
+/// The memory of response id -> replica, so that a `previous_response_id`
+/// follow-up and the by-id routes reach the replica that keeps the response.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponsesConfig {
+    /// Response ids remembered (least recently used forgotten first). About
+    /// 100 bytes each.
+    pub max_ids: usize,
+    /// An id not used for this long is forgotten (engines keep stored
+    /// responses until they restart).
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+}
+
+impl Default for ResponsesConfig {
+    fn default() -> Self {
+        Self {
+            max_ids: 200_000,
+            ttl: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// Where a request's session (conversation) id comes from, in order of

@@ -25,11 +25,6 @@ use crate::telemetry::metrics::epoch;
 /// that went away must not keep its index forever).
 pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(600);
 
-/// Response ids remembered (about 100 bytes each), and for how long after
-/// their last use: engines keep stored responses until they restart.
-pub(crate) const RESPONSE_IDS: usize = 200_000;
-pub(crate) const RESPONSE_ID_TTL: Duration = Duration::from_secs(24 * 3600);
-
 pub(crate) struct ReplicaMemory {
     pub(crate) prefixes: Mutex<PrefixIndex>,
     /// Work sent there and the rates learned from it.
@@ -57,20 +52,25 @@ pub struct Affinity {
     /// Responses API: response id -> the replica that produced it (engines
     /// keep response state in memory: a follow-up must go back there).
     pub(crate) responses: Sessions,
-    /// What the session table was built with (a reload keeps it while equal).
-    session_limits: (usize, Duration),
+    /// What the session and response tables were built with (a reload
+    /// keeps them while equal).
+    limits: [(usize, Duration); 2],
 }
 
 impl Affinity {
-    /// `capacity`: prefix blocks remembered per replica; at most
-    /// `max_sessions` sessions, each forgotten after `session_ttl` unseen.
-    pub fn new(capacity: usize, max_sessions: usize, session_ttl: Duration) -> Arc<Self> {
+    /// `capacity`: prefix blocks remembered per replica; `sessions` and
+    /// `responses`: at most that many, each forgotten after that long unseen.
+    pub fn new(
+        capacity: usize,
+        sessions: (usize, Duration),
+        responses: (usize, Duration),
+    ) -> Arc<Self> {
         Arc::new(Self {
             replicas: ArcSwap::from_pointee(HashMap::new()),
             capacity,
-            sessions: Sessions::new(max_sessions, session_ttl),
-            responses: Sessions::new(RESPONSE_IDS, RESPONSE_ID_TTL),
-            session_limits: (max_sessions, session_ttl),
+            sessions: Sessions::new(sessions.0, sessions.1),
+            responses: Sessions::new(responses.0, responses.1),
+            limits: [sessions, responses],
         })
     }
 
@@ -78,10 +78,10 @@ impl Affinity {
     pub(crate) fn built_for(
         &self,
         capacity: usize,
-        max_sessions: usize,
-        session_ttl: Duration,
+        sessions: (usize, Duration),
+        responses: (usize, Duration),
     ) -> bool {
-        self.capacity == capacity && self.session_limits == (max_sessions, session_ttl)
+        self.capacity == capacity && self.limits == [sessions, responses]
     }
 
     /// The memory of replica `name`, created on first use.
@@ -128,7 +128,8 @@ mod tests {
 
     #[test]
     fn memory_is_per_name_and_shared() {
-        let a = Affinity::new(64, 16, Duration::from_secs(60));
+        let t = (16, Duration::from_secs(60));
+        let a = Affinity::new(64, t, t);
         let x: Arc<str> = Arc::from("x");
         a.of(&x).prefixes.lock().insert(&[1, 2, 3]);
         assert_eq!(a.blocks("x"), 3);

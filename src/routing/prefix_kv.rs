@@ -435,7 +435,11 @@ mod tests {
         PrefixKv::new(
             PrefixKvConfig::default(),
             Some(Duration::from_secs(5)),
-            Affinity::new(1024, 64, Duration::from_secs(60)),
+            Affinity::new(
+                1024,
+                (64, Duration::from_secs(60)),
+                (64, Duration::from_secs(60)),
+            ),
         )
     }
 
