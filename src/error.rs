@@ -413,6 +413,21 @@ impl GatewayError {
         let body = self.body_in(wire);
         let mut resp = self.into_response();
         *resp.body_mut() = axum::body::Body::from(body);
+        // A refusal carries the rate-limit headers in both protocols' names:
+        // keep those of the request's.
+        let foreign = match wire {
+            Wire::Anthropic => "x-ratelimit-",
+            _ => "anthropic-ratelimit-",
+        };
+        let h = resp.headers_mut();
+        let drop: Vec<header::HeaderName> = h
+            .keys()
+            .filter(|k| k.as_str().starts_with(foreign))
+            .cloned()
+            .collect();
+        for k in drop {
+            h.remove(k);
+        }
         resp
     }
 }

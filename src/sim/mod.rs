@@ -14,6 +14,7 @@ pub mod faults;
 pub(crate) mod kv;
 pub(crate) mod metrics;
 pub(crate) mod profile;
+mod protocols;
 mod stream;
 pub(crate) mod text;
 
@@ -37,7 +38,7 @@ use engine::{Engine, Slot};
 use faults::Faults;
 pub use metrics::{Dialect, SimMetrics};
 use profile::Profile;
-use stream::{Api, Generation, SimStream};
+use stream::{Api, Generation, Keep, SimStream};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -100,6 +101,8 @@ pub struct SimState {
     control: Mutex<Control>,
     /// Headers and body of the latest request, for tests (`GET /sim/last_request`).
     last_request: Mutex<Option<Value>>,
+    /// Responses kept in this replica's memory (`store`, as vLLM does).
+    responses: protocols::ResponseStore,
 }
 
 impl SimState {
@@ -197,6 +200,7 @@ pub async fn start(listener: TcpListener, config: SimConfig) -> std::io::Result<
         engine,
         control: Mutex::new(control),
         last_request: Mutex::new(None),
+        responses: protocols::ResponseStore::default(),
     });
     let app = router(state.clone());
     let counted = state.clone();
@@ -221,6 +225,15 @@ pub(crate) fn router(state: Arc<SimState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses_create))
+        .route(
+            "/v1/responses/{id}",
+            get(response_get).delete(response_delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(response_cancel))
+        .route("/v1/responses/{id}/input_items", get(response_input_items))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
@@ -352,14 +365,106 @@ async fn completions(State(s): State<Arc<SimState>>, req: Request) -> Response {
     generate(s, Api::Completions, req).await
 }
 
+async fn messages(State(s): State<Arc<SimState>>, req: Request) -> Response {
+    generate(s, Api::Messages, req).await
+}
+
+async fn responses_create(State(s): State<Arc<SimState>>, req: Request) -> Response {
+    generate(s, Api::Responses, req).await
+}
+
+/// Anthropic `count_tokens`: the prompt's tokens, as a generation would count them.
+async fn count_tokens(State(s): State<Arc<SimState>>, req: Request) -> Response {
+    let (body, _) = match intake(&s, Api::Messages, req).await {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let turns = protocols::messages_turns(&body);
+    let n = crate::tokens::estimate_messages(turns.iter().map(|(_, t)| t.as_str())).max(1);
+    axum::Json(json!({"input_tokens": n})).into_response()
+}
+
+fn unknown_response(id: &str) -> Response {
+    protocols::openai_error(
+        StatusCode::NOT_FOUND,
+        &format!("Response with id '{id}' not found."),
+        Some("response_id"),
+        "response_not_found",
+    )
+}
+
+async fn response_get(
+    State(s): State<Arc<SimState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    match s.responses.object(&id) {
+        Some(o) => axum::Json(o).into_response(),
+        None => unknown_response(&id),
+    }
+}
+
+async fn response_delete(
+    State(s): State<Arc<SimState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if s.responses.delete(&id) {
+        axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        unknown_response(&id)
+    }
+}
+
+/// Responses here finish before they could be cancelled: the stored object.
+async fn response_cancel(
+    State(s): State<Arc<SimState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    response_get(State(s), axum::extract::Path(id)).await
+}
+
+async fn response_input_items(
+    State(s): State<Arc<SimState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let Some(items) = s.responses.input_items(&id) else {
+        return unknown_response(&id);
+    };
+    let ids: Vec<Value> = items
+        .iter()
+        .map(|i| i.get("id").cloned().unwrap_or(Value::Null))
+        .collect();
+    axum::Json(json!({
+        "object": "list", "data": items, "has_more": false,
+        "first_id": ids.first().cloned().unwrap_or(Value::Null),
+        "last_id": ids.last().cloned().unwrap_or(Value::Null),
+    }))
+    .into_response()
+}
+
+/// An error in `api`'s shape.
+fn api_error(api: Api, status: StatusCode, message: &str) -> Response {
+    match api {
+        Api::Messages => protocols::anthropic_error(status, message),
+        Api::Responses => {
+            let code = if status.is_server_error() {
+                "server_error"
+            } else {
+                "invalid_request"
+            };
+            protocols::openai_error(status, message, None, code)
+        }
+        _ => vllm_error(status, message),
+    }
+}
+
 /// Read the body and the faults that apply to this request.
-async fn intake(s: &SimState, req: Request) -> Result<(Value, Faults), Response> {
+async fn intake(s: &SimState, api: Api, req: Request) -> Result<(Value, Faults), Response> {
     let (parts, body) = req.into_parts();
     let bytes = axum::body::to_bytes(body, 64 << 20)
         .await
-        .map_err(|_| vllm_error(StatusCode::BAD_REQUEST, "cannot read body"))?;
+        .map_err(|_| api_error(api, StatusCode::BAD_REQUEST, "cannot read body"))?;
     let body: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| vllm_error(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")))?;
+        .map_err(|e| api_error(api, StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")))?;
     remember(s, &parts.headers, &body);
     s.metrics.received.inc();
     let faults = match parts
@@ -367,7 +472,9 @@ async fn intake(s: &SimState, req: Request) -> Result<(Value, Faults), Response>
         .get(faults::HEADER)
         .and_then(|v| v.to_str().ok())
     {
-        Some(spec) => Faults::parse(spec).map_err(|e| vllm_error(StatusCode::BAD_REQUEST, &e))?,
+        Some(spec) => {
+            Faults::parse(spec).map_err(|e| api_error(api, StatusCode::BAD_REQUEST, &e))?
+        }
         None => {
             let c = s.control();
             if !c.faults.is_empty() && fastrand::f64() < c.fault_rate {
@@ -379,14 +486,15 @@ async fn intake(s: &SimState, req: Request) -> Result<(Value, Faults), Response>
     };
     if let Some(code) = faults.error {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return Err(vllm_error(status, "simulated error"));
+        return Err(api_error(api, status, "simulated error"));
     }
     let model = body
         .get("model")
         .and_then(Value::as_str)
         .unwrap_or_default();
     if model != s.config.model {
-        return Err(vllm_error(
+        return Err(api_error(
+            api,
             StatusCode::NOT_FOUND,
             &format!("The model `{model}` does not exist."),
         ));
@@ -416,21 +524,52 @@ fn unix_now() -> u64 {
 
 async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
     let arrival = Instant::now();
-    let (body, faults) = match intake(&s, req).await {
+    let (body, faults) = match intake(&s, api, req).await {
         Ok(x) => x,
         Err(resp) => return resp,
     };
-    let texts = text::prompt_texts(&body);
-    let prompt_tokens = match api {
-        Api::Chat => crate::tokens::estimate_messages(texts.iter().map(String::as_str)),
-        Api::Completions => texts.iter().map(|t| crate::tokens::estimate(t)).sum(),
+    // The prompt: chat messages or completion prompts, or the protocols' turns.
+    let turns = match api {
+        Api::Chat | Api::Completions => None,
+        Api::Messages => Some(protocols::messages_turns(&body)),
+        Api::Responses => match protocols::responses_turns(&body, &s.responses) {
+            Ok(t) => Some(t),
+            Err(prev) => {
+                return protocols::openai_error(
+                    StatusCode::NOT_FOUND,
+                    &format!("Response with id '{prev}' not found."),
+                    Some("previous_response_id"),
+                    "response_not_found",
+                );
+            }
+        },
+    };
+    let prompt_tokens = match (&turns, api) {
+        (Some(t), _) => crate::tokens::estimate_messages(t.iter().map(|(_, x)| x.as_str())),
+        (None, Api::Completions) => text::prompt_texts(&body)
+            .iter()
+            .map(|t| crate::tokens::estimate(t))
+            .sum(),
+        (None, _) => {
+            crate::tokens::estimate_messages(text::prompt_texts(&body).iter().map(String::as_str))
+        }
     }
     .max(1);
-    let max_tokens = body
-        .get("max_completion_tokens")
-        .or_else(|| body.get("max_tokens"))
-        .and_then(Value::as_u64)
-        .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    let field = |name: &str| {
+        body.get(name)
+            .and_then(Value::as_u64)
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+    };
+    let max_tokens = match api {
+        Api::Messages => match field("max_tokens") {
+            Some(m) => Some(m),
+            None => {
+                return api_error(api, StatusCode::BAD_REQUEST, "max_tokens: Field required");
+            }
+        },
+        Api::Responses => field("max_output_tokens"),
+        _ => field("max_completion_tokens").or_else(|| field("max_tokens")),
+    };
     let natural = s.config.output_tokens.max(1);
     let (output_tokens, finish_reason) = match max_tokens {
         Some(m) if m < natural => (m.max(1), "length"),
@@ -439,7 +578,8 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
     let limit = s.config.max_model_len();
     if prompt_tokens.saturating_add(output_tokens) > limit {
         // vLLM's wording for the same refusal.
-        return vllm_error(
+        return api_error(
+            api,
             StatusCode::BAD_REQUEST,
             &format!(
                 "This model's maximum context length is {limit} tokens. However, you requested \
@@ -455,17 +595,28 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let prefix = match api {
-        Api::Chat => "chatcmpl",
-        Api::Completions => "cmpl",
+        Api::Chat => "chatcmpl-",
+        Api::Completions => "cmpl-",
+        Api::Messages => "msg_",
+        Api::Responses => "resp_",
     };
-    let canonical = text::canonical_prompt(&body);
+    // The same conversation gives the same canonical text in every protocol,
+    // so the prefix cache is shared across them.
+    let canonical = match &turns {
+        Some(t) => t
+            .iter()
+            .map(|(role, text)| format!("{role}\n{text}\n"))
+            .collect(),
+        None => text::canonical_prompt(&body),
+    };
     let hashes = match s.config.profile {
         Some(p) => kv::block_hashes(&s.config.model, &canonical, p.block_size),
         None => Vec::new(),
     };
+    let text_field = |name: &str| body.get(name).and_then(Value::as_str).map(str::to_string);
     let generation = Generation {
         api,
-        id: format!("{prefix}-{:016x}", fastrand::u64(..)),
+        id: format!("{prefix}{:016x}", fastrand::u64(..)),
         created: unix_now(),
         model: Arc::from(s.config.model.as_str()),
         seed: text::seed_of(canonical.as_bytes()),
@@ -474,6 +625,18 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         finish_reason,
         include_usage,
         fingerprint: s.fingerprint.clone(),
+        instructions: text_field("instructions"),
+        previous_response_id: text_field("previous_response_id"),
+        max_output_tokens: field("max_output_tokens"),
+    };
+    // A Responses answer is kept (unless `store: false`), with what it was asked.
+    let keep = match (&turns, api) {
+        (Some(t), Api::Responses) if body.get("store") != Some(&Value::Bool(false)) => Some(Keep {
+            store: s.clone(),
+            turns: protocols::carried(t, &body),
+            items: protocols::input_items(&body),
+        }),
+        _ => None,
     };
     let slot = s.submit(
         engine::Request {
@@ -487,14 +650,14 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         faults.first_token,
     );
     if stream {
-        let body = SimStream::new(generation, faults, slot);
+        let body = SimStream::new(generation, faults, slot, keep);
         return Response::builder()
             .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
             .header(header::CACHE_CONTROL, "no-cache")
             .body(Body::new(body))
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
     }
-    non_streamed(generation, slot).await
+    non_streamed(generation, slot, keep).await
 }
 
 /// Cancels the request in the engine if the handler is dropped (client gone).
@@ -506,7 +669,7 @@ impl Drop for CancelOnDrop {
     }
 }
 
-async fn non_streamed(g: Generation, slot: Arc<Slot>) -> Response {
+async fn non_streamed(g: Generation, slot: Arc<Slot>, keep: Option<Keep>) -> Response {
     let guard = CancelOnDrop(slot);
     std::future::poll_fn(|cx| {
         if guard.0.is_done() {
@@ -543,12 +706,20 @@ async fn non_streamed(g: Generation, slot: Arc<Slot>) -> Response {
             "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": g.finish_reason}],
             "usage": usage,
         }),
+        Api::Messages => protocols::messages_whole(&g, &text, guard.0.cached()),
+        Api::Responses => {
+            let obj = protocols::response_object(&g, Some(&text), guard.0.cached());
+            if let Some(k) = keep {
+                k.store.responses.put(obj.clone(), k.turns, k.items);
+            }
+            obj
+        }
     };
     axum::Json(body).into_response()
 }
 
 async fn embeddings(State(s): State<Arc<SimState>>, req: Request) -> Response {
-    let (body, _faults) = match intake(&s, req).await {
+    let (body, _faults) = match intake(&s, Api::Completions, req).await {
         Ok(x) => x,
         Err(resp) => return resp,
     };

@@ -14,12 +14,17 @@ use http_body::{Body, Frame};
 
 use super::engine::Slot;
 use super::faults::Faults;
+use super::protocols;
 use super::text::word;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Api {
     Chat,
     Completions,
+    /// Anthropic Messages.
+    Messages,
+    /// OpenAI Responses.
+    Responses,
 }
 
 /// Everything fixed about one simulated generation.
@@ -37,6 +42,10 @@ pub(super) struct Generation {
     pub include_usage: bool,
     /// The replica's name, in every chunk's `system_fingerprint`.
     pub fingerprint: Arc<str>,
+    /// Responses: echoed in the response object.
+    pub instructions: Option<String>,
+    pub previous_response_id: Option<String>,
+    pub max_output_tokens: Option<u32>,
 }
 
 impl Generation {
@@ -47,7 +56,7 @@ impl Generation {
                 r#"{{"id":"{}","object":"chat.completion.chunk","created":{},"model":"{}","system_fingerprint":"{}","choices":[{{"index":0,"delta":{},"logprobs":null,"finish_reason":{}}}]}}"#,
                 self.id, self.created, self.model, self.fingerprint, delta, finish
             ),
-            Api::Completions => format!(
+            _ => format!(
                 r#"{{"id":"{}","object":"text_completion","created":{},"model":"{}","system_fingerprint":"{}","choices":[{{"index":0,"text":{},"logprobs":null,"finish_reason":{}}}]}}"#,
                 self.id, self.created, self.model, self.fingerprint, delta, finish
             ),
@@ -59,7 +68,7 @@ impl Generation {
         let last = i + 1 == self.output_tokens;
         let delta = match self.api {
             Api::Chat => format!(r#"{{"content":{text}}}"#),
-            Api::Completions => text,
+            _ => text,
         };
         let finish = last.then_some(self.finish_reason);
         sse(&self.chunk(&delta, finish))
@@ -68,7 +77,7 @@ impl Generation {
     fn usage_event(&self, cached: u32) -> Bytes {
         let object = match self.api {
             Api::Chat => "chat.completion.chunk",
-            Api::Completions => "text_completion",
+            _ => "text_completion",
         };
         sse(&format!(
             r#"{{"id":"{}","object":"{}","created":{},"model":"{}","system_fingerprint":"{}","choices":[],"usage":{{"prompt_tokens":{},"total_tokens":{},"completion_tokens":{},"prompt_tokens_details":{{"cached_tokens":{cached}}}}}}}"#,
@@ -108,10 +117,27 @@ pub(super) struct SimStream {
     /// Events due now, emitted one per poll.
     queue: VecDeque<Bytes>,
     ended: bool,
+    /// Responses: the next event's sequence number, the text so far, and
+    /// where the finished response is kept (with what it was asked).
+    seq: u64,
+    text: String,
+    keep: Option<Keep>,
+}
+
+/// Where a finished response goes, and what it was asked.
+pub(super) struct Keep {
+    pub store: Arc<super::SimState>,
+    pub turns: protocols::Turns,
+    pub items: Vec<serde_json::Value>,
 }
 
 impl SimStream {
-    pub(super) fn new(generation: Generation, faults: Faults, slot: Arc<Slot>) -> Self {
+    pub(super) fn new(
+        generation: Generation,
+        faults: Faults,
+        slot: Arc<Slot>,
+        keep: Option<Keep>,
+    ) -> Self {
         Self {
             generation,
             faults,
@@ -119,6 +145,9 @@ impl SimStream {
             emitted: 0,
             queue: VecDeque::new(),
             ended: false,
+            seq: 0,
+            text: String::new(),
+            keep,
         }
     }
 
@@ -132,6 +161,15 @@ impl SimStream {
             self.queue
                 .push_back(Bytes::from_static(b"data: {\"choices\": [oops\n\n"));
         }
+        if f.error_event_after == Some(i)
+            && matches!(self.generation.api, Api::Messages | Api::Responses)
+        {
+            let responses = self.generation.api == Api::Responses;
+            self.queue
+                .push_back(protocols::error_event(responses, self.seq));
+            self.ended = true;
+            return Ok(());
+        }
         if f.error_event_after == Some(i) {
             self.queue.push_back(sse(
                 r#"{"error":{"object":"error","message":"simulated engine failure","type":"InternalServerError","param":null,"code":500}}"#,
@@ -142,16 +180,57 @@ impl SimStream {
             return Ok(());
         }
         let g = &self.generation;
-        if i == 0 && g.api == Api::Chat {
-            self.queue
-                .push_back(sse(&g.chunk(r#"{"role":"assistant","content":""}"#, None)));
+        match g.api {
+            Api::Chat | Api::Completions => {
+                if i == 0 && g.api == Api::Chat {
+                    self.queue
+                        .push_back(sse(&g.chunk(r#"{"role":"assistant","content":""}"#, None)));
+                }
+                self.queue.push_back(g.token_event(i));
+            }
+            Api::Messages => {
+                if i == 0 {
+                    self.queue
+                        .extend(protocols::messages_head(g, self.slot.cached()));
+                }
+                self.queue
+                    .push_back(protocols::messages_token(word(g.seed, i)));
+            }
+            Api::Responses => {
+                if i == 0 {
+                    self.queue
+                        .extend(protocols::responses_head(g, &mut self.seq));
+                }
+                let w = word(g.seed, i);
+                self.text.push_str(w);
+                self.queue
+                    .push_back(protocols::responses_token(g, &mut self.seq, w));
+            }
         }
-        self.queue.push_back(g.token_event(i));
         self.emitted += 1;
         Ok(())
     }
 
     fn finish(&mut self) {
+        let g = &self.generation;
+        match g.api {
+            Api::Chat | Api::Completions => {}
+            Api::Messages => {
+                self.queue.extend(protocols::messages_tail(g));
+                self.ended = true;
+                return;
+            }
+            Api::Responses => {
+                let (events, obj) =
+                    protocols::responses_tail(g, &mut self.seq, &self.text, self.slot.cached());
+                self.queue.extend(events);
+                if let Some(k) = self.keep.take() {
+                    k.store.responses.put(obj, k.turns, k.items);
+                }
+                self.ended = true;
+                return;
+            }
+        }
         if self.generation.include_usage {
             let cached = self.slot.cached();
             self.queue.push_back(self.generation.usage_event(cached));

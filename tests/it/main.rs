@@ -23,6 +23,7 @@ mod forwarding;
 mod layers;
 mod limits;
 mod observability;
+mod protocols;
 mod routing;
 mod sdk;
 mod sessions;
