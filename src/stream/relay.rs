@@ -246,3 +246,6 @@ fn offset_in(whole: &Bytes, part: &Bytes) -> Option<usize> {
     let (w, p) = (whole.as_ptr() as usize, part.as_ptr() as usize);
     (p >= w && p + part.len() <= w + whole.len()).then(|| p - w)
 }
+
+#[cfg(test)]
+mod corpus;
