@@ -7,10 +7,13 @@
 //! do. The fixed-timing mode (`--profile fixed`) gives every request the same
 //! first-token delay and token gap regardless of load, for overhead
 //! benchmarks. Handlers hand a request to either and stream what its
-//! [`engine::Slot`] reports.
+//! [`engine::Slot`] reports, in the request's protocol: OpenAI chat and
+//! completions, Anthropic Messages or OpenAI Responses (`protocols.rs`,
+//! which also keeps this replica's stored responses).
 
 pub(crate) mod engine;
 pub mod faults;
+mod generation;
 pub(crate) mod kv;
 pub(crate) mod metrics;
 pub(crate) mod profile;
@@ -36,9 +39,10 @@ use tokio::time::Instant;
 
 use engine::{Engine, Slot};
 use faults::Faults;
+use generation::{Api, Generation};
 pub use metrics::{Dialect, SimMetrics};
 use profile::Profile;
-use stream::{Api, Generation, Keep, SimStream};
+use stream::{Keep, SimStream};
 
 #[derive(Debug, Clone)]
 pub struct SimConfig {

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
-use super::stream::Generation;
+use super::generation::Generation;
 
 /// Responses kept (oldest forgotten first).
 const STORED: usize = 10_000;
