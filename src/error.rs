@@ -104,10 +104,40 @@ pub enum GatewayError {
     },
     #[error("the rate-limit store is unreachable and rate_limits.on_store_error is fail_closed")]
     RateLimitUnavailable,
+    /// Flow control: every replica of the model stayed full for the whole
+    /// wait (`timed_out`), or the waiting list was full.
+    #[error("{}", overloaded_message(model, *waited, *retry_after, *timed_out))]
+    Overloaded {
+        model: String,
+        waited: std::time::Duration,
+        retry_after: std::time::Duration,
+        timed_out: bool,
+    },
     /// The gateway is shutting down and its drain deadline passed while the
     /// request was still running.
     #[error("the gateway is shutting down (its drain deadline passed); retry the request")]
     ShuttingDown,
+}
+
+fn overloaded_message(
+    model: &str,
+    waited: std::time::Duration,
+    retry_after: std::time::Duration,
+    timed_out: bool,
+) -> String {
+    let secs = retry_after.as_secs_f64().ceil().max(1.0);
+    if timed_out {
+        format!(
+            "Every replica of `{model}` is at capacity: no room appeared within {:.1}s \
+             (flow_control.max_wait). Retry after {secs}s.",
+            waited.as_secs_f64()
+        )
+    } else {
+        format!(
+            "Every replica of `{model}` is at capacity and too many requests are waiting; \
+             retry after {secs}s."
+        )
+    }
 }
 
 /// Which timeout fired; also the `kind` label of timeout errors.
@@ -155,9 +185,9 @@ impl GatewayError {
             GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             GatewayError::MaxTokensOverCap { .. } => StatusCode::BAD_REQUEST,
             GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            GatewayError::RateLimitUnavailable | GatewayError::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            GatewayError::RateLimitUnavailable
+            | GatewayError::ShuttingDown
+            | GatewayError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -190,6 +220,10 @@ impl GatewayError {
             },
             GatewayError::RateLimitUnavailable => "ratelimit_store_unavailable",
             GatewayError::ShuttingDown => "shutdown",
+            GatewayError::Overloaded {
+                timed_out: true, ..
+            } => "flow_timeout",
+            GatewayError::Overloaded { .. } => "flow_overflow",
         }
     }
 
@@ -211,7 +245,8 @@ impl GatewayError {
             | GatewayError::Upstream { .. } => ErrorSource::Upstream,
             GatewayError::Internal(_)
             | GatewayError::RateLimitUnavailable
-            | GatewayError::ShuttingDown => ErrorSource::Internal,
+            | GatewayError::ShuttingDown
+            | GatewayError::Overloaded { .. } => ErrorSource::Internal,
         }
     }
 
@@ -558,6 +593,14 @@ impl IntoResponse for GatewayError {
             for (name, value) in headers.iter() {
                 h.insert(name, value.clone());
             }
+        }
+        if let GatewayError::Overloaded { retry_after, .. } = &self {
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            h.insert(
+                "retry-after-ms",
+                HeaderValue::from(retry_after.as_millis() as u64),
+            );
         }
         if let GatewayError::Unauthorized(_) = &self {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

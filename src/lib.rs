@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 mod demo;
 mod error;
+pub mod flow;
 mod limits;
 pub mod request;
 pub mod routing;

@@ -11,7 +11,9 @@
 //! 2. **report** the record once (metrics, trace decision, access log),
 //! 3. **release** the replica: its recent-latency averages learn from a
 //!    success, its success streak (outlier detection) is credited, its
-//!    in-flight count and the model's fall.
+//!    in-flight count and the model's fall;
+//! 4. **hand over** its flow-control seat (with the tokens really used, for
+//!    fairness): a request waiting for room may go now.
 //!
 //! The order is explicit in [`RequestGuard::end`], not a consequence of field
 //! order. A failed attempt is recorded in one place,
@@ -23,6 +25,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::GatewayError;
+use crate::flow::Seat;
 use crate::limits::{Admission, Identity, RateHeaders};
 use crate::routing::Affinity;
 use crate::routing::placement::Placement;
@@ -51,6 +54,12 @@ pub struct RequestGuard {
     prompt_text: Option<String>,
     /// Responses: where the produced response's id is remembered.
     response_homes: Option<Arc<Affinity>>,
+    /// Flow control's seat, given back last (it hands the room to a waiter).
+    seat: Option<Seat>,
+    /// `flow_control.output_weight`, to tell the seat the real cost.
+    output_weight: f64,
+    /// Output events after which the stream counts as about to finish.
+    leaving_after: Option<u32>,
 }
 
 impl RequestGuard {
@@ -77,6 +86,9 @@ impl RequestGuard {
             stall_threshold,
             prompt_text: None,
             response_homes: None,
+            seat: None,
+            output_weight: 1.0,
+            leaving_after: None,
         }
     }
 
@@ -127,6 +139,19 @@ impl RequestGuard {
         self.admission.as_ref().map(|a| &a.headers)
     }
 
+    /// Flow control gave the request a seat.
+    pub(crate) fn seated(&mut self, seat: Seat, output_weight: f64) {
+        self.seat = Some(seat);
+        self.output_weight = output_weight;
+        // A stream with a sixteenth of its `max_tokens` left (at least one
+        // token) is about to end: its seat is as good as free.
+        self.leaving_after = self
+            .record
+            .max_tokens
+            .filter(|&m| m > 1)
+            .map(|m| m - (m / 16).max(1));
+    }
+
     /// The request goes to `replica` (attempt number `attempts + 1`): its
     /// in-flight count rises until the attempt fails or the request ends.
     pub(crate) fn start_attempt(
@@ -141,6 +166,9 @@ impl RequestGuard {
         self.record.upstream_sent = Some(now);
         self.record.first_sent.get_or_insert(now);
         self.attempt = Some(InFlight::new(replica));
+        if let Some(seat) = &mut self.seat {
+            seat.sent();
+        }
     }
 
     /// Routing's accounting of the current attempt.
@@ -198,6 +226,13 @@ impl RequestGuard {
         if let Some(s) = &self.series {
             self.record.on_output(now, s, self.stall_threshold);
         }
+        if let Some(n) = self.leaving_after
+            && self.record.output_events >= n
+            && let Some(a) = &mut self.attempt
+        {
+            a.mark_leaving();
+            self.leaving_after = None;
+        }
     }
 
     /// The stream ended at `now` without another token (see
@@ -254,6 +289,13 @@ impl RequestGuard {
         }
         if let Some(s) = &self.series {
             s.in_flight.dec();
+        }
+        // 4. Give the seat back: a waiter may go now.
+        if let Some(mut seat) = self.seat.take() {
+            if let Some(u) = self.record.usage {
+                seat.used(u.prompt_tokens, u.completion_tokens, self.output_weight);
+            }
+            drop(seat);
         }
     }
 }

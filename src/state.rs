@@ -10,6 +10,7 @@ use http::request::Parts;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::flow::Flow;
 use crate::limits::Limiter;
 use crate::routing::{self, Affinity, RoutingPolicy};
 use crate::telemetry::Telemetry;
@@ -33,6 +34,8 @@ pub struct AppState {
     /// Cancelled when the drain deadline passes at shutdown: every stream
     /// still open then ends with an error event. Shared by every state.
     pub cut: CancellationToken,
+    /// Flow control: requests wait here while every replica is full.
+    pub flow: Arc<Flow>,
     /// API keys and tier limits; `None` when the gateway is open.
     pub limiter: Option<Arc<Limiter>>,
     /// For the `created` field of `/v1/models`.
@@ -93,6 +96,11 @@ impl AppState {
         };
         let policy = routing::build(&config.routing, affinity.clone());
         let cut = previous.map_or_else(CancellationToken::new, |p| p.cut.clone());
+        // Waiters and fairness carry over a reload, under the new rules.
+        let flow = Arc::new(match previous {
+            Some(p) => p.flow.reconfigured(&config),
+            None => Flow::new(&config, metrics.clone()),
+        });
         let started_unix = previous.map_or_else(
             || {
                 std::time::SystemTime::now()
@@ -111,6 +119,7 @@ impl AppState {
             telemetry,
             affinity,
             cut,
+            flow,
             limiter,
             started_unix,
         }))

@@ -554,6 +554,21 @@ pub(crate) fn with_max_tokens(body: &Bytes, field: &str, n: u32) -> Result<Bytes
     with_leading_member(body, format!("\"{field}\":{n}").as_bytes())
 }
 
+/// The body with the top-level `"priority": n` an engine schedules by. A
+/// client's own `priority` (rare: only then is the body re-serialised) is
+/// replaced, so a request cannot jump the engine's queue past its band.
+pub(crate) fn with_priority(body: &Bytes, n: i64) -> Result<Bytes, GatewayError> {
+    if memchr::memmem::find(body, b"\"priority\"").is_none() {
+        return with_leading_member(body, format!("\"priority\":{n}").as_bytes());
+    }
+    let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::InvalidRequest(format!("invalid request body: {e}")))?;
+    v.insert("priority".into(), serde_json::Value::from(n));
+    serde_json::to_vec(&v)
+        .map(Bytes::from)
+        .map_err(|e| GatewayError::Internal(e.to_string()))
+}
+
 /// The body with `stream_options.include_usage = true`, so that token counts are
 /// exact. When the client sent no `stream_options`, the field is spliced in
 /// first (the rest stays byte-identical); otherwise the object is
@@ -585,6 +600,21 @@ fn with_usage_requested(body: &Bytes, has_stream_options: bool) -> Result<Bytes,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn priority_is_spliced_in_or_replaces_the_clients() {
+        let v = |b: Bytes| serde_json::from_slice::<serde_json::Value>(&b).unwrap();
+        let plain = Bytes::from_static(br#"{"model":"m","messages":[]}"#);
+        let out = with_priority(&plain, -10).unwrap();
+        assert!(out.ends_with(br#""model":"m","messages":[]}"#));
+        assert_eq!(v(out)["priority"], -10);
+        let own = Bytes::from_static(br#"{"priority":-99,"model":"m"}"#);
+        let out = v(with_priority(&own, 5).unwrap());
+        assert_eq!(
+            (out["priority"].as_i64(), out["model"].as_str()),
+            (Some(5), Some("m"))
+        );
+    }
 
     fn ok(endpoint: Endpoint, s: &str) -> Inbound {
         match inspect(endpoint, Bytes::copy_from_slice(s.as_bytes()), None) {

@@ -18,7 +18,9 @@ use tokio::time::Instant;
 use super::inbound::{self, Inbound};
 use super::request_id::RequestId;
 use super::send;
+use crate::config::EnginePriority;
 use crate::error::{GatewayError, TimeoutPhase};
+use crate::flow::Ask;
 use crate::request::RequestGuard;
 use crate::routing::placement::Placement;
 use crate::routing::{LoadView, ReplicaView, RouteCtx};
@@ -27,6 +29,7 @@ use crate::stream::body::{ReplicaConn, TimedBody};
 use crate::stream::event::chunk_info;
 use crate::stream::protocols;
 use crate::stream::relay::Mode;
+use crate::telemetry::record::FlowOutcome;
 use crate::telemetry::tracecontext::TraceCtx;
 use crate::upstream::client::{downstream_headers, upstream_headers};
 use crate::upstream::pool::{Candidates, Replica};
@@ -193,7 +196,68 @@ async fn proxy(
             }
         }
     }
+    if matches!(endpoint, Endpoint::CountTokens | Endpoint::Passthrough) {
+        return forward(state, endpoint, parts, &inbound, candidates, rid, guard).await;
+    }
+    // Flow control: wait here while every replica is full.
+    let ask = Ask {
+        model: model.clone(),
+        tier: identity.as_ref().map(|i| i.tier.clone()),
+        tenant: identity
+            .as_ref()
+            .map_or_else(|| Arc::from(""), |i| i.name.clone()),
+        asked_priority: asked_priority(&parts.headers)?,
+        prompt_tokens: inbound.prompt_estimate,
+        max_tokens: guard.record.max_tokens,
+    };
+    match state
+        .flow
+        .admit(&state.pool, &candidates.replicas, ask)
+        .await
+    {
+        Ok(None) => {}
+        Ok(Some(passed)) => {
+            guard.record.flow = Some(FlowOutcome {
+                band: passed.band,
+                outcome: passed.outcome,
+                waited: passed.waited,
+            });
+            guard.seated(passed.seat, state.config.flow_control.output_weight);
+        }
+        Err(e) => {
+            let band = state.flow.band(
+                identity.as_ref().map(|i| &*i.tier),
+                asked_priority(&parts.headers).ok().flatten(),
+            );
+            if let GatewayError::Overloaded { waited, .. } = &e {
+                guard.record.flow = Some(FlowOutcome {
+                    band,
+                    outcome: e.kind(),
+                    waited: *waited,
+                });
+            }
+            return Err(e);
+        }
+    }
     forward(state, endpoint, parts, &inbound, candidates, rid, guard).await
+}
+
+/// `x-sluice-priority`: an integer band the request asks for (it may only
+/// lower its tier's).
+fn asked_priority(headers: &http::HeaderMap) -> Result<Option<i32>, GatewayError> {
+    let Some(v) = headers.get("x-sluice-priority") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            GatewayError::InvalidRequest(
+                "x-sluice-priority must be an integer (a priority band; it can only lower your tier's)"
+                    .into(),
+            )
+        })
 }
 
 /// The served name of a known model (for labels), never the client's string.
@@ -208,6 +272,9 @@ fn served_name(state: &AppState, inbound: &Inbound) -> Arc<str> {
 
 /// What routing sees of a replica now.
 pub fn view(r: &Replica) -> ReplicaView {
+    let full = r
+        .seats()
+        .is_some_and(|seats| r.in_flight() + r.others() >= seats + r.leaving());
     ReplicaView {
         name: r.name.clone(),
         in_flight: r.in_flight(),
@@ -218,6 +285,7 @@ pub fn view(r: &Replica) -> ReplicaView {
             at: s.at,
         }),
         tpot: r.tpot_recent.fresh(LATENCY_MEMORY),
+        full,
     }
 }
 
@@ -328,10 +396,22 @@ async fn forward(
                 .inc();
         }
 
+        let body = match (replica.engine_priority, guard.record.flow.map(|f| f.band)) {
+            (EnginePriority::Off, _) | (_, None) => inbound.body.clone(),
+            _ if !matches!(endpoint, Endpoint::Chat | Endpoint::Completions) => {
+                inbound.body.clone()
+            }
+            (EnginePriority::Vllm, Some(band)) => {
+                inbound::with_priority(&inbound.body, -i64::from(band))?
+            }
+            (EnginePriority::Sglang, Some(band)) => {
+                inbound::with_priority(&inbound.body, i64::from(band))?
+            }
+        };
         let mut req = Request::builder()
             .method(parts.method.clone())
             .uri(format!("{}{}", replica.path_prefix, path))
-            .body(inbound.body.clone())
+            .body(body)
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         *req.headers_mut() = headers.clone();
         req.headers_mut()

@@ -49,6 +49,13 @@ pub struct TierConfig {
     /// Per served model: these limits replace the tier's for that model, with
     /// buckets of their own.
     pub models: BTreeMap<String, TierLimits>,
+    /// Flow control's band: when the fleet is full, higher bands are served
+    /// first (a request may lower its own with `x-sluice-priority`).
+    pub priority: i32,
+    /// Longest wait at the gateway for this tier (`flow_control.max_wait`
+    /// when unset).
+    #[serde(with = "humantime_serde::option")]
+    pub max_wait: Option<Duration>,
 }
 
 /// The overridable part of a tier.

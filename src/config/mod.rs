@@ -4,11 +4,13 @@
 //! (`30s`, `2m`), sizes accept units (`16MiB`). Decode errors carry the field path
 //! and the line; [`validate`] checks the cross-field rules after decoding.
 
+mod flow;
 mod limits;
 mod load;
 mod telemetry;
 mod types;
 
+pub use flow::{EnginePriority, FlowControlConfig};
 pub use limits::{
     ApiKey, AuthConfig, OnStoreError, RateLimitConfig, RedisConfig, StoreKind, TierConfig,
     TierLimits,
@@ -42,6 +44,7 @@ pub struct Config {
     /// Limits by tier name (see `auth.keys[].tier`).
     pub tiers: BTreeMap<String, TierConfig>,
     pub rate_limits: RateLimitConfig,
+    pub flow_control: FlowControlConfig,
     pub telemetry: TelemetryConfig,
 }
 
@@ -183,6 +186,15 @@ pub struct BackendConfig {
     /// Models this replica serves. Empty: discovered from its `/v1/models`.
     #[serde(default)]
     pub models: Vec<String>,
+    /// Requests the replica runs at once (its engine's `--max-num-seqs`, or
+    /// less where KV memory binds first). Flow control holds requests at the
+    /// gateway beyond it. Unset: learned from the replica's own metrics (the
+    /// requests running while some had to wait).
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    /// Pass each request's priority band to an engine that schedules by it.
+    #[serde(default)]
+    pub engine_priority: EnginePriority,
 }
 
 impl BackendConfig {
@@ -192,6 +204,8 @@ impl BackendConfig {
             name: None,
             api_key: None,
             models: Vec::new(),
+            max_concurrency: None,
+            engine_priority: EnginePriority::Off,
         }
     }
 
@@ -484,6 +498,12 @@ pub struct DnsSource {
     pub api_key: Option<Secret>,
     #[serde(default)]
     pub models: Vec<String>,
+    /// As `backends[].max_concurrency`, for each replica found.
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    /// As `backends[].engine_priority`.
+    #[serde(default)]
+    pub engine_priority: EnginePriority,
 }
 
 fn default_dns_interval() -> Duration {
@@ -671,6 +691,38 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
             "routing.prefix_kv.kv_high".into(),
             "must be between 0 and 1".into(),
         );
+    }
+    let f = &config.flow_control;
+    if f.max_wait.is_zero() || f.recheck.is_zero() {
+        bad(
+            "flow_control".into(),
+            "max_wait and recheck must be greater than zero".into(),
+        );
+    }
+    if f.max_queue == 0 {
+        bad("flow_control.max_queue".into(), "must be at least 1".into());
+    }
+    if !(f.output_weight.is_finite() && f.output_weight > 0.0) {
+        bad(
+            "flow_control.output_weight".into(),
+            "must be a positive number".into(),
+        );
+    }
+    for (name, t) in &config.tiers {
+        if t.max_wait.is_some_and(|d| d.is_zero()) {
+            bad(
+                format!("tiers.{name}.max_wait"),
+                "must be greater than zero".into(),
+            );
+        }
+    }
+    for (i, b) in config.backends.iter().enumerate() {
+        if b.max_concurrency == Some(0) {
+            bad(
+                format!("backends[{i}].max_concurrency"),
+                "must be at least 1".into(),
+            );
+        }
     }
     if config.routing.metrics.interval.is_zero() {
         bad(

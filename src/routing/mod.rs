@@ -39,6 +39,9 @@ pub struct ReplicaView {
     pub load: Option<LoadView>,
     /// Time per output token this gateway measured there recently (seconds).
     pub tpot: Option<f64>,
+    /// Every seat is taken (its known concurrency, `flow::room`): new work
+    /// goes elsewhere as under queue pressure; its sessions stay.
+    pub full: bool,
 }
 
 /// A scrape of a replica's own metrics, as routing uses it.

@@ -5,8 +5,8 @@
 //! Algorithm, per request:
 //! 1. **Pressure filter.** A candidate whose last scrape is older than
 //!    `stale_after` (or missing) is treated as saturated; one at or above
-//!    `kv_high` KV-cache usage, or with `queue_high` requests waiting, gets no
-//!    new work. If every candidate is filtered, the one with least work is used
+//!    `kv_high` KV-cache usage, or with `queue_high` requests waiting, or with
+//!    every seat taken (`ReplicaView::full`), gets no new work. If every candidate is filtered, the one with least work is used
 //!    (`fallback`) rather than failing.
 //! 2. **Home.** Where the request belongs, decided from inputs every gateway
 //!    sees alike (no shared state), by rendezvous (highest-random-weight)
@@ -245,10 +245,11 @@ impl PrefixKv {
         let kv = fresh.and_then(|s| s.kv_usage).unwrap_or(0.0);
         let waiting = fresh.and_then(|s| s.waiting);
         let blocked = match fresh {
+            None if self.stale_after.is_none() && r.full => Blocked::Queue,
             None if self.stale_after.is_none() => Blocked::No,
             None => Blocked::Stale,
             Some(_) if kv >= c.kv_high => Blocked::Kv,
-            Some(_) if waiting.unwrap_or(0.0) >= c.queue_high => Blocked::Queue,
+            Some(_) if waiting.unwrap_or(0.0) >= c.queue_high || r.full => Blocked::Queue,
             Some(_) => Blocked::No,
         };
         let memory = self.affinity.of(&r.name);
@@ -418,6 +419,7 @@ mod tests {
                 in_flight: 0,
                 load: Some(sample(0.1, 0.0)),
                 tpot: None,
+                full: false,
             })
             .collect()
     }

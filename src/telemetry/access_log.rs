@@ -38,6 +38,12 @@ struct Line<'a> {
     tier: Option<&'a str>,
     key_name: Option<&'a str>,
     ratelimit: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    band: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flow: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flow_wait_ms: Option<f64>,
     finish_reason: Option<&'static str>,
     prompt_tokens: Option<u32>,
     completion_tokens: Option<u32>,
@@ -113,6 +119,9 @@ impl AccessLog {
             tier: r.tier.as_deref(),
             key_name: r.key_name.as_deref(),
             ratelimit: r.ratelimit,
+            band: r.flow.map(|f| f.band),
+            flow: r.flow.map(|f| f.outcome),
+            flow_wait_ms: r.flow.map(|f| ms(f.waited)),
             finish_reason: r.finish_reason.map(|f| f.as_str()),
             prompt_tokens: r.usage.map(|u| u.prompt_tokens),
             completion_tokens: r.usage.map(|u| u.completion_tokens),

@@ -118,6 +118,13 @@ pub struct Metrics {
     pub session_moves: Family<(Arc<str>, &'static str), Counter>,
     /// Sessions this gateway remembers (set when `/metrics` is rendered).
     pub sessions: Gauge,
+    /// Flow control: model, band, outcome (`immediate`, `waited`,
+    /// `shed_timeout`, `shed_overflow`).
+    pub flow_requests: Family<(Arc<str>, Arc<str>, &'static str), Counter>,
+    /// model, band: time spent waiting for a seat (0 for those that did not).
+    pub flow_wait: Family<(Arc<str>, Arc<str>), Histogram>,
+    /// model, band: requests waiting now.
+    pub flow_waiting: Family<(Arc<str>, Arc<str>), Gauge>,
     pub backends: Family<(Arc<str>,), BackendSeries>,
     /// tier, limit ("" when admitted), decision.
     pub ratelimit_decisions: Family<(Arc<str>, &'static str, &'static str), Counter>,
@@ -199,6 +206,13 @@ impl Metrics {
             arc(&b.queue),
         );
         let tokens: Arc<[f64]> = Arc::from(buckets::TOKENS);
+        // Waits at the gateway run up to flow_control.max_wait (30 s default).
+        let flow_queue: Arc<[f64]> = Arc::from(
+            &[
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+                60.0,
+            ][..],
+        );
         Self {
             models: Family::new(&["model", "endpoint"], move || ModelSeries {
                 ttft: Histogram::seconds(ttft.clone()),
@@ -227,6 +241,11 @@ impl Metrics {
             routing: Family::new(&["model", "reason"], Counter::default),
             session_moves: Family::new(&["model", "reason"], Counter::default),
             sessions: Gauge::default(),
+            flow_requests: Family::new(&["model", "band", "outcome"], Counter::default),
+            flow_wait: Family::new(&["model", "band"], move || {
+                Histogram::seconds(flow_queue.clone())
+            }),
+            flow_waiting: Family::new(&["model", "band"], Gauge::default),
             backends: Family::new(&["backend"], BackendSeries::new),
             ratelimit_decisions: Family::new(&["tier", "limit", "decision"], Counter::default),
             ratelimit_store_errors: Family::new(&["store"], Counter::default),
@@ -382,6 +401,24 @@ impl Metrics {
             "Sessions this gateway remembers (each maps a conversation to its replica).",
             Kind::Gauge,
             self.sessions.get() as f64,
+        );
+        e.counters(
+            "sluice_flow_requests_total",
+            "Requests through flow control, by model, priority band and outcome: immediate, waited (then sent), shed_timeout (waited flow_control.max_wait), shed_overflow (the queue was full).",
+            &self.flow_requests,
+            |c| c,
+        );
+        e.histograms(
+            "sluice_flow_wait_seconds",
+            "Time a request waited at the gateway for a replica with room (0 when it went at once); part of its queue time and TTFT.",
+            &self.flow_wait,
+            |h| h,
+        );
+        e.gauges(
+            "sluice_flow_waiting_requests",
+            "Requests waiting at the gateway now for a replica with room, by model and band.",
+            &self.flow_waiting,
+            |g| g.get() as f64,
         );
         e.gauges(
             "sluice_backend_healthy",

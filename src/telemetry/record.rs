@@ -29,6 +29,14 @@ pub struct StallEvent {
 /// Stall events kept per request (the count has no limit).
 const MAX_STALL_EVENTS: usize = 8;
 
+/// What flow control did with a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlowOutcome {
+    pub band: i32,
+    pub outcome: &'static str,
+    pub waited: Duration,
+}
+
 #[derive(Debug, Clone)]
 pub struct RequestRecord {
     pub request_id: String,
@@ -63,6 +71,9 @@ pub struct RequestRecord {
     pub max_tokens: Option<u32>,
     /// `admitted`, `rejected_<limit>`, `admitted_store_down`, when limits apply.
     pub ratelimit: Option<&'static str>,
+    /// Flow control: the band, how it passed (`immediate`, `waited`, or the
+    /// shed's error kind) and how long it waited.
+    pub flow: Option<FlowOutcome>,
     pub stall_events: Vec<StallEvent>,
     pub attempts: u32,
     pub first_token: Option<Instant>,
@@ -109,6 +120,7 @@ impl RequestRecord {
             prompt_estimate: 0,
             max_tokens: None,
             ratelimit: None,
+            flow: None,
             stall_events: Vec::new(),
             attempts: 0,
             first_token: None,

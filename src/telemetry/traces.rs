@@ -332,6 +332,14 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
     if let Some(o) = r.ratelimit {
         attrs.push(KeyValue::new("sluice.ratelimit.outcome", o));
     }
+    if let Some(f) = r.flow {
+        attrs.push(KeyValue::new("sluice.flow.band", i64::from(f.band)));
+        attrs.push(KeyValue::new("sluice.flow.outcome", f.outcome));
+        attrs.push(KeyValue::new(
+            "sluice.flow.wait_seconds",
+            f.waited.as_secs_f64(),
+        ));
+    }
     if r.disconnected {
         attrs.push(KeyValue::new("sluice.client_disconnected", true));
     }

@@ -50,6 +50,8 @@ fn backends_of(src: &DnsSource, ips: &[IpAddr]) -> Vec<BackendConfig> {
                 name: None,
                 api_key: src.api_key.clone(),
                 models: src.models.clone(),
+                max_concurrency: src.max_concurrency,
+                engine_priority: src.engine_priority,
             })
         })
         .collect()

@@ -15,7 +15,7 @@ use http::HeaderValue;
 
 use super::conn::ConnPool;
 use super::signals::{Ewma, LoadSample};
-use crate::config::{BackendConfig, Config, OutlierConfig, UpstreamConfig};
+use crate::config::{BackendConfig, Config, EnginePriority, OutlierConfig, UpstreamConfig};
 use crate::error::GatewayError;
 use crate::telemetry::metrics::{BackendSeries, Metrics, ScrapedLoad};
 
@@ -81,6 +81,17 @@ pub struct Replica {
     epoch: tokio::time::Instant,
     outlier: OutlierConfig,
     pub series: Arc<BackendSeries>,
+    /// Requests it runs at once, from config (`max_concurrency`).
+    configured_seats: Option<u32>,
+    /// Learned from its scrapes (0: not yet): see [`Replica::seats`].
+    learned_seats: AtomicU32,
+    /// Streams in flight here whose `max_tokens` is nearly reached (about
+    /// to leave: flow control counts their seats as free).
+    leaving: AtomicU32,
+    /// Requests other gateways had running or waiting here at the last
+    /// scrape: the engine's count beyond this gateway's in-flight then.
+    others: AtomicU32,
+    pub engine_priority: EnginePriority,
 }
 
 impl Replica {
@@ -91,6 +102,8 @@ impl Replica {
             && self.base == other.base
             && self.api_key == other.api_key
             && self.static_models == other.static_models
+            && self.configured_seats == other.configured_seats
+            && self.engine_priority == other.engine_priority
     }
 
     /// Start from what `old` (the same replica before a reload rebuilt it)
@@ -100,6 +113,8 @@ impl Replica {
         self.healthy.store(old.healthy.load(Relaxed), Relaxed);
         self.health.store(old.health.load_full());
         self.load.store(old.load.load_full());
+        self.learned_seats
+            .store(old.learned_seats.load(Relaxed), Relaxed);
     }
 
     pub fn from_config(
@@ -153,6 +168,11 @@ impl Replica {
             epoch: tokio::time::Instant::now(),
             outlier: up.outlier.clone(),
             series,
+            configured_seats: b.max_concurrency,
+            learned_seats: AtomicU32::new(0),
+            leaving: AtomicU32::new(0),
+            others: AtomicU32::new(0),
+            engine_priority: b.engine_priority,
         }
     }
 
@@ -178,6 +198,12 @@ impl Replica {
     }
 
     pub fn set_load(&self, s: LoadSample) {
+        self.learn_seats(self.load.load().as_deref(), &s);
+        if let (Some(r), Some(w)) = (s.running, s.waiting) {
+            let seen = (r + w).round().max(0.0) as u32;
+            self.others
+                .store(seen.saturating_sub(self.in_flight()), Relaxed);
+        }
         let exported = ScrapedLoad {
             kv_usage: s.kv_usage,
             waiting: s.waiting,
@@ -186,6 +212,47 @@ impl Replica {
         };
         self.series.record_load(exported, s.at);
         self.load.store(Some(Arc::new(s)));
+    }
+
+    /// Requests the replica runs at once: configured, else learned (`None`
+    /// until it has been seen full).
+    pub fn seats(&self) -> Option<u32> {
+        self.configured_seats
+            .or(Some(self.learned_seats.load(Relaxed)).filter(|&n| n > 0))
+    }
+
+    /// Requests of other gateways here at the last scrape.
+    pub fn others(&self) -> u32 {
+        self.others.load(Relaxed)
+    }
+
+    /// Streams here about to finish (their `max_tokens` nearly reached).
+    pub fn leaving(&self) -> u32 {
+        self.leaving.load(Relaxed)
+    }
+
+    /// Learn the replica's seats from two scrapes in a row: requests still
+    /// waiting a scrape interval later (dozens of engine steps) mean the
+    /// engine could not take them, so what runs is what it holds. While this
+    /// gateway keeps it exactly at that and it queues nothing, probe upward
+    /// (a sixteenth at a time): the limit may have been KV memory, which
+    /// frees as sequences end.
+    fn learn_seats(&self, prev: Option<&LoadSample>, s: &LoadSample) {
+        if self.configured_seats.is_some() {
+            return;
+        }
+        let (Some(waiting), Some(running)) = (s.waiting, s.running) else {
+            return;
+        };
+        let learned = self.learned_seats.load(Relaxed);
+        if waiting >= 1.0 && prev.and_then(|p| p.waiting).is_some_and(|w| w >= 1.0) {
+            if running >= 1.0 {
+                self.learned_seats.store(running.round() as u32, Relaxed);
+            }
+        } else if learned > 0 && waiting < 1.0 && running + waiting >= f64::from(learned) {
+            self.learned_seats
+                .store(learned + (learned / 16).max(1), Relaxed);
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -252,24 +319,41 @@ impl Replica {
 
 /// RAII in-flight accounting: up in `new`, down in `Drop`, so a cancelled
 /// request cannot leak a count.
-pub(crate) struct InFlight(Arc<Replica>);
+pub(crate) struct InFlight {
+    replica: Arc<Replica>,
+    leaving: bool,
+}
 
 impl InFlight {
     pub(crate) fn new(r: Arc<Replica>) -> Self {
         r.in_flight.fetch_add(1, Relaxed);
         r.series.in_flight.inc();
-        Self(r)
+        Self {
+            replica: r,
+            leaving: false,
+        }
     }
 
     pub(crate) fn replica(&self) -> &Arc<Replica> {
-        &self.0
+        &self.replica
+    }
+
+    /// The request is about to finish: its seat counts as free from now.
+    pub(crate) fn mark_leaving(&mut self) {
+        if !self.leaving {
+            self.leaving = true;
+            self.replica.leaving.fetch_add(1, Relaxed);
+        }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Relaxed);
-        self.0.series.in_flight.dec();
+        if self.leaving {
+            self.replica.leaving.fetch_sub(1, Relaxed);
+        }
+        self.replica.in_flight.fetch_sub(1, Relaxed);
+        self.replica.series.in_flight.dec();
     }
 }
 
@@ -354,6 +438,8 @@ impl Pool {
                 name: None,
                 api_key: src.api_key.clone(),
                 models: src.models.clone(),
+                max_concurrency: src.max_concurrency,
+                engine_priority: src.engine_priority,
             };
             replicas.push(place(&b, Some(i)));
         }

@@ -18,6 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["telemetry"],
     &["limits", "upstream"],
     &["routing"],
+    &["flow"],
     &["request"],
     &["stream"],
     &["state"],

@@ -19,6 +19,7 @@ mod deploy;
 mod deps;
 mod errors;
 mod exposition;
+mod flow;
 mod forwarding;
 mod layers;
 mod limits;

@@ -367,6 +367,8 @@ async fn dns_changes_are_picked_up() {
         interval: Duration::from_millis(200),
         api_key: None,
         models: vec![],
+        max_concurrency: None,
+        engine_priority: Default::default(),
     }];
     let gw = start_routed(config.clone(), 1).await;
     let sims = [a, b];

@@ -107,3 +107,65 @@ async fn in_flight_is_counted_while_a_guard_lives() {
     drop(b);
     assert_eq!((r.in_flight(), r.series.in_flight.get()), (0, 0));
 }
+
+fn sample(waiting: f64, running: f64) -> LoadSample {
+    LoadSample {
+        engine: crate::vocab::EngineKind::Vllm,
+        kv_usage: Some(0.5),
+        waiting: Some(waiting),
+        running: Some(running),
+        block_size: None,
+        num_blocks: None,
+        prefix_hit_rate: None,
+        at: Instant::now(),
+    }
+}
+
+#[test]
+fn seats_are_learned_from_a_queue_that_persists_and_probed_upward() {
+    let r = replica(cfg());
+    // A queue in one scrape only is a burst between two engine steps.
+    r.set_load(sample(0.0, 5.0));
+    r.set_load(sample(3.0, 7.0));
+    assert_eq!(r.seats(), None);
+    // Two scrapes in a row with requests waiting: what runs is what it holds.
+    r.set_load(sample(2.0, 12.0));
+    assert_eq!(r.seats(), Some(12));
+    // Held exactly there with nothing waiting: probe one more at a time.
+    r.set_load(sample(0.0, 12.0));
+    assert_eq!(r.seats(), Some(13));
+    // Below it: nothing to learn.
+    r.set_load(sample(0.0, 4.0));
+    assert_eq!(r.seats(), Some(13));
+    // Full again with fewer (KV memory bound): follow it down.
+    r.set_load(sample(4.0, 9.0));
+    r.set_load(sample(5.0, 9.0));
+    assert_eq!(r.seats(), Some(9));
+}
+
+#[test]
+fn configured_seats_win_and_other_gateways_count() {
+    let metrics = Metrics::new(&Config::default().telemetry.buckets);
+    let mut b = BackendConfig::from_url("http://127.0.0.1:9".parse().unwrap());
+    b.max_concurrency = Some(4);
+    let r = Replica::from_config(&b, None, &UpstreamConfig::default(), &metrics);
+    r.set_load(sample(2.0, 12.0));
+    r.set_load(sample(2.0, 12.0));
+    assert_eq!(r.seats(), Some(4));
+    // 14 at the engine, none of them this gateway's.
+    assert_eq!(r.others(), 14);
+    let a = InFlight::new(Arc::new(Replica::from_config(
+        &b,
+        None,
+        &UpstreamConfig::default(),
+        &metrics,
+    )));
+    let mut a = a;
+    a.mark_leaving();
+    a.mark_leaving();
+    assert_eq!(a.replica().leaving(), 1);
+    assert_eq!(a.replica().in_flight(), 1);
+    let kept = a.replica().clone();
+    drop(a);
+    assert_eq!((kept.leaving(), kept.in_flight()), (0, 0));
+}

@@ -44,6 +44,8 @@ impl Script {
 pub struct Scripted {
     pub addr: SocketAddr,
     pub last_headers: Arc<Mutex<Option<HeaderMap>>>,
+    /// The body of the last API request.
+    pub last_body: Arc<Mutex<Option<Bytes>>>,
     tasks: Arc<Mutex<JoinSet<()>>>,
 }
 
@@ -60,21 +62,25 @@ impl Scripted {
 
 type Body = BoxBody<Bytes, Infallible>;
 
+/// What the replica saw of the last API request.
+type Seen<T> = Arc<Mutex<Option<T>>>;
+
 pub async fn start(model: &'static str, script: Script) -> Scripted {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let last_headers = Arc::new(Mutex::new(None));
+    let last_body = Arc::new(Mutex::new(None));
     let tasks = Arc::new(Mutex::new(JoinSet::new()));
-    let (lh, ts) = (last_headers.clone(), tasks.clone());
+    let (lh, lb, ts) = (last_headers.clone(), last_body.clone(), tasks.clone());
     let accept = async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
-            let (script, lh) = (script.clone(), lh.clone());
+            let (script, lh, lb) = (script.clone(), lh.clone(), lb.clone());
             let svc = service_fn(move |req: Request<Incoming>| {
-                let (script, lh) = (script.clone(), lh.clone());
-                async move { Ok::<_, Infallible>(answer(model, script, lh, req).await) }
+                let (script, lh, lb) = (script.clone(), lh.clone(), lb.clone());
+                async move { Ok::<_, Infallible>(answer(model, script, (lh, lb), req).await) }
             });
             let conn = async move {
                 let _ = http1::Builder::new()
@@ -88,6 +94,7 @@ pub async fn start(model: &'static str, script: Script) -> Scripted {
     Scripted {
         addr,
         last_headers,
+        last_body,
         tasks,
     }
 }
@@ -95,7 +102,7 @@ pub async fn start(model: &'static str, script: Script) -> Scripted {
 async fn answer(
     model: &str,
     script: Script,
-    last: Arc<Mutex<Option<HeaderMap>>>,
+    (last, last_body): (Seen<HeaderMap>, Seen<Bytes>),
     req: Request<Incoming>,
 ) -> Response<Body> {
     if req.uri().path() == "/v1/models" {
@@ -107,7 +114,9 @@ async fn answer(
         );
     }
     *last.lock() = Some(req.headers().clone());
-    let _ = req.into_body().collect().await;
+    if let Ok(body) = req.into_body().collect().await {
+        *last_body.lock() = Some(body.to_bytes());
+    }
     let chunks = stream::unfold(script.chunks.into_iter(), |mut it| async move {
         let (delay, bytes) = it.next()?;
         // The scripted replica's own pacing between chunks (not test synchronisation).

@@ -1,0 +1,534 @@
+//! Flow control: when no replica of a model can take more work, requests
+//! wait at the gateway, leave by priority band and fairly between tenants,
+//! and are answered 503 with `Retry-After` when their wait runs out.
+//!
+//! Between admission (rate limits) and routing, each request asks its
+//! model's [`Gate`] for a [`Seat`]. The gate counts the room left on the
+//! model's replicas (`room`: each replica's seats, configured or learned from
+//! its own metrics, minus what runs there: this gateway's in-flight count,
+//! live, plus what other gateways had there at the last scrape, less the
+//! streams about to finish; none at all under KV or queue pressure). A
+//! request goes at once when nothing of its band or above waits and the room
+//! exceeds the **headroom** kept for the bands above it; otherwise it waits
+//! in the gate's [`Queue`] (memory only: it holds no replica, no connection).
+//!
+//! Headroom: for each band, its recent peak of requests in flight (decaying
+//! with a half-life of [`DEMAND_HALF_LIFE`]); a lower band may not take the
+//! seats a higher band's peak says it will want back. So a premium request
+//! arriving at a full fleet finds a seat free instead of waiting for one,
+//! and the reserve is sized from the traffic, not a constant.
+//!
+//! A seat is handed over when a request ends (its [`Seat`] is dropped last in
+//! the request guard's end), when a granted request gives up before being
+//! sent, and while anything waits every `flow_control.recheck` (scraped
+//! pressure changes without any request ending).
+
+mod queue;
+pub(crate) mod room;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::pool::{Pool, Replica};
+use queue::Queue;
+use room::{Room, Rules};
+
+/// How fast a band's remembered peak of requests in flight fades.
+pub(crate) const DEMAND_HALF_LIFE: Duration = Duration::from_secs(30);
+
+/// Output tokens assumed for fairness when a request sets no `max_tokens`
+/// (corrected with its real usage when it ends).
+const DEFAULT_OUTPUT: f64 = 256.0;
+
+/// Flow control of every model; kept across config reloads (waiters and
+/// fairness carry on), with the new rules applied.
+pub struct Flow {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    gates: Mutex<HashMap<Arc<str>, Arc<Gate>>>,
+    rules: ArcSwap<Rules>,
+    metrics: Arc<Metrics>,
+}
+
+/// One request's question to flow control.
+pub(crate) struct Ask {
+    pub model: Arc<str>,
+    /// The caller's tier (`None`: an open gateway).
+    pub tier: Option<Arc<str>>,
+    /// Who shares fairly (the key's name; "" for everyone else).
+    pub tenant: Arc<str>,
+    /// `x-sluice-priority`, when sent.
+    pub asked_priority: Option<i32>,
+    pub prompt_tokens: u32,
+    pub max_tokens: Option<u32>,
+}
+
+/// How a request passed flow control.
+pub(crate) struct Passed {
+    pub seat: Seat,
+    pub band: i32,
+    pub waited: Duration,
+    /// `immediate` or `waited`.
+    pub outcome: &'static str,
+}
+
+impl Flow {
+    pub(crate) fn new(config: &Config, metrics: Arc<Metrics>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                gates: Mutex::new(HashMap::new()),
+                rules: ArcSwap::from_pointee(Rules::from_config(config)),
+                metrics,
+            }),
+        }
+    }
+
+    /// The same flow control under a reloaded config.
+    pub(crate) fn reconfigured(&self, config: &Config) -> Self {
+        self.shared
+            .rules
+            .store(Arc::new(Rules::from_config(config)));
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The band a request gets: its tier's priority, lowered (never raised)
+    /// by `asked`, snapped to a configured band.
+    pub(crate) fn band(&self, tier: Option<&str>, asked: Option<i32>) -> i32 {
+        self.shared.rules.load().band(tier, asked)
+    }
+
+    /// Wait for a seat for `ask`, up to its tier's `max_wait`. `None` when
+    /// flow control is off.
+    pub(crate) async fn admit(
+        &self,
+        pool: &Arc<Pool>,
+        candidates: &[Arc<Replica>],
+        ask: Ask,
+    ) -> Result<Option<Passed>, GatewayError> {
+        let rules = self.shared.rules.load_full();
+        if !rules.enabled {
+            return Ok(None);
+        }
+        let arrival = Instant::now();
+        let band = rules.band(ask.tier.as_deref(), ask.asked_priority);
+        let max_wait = rules.max_wait(ask.tier.as_deref());
+        let output = ask.max_tokens.map_or(DEFAULT_OUTPUT, f64::from);
+        let cost = f64::from(ask.prompt_tokens) + rules.output_weight * output;
+        let gate = self.gate(&ask.model);
+        let labels = (ask.model.clone(), rules.band_label(band));
+        let m = &self.shared.metrics;
+        let outcome = |o: &'static str, waited: Duration| {
+            m.flow_requests
+                .get(&(labels.0.clone(), labels.1.clone(), o))
+                .inc();
+            m.flow_wait
+                .get(&(labels.0.clone(), labels.1.clone()))
+                .observe(waited.as_secs_f64());
+        };
+
+        // At once, when nothing of this band or above waits and there is room.
+        let (tx, mut rx) = oneshot::channel();
+        let id = {
+            let mut st = gate.state.lock();
+            let free = gate.free_on(candidates, &rules);
+            if st.queue.at_or_above(band) == 0 && free > st.reserve(band, arrival) {
+                let seat = gate.grant(
+                    &mut st,
+                    &self.shared,
+                    pool,
+                    band,
+                    ask.tenant.clone(),
+                    cost,
+                    arrival,
+                );
+                drop(st);
+                outcome("immediate", Duration::ZERO);
+                return Ok(Some(Passed {
+                    seat,
+                    band,
+                    waited: Duration::ZERO,
+                    outcome: "immediate",
+                }));
+            }
+            let mut shed = None;
+            if st.queue.len() >= rules.max_queue {
+                match st.queue.lowest_band() {
+                    Some(low) if low < band => shed = st.queue.pop_lowest_newest(),
+                    _ => {
+                        let retry_after = st.retry_after(band, max_wait);
+                        drop(st);
+                        outcome("shed_overflow", Duration::ZERO);
+                        return Err(GatewayError::Overloaded {
+                            model: ask.model.to_string(),
+                            waited: Duration::ZERO,
+                            retry_after,
+                            timed_out: false,
+                        });
+                    }
+                }
+            }
+            let id = st.queue.push(band, ask.tenant.clone(), cost, tx);
+            self.shared.set_waiting(&gate, &st.queue, &rules);
+            drop(st);
+            // The shed waiter's channel closes: it answers 503 itself.
+            drop(shed);
+            id
+        };
+        let waiting = Waiting {
+            gate: gate.clone(),
+            flow: self,
+            band,
+            tenant: ask.tenant.clone(),
+            id,
+        };
+        let deadline = arrival + max_wait;
+        let mut recheck = tokio::time::interval_at(arrival + rules.recheck, rules.recheck);
+        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let result = loop {
+            tokio::select! {
+                biased;
+                got = &mut rx => break got.map_err(|_| false),
+                () = tokio::time::sleep_until(deadline) => break Err(true),
+                _ = recheck.tick() => gate.dispatch(pool, &rules, &self.shared),
+            }
+        };
+        drop(waiting);
+        let waited = arrival.elapsed();
+        match result {
+            Ok(seat) => {
+                outcome("waited", waited);
+                Ok(Some(Passed {
+                    seat,
+                    band,
+                    waited,
+                    outcome: "waited",
+                }))
+            }
+            Err(timed_out) => {
+                outcome(
+                    if timed_out {
+                        "shed_timeout"
+                    } else {
+                        "shed_overflow"
+                    },
+                    waited,
+                );
+                let retry_after = gate.state.lock().retry_after(band, max_wait);
+                Err(GatewayError::Overloaded {
+                    model: ask.model.to_string(),
+                    waited,
+                    retry_after,
+                    timed_out,
+                })
+            }
+        }
+    }
+
+    fn gate(&self, model: &Arc<str>) -> Arc<Gate> {
+        let mut gates = self.shared.gates.lock();
+        gates
+            .entry(model.clone())
+            .or_insert_with(|| {
+                Arc::new(Gate {
+                    model: model.clone(),
+                    state: Mutex::new(GateState::default()),
+                    pending: AtomicU32::new(0),
+                })
+            })
+            .clone()
+    }
+}
+
+impl Shared {
+    fn set_waiting<T>(&self, gate: &Gate, queue: &Queue<T>, rules: &Rules) {
+        for &band in &rules.bands {
+            let n = queue.at_or_above(band) - queue.at_or_above(band.saturating_add(1));
+            self.metrics
+                .flow_waiting
+                .get(&(gate.model.clone(), rules.band_label(band)))
+                .set(n as i64);
+        }
+    }
+}
+
+/// A request waiting in the queue: leaving (dispatched, timed out, client
+/// gone) takes it out at once.
+struct Waiting<'a> {
+    gate: Arc<Gate>,
+    flow: &'a Flow,
+    band: i32,
+    tenant: Arc<str>,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut st = self.gate.state.lock();
+        let left = st.queue.remove(self.band, &self.tenant, self.id);
+        if left.is_some() {
+            let rules = self.flow.shared.rules.load();
+            self.flow.shared.set_waiting(&self.gate, &st.queue, &rules);
+        }
+    }
+}
+
+/// Flow control of one model.
+struct Gate {
+    model: Arc<str>,
+    state: Mutex<GateState>,
+    /// Seats granted whose request has not been sent yet (not in any
+    /// replica's in-flight count).
+    pending: AtomicU32,
+}
+
+#[derive(Default)]
+struct GateState {
+    queue: Queue<oneshot::Sender<Seat>>,
+    bands: HashMap<i32, BandLoad>,
+    /// Seconds between grants, a moving average (for `Retry-After`).
+    interval: Option<f64>,
+    last_grant: Option<Instant>,
+}
+
+/// Requests of one band in flight, and its recent peak.
+#[derive(Default)]
+struct BandLoad {
+    in_flight: u32,
+    peak: f64,
+    at: Option<Instant>,
+}
+
+impl BandLoad {
+    fn demand(&self, now: Instant) -> f64 {
+        let Some(at) = self.at else { return 0.0 };
+        let age = now.saturating_duration_since(at).as_secs_f64();
+        let decayed = self.peak * 0.5f64.powf(age / DEMAND_HALF_LIFE.as_secs_f64());
+        decayed.max(f64::from(self.in_flight))
+    }
+}
+
+impl GateState {
+    /// Seats band `band` must leave free for the bands above it.
+    fn reserve(&self, band: i32, now: Instant) -> u32 {
+        self.bands
+            .iter()
+            .filter(|(b, _)| **b > band)
+            .map(|(_, l)| (l.demand(now).ceil() as u32).saturating_sub(l.in_flight))
+            .sum()
+    }
+
+    /// When a request of `band` turned away should come back: the waiters at
+    /// or above it times the recent time between grants.
+    fn retry_after(&self, band: i32, max_wait: Duration) -> Duration {
+        let ahead = self.queue.at_or_above(band) as f64 + 1.0;
+        let secs = self.interval.map_or(1.0, |i| i * ahead);
+        Duration::from_secs_f64(secs.clamp(1.0, max_wait.as_secs_f64().max(1.0)))
+    }
+}
+
+impl Gate {
+    /// Seats free on the model's replicas, less those granted and not yet
+    /// sent; `u32::MAX` when some replica's seats are unknown and it is under
+    /// no pressure.
+    fn free(&self, pool: &Pool, rules: &Rules) -> u32 {
+        match pool.resolve(&self.model) {
+            Ok(c) => self.free_on(&c.replicas, rules),
+            // No replica at all: let the request through to fail as usual.
+            Err(_) => u32::MAX,
+        }
+    }
+
+    /// [`Gate::free`] over these replicas of the model.
+    fn free_on(&self, replicas: &[Arc<Replica>], rules: &Rules) -> u32 {
+        let mut free = 0u32;
+        for r in replicas {
+            match rules.room(r) {
+                Room::Open => return u32::MAX,
+                Room::Seats(n) => free = free.saturating_add(n),
+            }
+        }
+        free.saturating_sub(self.pending.load(Relaxed))
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one grant's facts; two call sites"
+    )]
+    fn grant(
+        self: &Arc<Self>,
+        st: &mut GateState,
+        shared: &Arc<Shared>,
+        pool: &Arc<Pool>,
+        band: i32,
+        tenant: Arc<str>,
+        cost: f64,
+        now: Instant,
+    ) -> Seat {
+        self.pending.fetch_add(1, Relaxed);
+        st.queue.charge(&tenant, cost);
+        let load = st.bands.entry(band).or_default();
+        load.in_flight += 1;
+        let demand = load.demand(now);
+        load.peak = demand;
+        load.at = Some(now);
+        if let Some(last) = st.last_grant {
+            let gap = now.saturating_duration_since(last).as_secs_f64();
+            st.interval = Some(st.interval.map_or(gap, |i| 0.9 * i + 0.1 * gap));
+        }
+        st.last_grant = Some(now);
+        Seat {
+            gate: self.clone(),
+            shared: shared.clone(),
+            pool: pool.clone(),
+            band,
+            tenant,
+            charged: cost,
+            actual: None,
+            pending: true,
+            quiet: false,
+        }
+    }
+
+    /// Hand free seats to waiters, highest band first.
+    fn dispatch(self: &Arc<Self>, pool: &Arc<Pool>, rules: &Rules, shared: &Arc<Shared>) {
+        let mut undelivered = Vec::new();
+        {
+            let mut st = self.state.lock();
+            if st.queue.len() == 0 {
+                return;
+            }
+            let now = Instant::now();
+            let mut free = self.free(pool, rules);
+            while let Some(band) = st.queue.highest_band() {
+                if free <= st.reserve(band, now) {
+                    break;
+                }
+                let Some(w) = st.queue.pop() else { break };
+                let seat = self.grant(&mut st, shared, pool, band, w.tenant.clone(), w.cost, now);
+                match w.wake.send(seat) {
+                    Ok(()) => free = free.saturating_sub(1),
+                    Err(mut seat) => {
+                        // It left in the meantime: the seat goes back, after
+                        // the lock is released.
+                        seat.quiet = true;
+                        undelivered.push(seat);
+                    }
+                }
+            }
+            shared.set_waiting(self, &st.queue, rules);
+        }
+        drop(undelivered);
+    }
+}
+
+/// A request's place in its model's capacity, from the grant to its end.
+/// While `pending` (granted, not yet sent) it counts against the gate's
+/// free seats; once sent, the replica's in-flight count holds it.
+pub(crate) struct Seat {
+    gate: Arc<Gate>,
+    shared: Arc<Shared>,
+    pool: Arc<Pool>,
+    band: i32,
+    tenant: Arc<str>,
+    /// Weighted tokens charged to the tenant at the grant.
+    charged: f64,
+    /// The real cost, once known.
+    actual: Option<f64>,
+    pending: bool,
+    /// Given back inside the gate's lock: do not dispatch from its drop.
+    quiet: bool,
+}
+
+impl Seat {
+    /// The request was sent to a replica (its in-flight count holds it now).
+    pub(crate) fn sent(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            self.gate.pending.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// The tokens the request really used, for fairness.
+    pub(crate) fn used(&mut self, prompt: u32, output: u32, output_weight: f64) {
+        self.actual = Some(f64::from(prompt) + output_weight * f64::from(output));
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.sent();
+        if self.quiet {
+            let mut st = self.gate.state.lock();
+            if let Some(l) = st.bands.get_mut(&self.band) {
+                l.in_flight = l.in_flight.saturating_sub(1);
+            }
+            return;
+        }
+        {
+            let mut st = self.gate.state.lock();
+            if let Some(l) = st.bands.get_mut(&self.band) {
+                l.in_flight = l.in_flight.saturating_sub(1);
+            }
+            if let Some(actual) = self.actual {
+                st.queue.adjust(&self.tenant, actual - self.charged);
+            }
+            if st.queue.len() == 0 {
+                return;
+            }
+        }
+        let rules = self.shared.rules.load();
+        self.gate.dispatch(&self.pool, &rules, &self.shared);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headroom_is_the_higher_bands_recent_peak_not_yet_back() {
+        let now = Instant::now();
+        let mut st = GateState::default();
+        // Premium (band 10) peaked at 6 in flight; 2 run now.
+        st.bands.insert(
+            10,
+            BandLoad {
+                in_flight: 2,
+                peak: 6.0,
+                at: Some(now),
+            },
+        );
+        st.bands.insert(
+            0,
+            BandLoad {
+                in_flight: 30,
+                peak: 30.0,
+                at: Some(now),
+            },
+        );
+        assert_eq!(st.reserve(0, now), 4, "band 0 leaves 4 seats for premium");
+        assert_eq!(st.reserve(10, now), 0, "the top band reserves nothing");
+        // Band 0 runs at its peak: below it, only premium's 4 are kept.
+        assert_eq!(st.reserve(-5, now), 4);
+        // The peak fades: after two half-lives a quarter is left (1.5 -> 2).
+        let later = now + DEMAND_HALF_LIFE * 2;
+        assert_eq!(st.reserve(0, later), 0);
+        if let Some(l) = st.bands.get_mut(&10) {
+            l.in_flight = 0;
+        }
+        assert_eq!(st.reserve(0, later), 2);
+    }
+}

@@ -1,0 +1,258 @@
+//! The waiting list of one model: bands, tenants, arrival order.
+//!
+//! Dispatch order: the highest band first; within a band, the tenant with
+//! the least attained service (weighted tokens dispatched, see
+//! `flow_control.output_weight`); within a tenant, arrival order. A tenant
+//! that starts waiting is brought up to the service of the last dispatch
+//! (start-time fair queuing's virtual time), so a tenant idle for an hour
+//! does not bank an hour of credit and a busy one is not punished forever.
+//!
+//! Plain data: no locks, no clocks, no I/O (the gate holds it under its lock).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+/// One waiting request; `T` is how it is told to go (a channel sender).
+pub(super) struct Waiter<T> {
+    pub(super) id: u64,
+    pub(super) tenant: Arc<str>,
+    /// Weighted tokens it will cost (charged when dispatched).
+    pub(super) cost: f64,
+    pub(super) wake: T,
+}
+
+#[derive(Default)]
+struct Band<T> {
+    tenants: HashMap<Arc<str>, VecDeque<Waiter<T>>>,
+    len: usize,
+}
+
+pub(super) struct Queue<T> {
+    bands: BTreeMap<Reverse<i32>, Band<T>>,
+    len: usize,
+    next_id: u64,
+    /// Attained service per tenant (weighted tokens).
+    service: HashMap<Arc<str>, f64>,
+    /// The service of the last dispatch (virtual time).
+    vtime: f64,
+}
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Self {
+            bands: BTreeMap::new(),
+            len: 0,
+            next_id: 0,
+            service: HashMap::new(),
+            vtime: 0.0,
+        }
+    }
+}
+
+/// Tenants remembered beyond those waiting, before the idle ones are
+/// forgotten (they would start at the virtual time anyway).
+const MAX_IDLE_TENANTS: usize = 4096;
+
+impl<T> Queue<T> {
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Waiting requests in `band` or above.
+    pub(super) fn at_or_above(&self, band: i32) -> usize {
+        self.bands.range(..=Reverse(band)).map(|(_, b)| b.len).sum()
+    }
+
+    pub(super) fn highest_band(&self) -> Option<i32> {
+        self.bands.keys().next().map(|r| r.0)
+    }
+
+    pub(super) fn lowest_band(&self) -> Option<i32> {
+        self.bands.keys().next_back().map(|r| r.0)
+    }
+
+    /// Add a waiter; returns its id.
+    pub(super) fn push(&mut self, band: i32, tenant: Arc<str>, cost: f64, wake: T) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let idle = !self
+            .bands
+            .values()
+            .any(|b| b.tenants.get(&tenant).is_some_and(|q| !q.is_empty()));
+        if idle {
+            let s = self.service.entry(tenant.clone()).or_insert(0.0);
+            *s = s.max(self.vtime);
+        }
+        let b = self.bands.entry(Reverse(band)).or_insert_with(|| Band {
+            tenants: HashMap::new(),
+            len: 0,
+        });
+        b.tenants
+            .entry(tenant.clone())
+            .or_default()
+            .push_back(Waiter {
+                id,
+                tenant,
+                cost,
+                wake,
+            });
+        b.len += 1;
+        self.len += 1;
+        id
+    }
+
+    /// Take waiter `id` out (it left, or its wait ran out).
+    pub(super) fn remove(&mut self, band: i32, tenant: &str, id: u64) -> Option<Waiter<T>> {
+        let b = self.bands.get_mut(&Reverse(band))?;
+        let q = b.tenants.get_mut(tenant)?;
+        let at = q.iter().position(|w| w.id == id)?;
+        let w = q.remove(at)?;
+        if q.is_empty() {
+            b.tenants.remove(tenant);
+        }
+        b.len -= 1;
+        self.len -= 1;
+        if b.len == 0 {
+            self.bands.remove(&Reverse(band));
+        }
+        Some(w)
+    }
+
+    /// Take the next waiter to dispatch (see [`Queue::charge`]).
+    pub(super) fn pop(&mut self) -> Option<Waiter<T>> {
+        let (&Reverse(band), b) = self.bands.iter().next()?;
+        let service = &self.service;
+        let tenant = b
+            .tenants
+            .iter()
+            .filter_map(|(t, q)| q.front().map(|w| (t, w.id)))
+            .min_by(|(ta, ia), (tb, ib)| {
+                let sa = service.get(*ta).copied().unwrap_or(0.0);
+                let sb = service.get(*tb).copied().unwrap_or(0.0);
+                sa.total_cmp(&sb).then(ia.cmp(ib))
+            })
+            .map(|(t, _)| t.clone())?;
+        let id = b.tenants.get(&tenant)?.front()?.id;
+        self.remove(band, &tenant, id)
+    }
+
+    /// A request of `tenant` costing `cost` was dispatched (from the queue
+    /// or at once): its service grows, and the virtual time follows.
+    pub(super) fn charge(&mut self, tenant: &Arc<str>, cost: f64) {
+        let s = self.service.entry(tenant.clone()).or_insert(0.0);
+        self.vtime = self.vtime.max(*s);
+        *s += cost;
+        self.forget_idle();
+    }
+
+    /// Take the newest waiter of the lowest band (shed under overflow).
+    pub(super) fn pop_lowest_newest(&mut self) -> Option<Waiter<T>> {
+        let (&Reverse(band), b) = self.bands.iter().next_back()?;
+        let (tenant, id) = b
+            .tenants
+            .iter()
+            .filter_map(|(t, q)| q.back().map(|w| (t.clone(), w.id)))
+            .max_by_key(|(_, id)| *id)?;
+        self.remove(band, &tenant, id)
+    }
+
+    /// Correct a tenant's service once its real usage is known.
+    pub(super) fn adjust(&mut self, tenant: &str, delta: f64) {
+        if let Some(s) = self.service.get_mut(tenant) {
+            *s = (*s + delta).max(0.0);
+        }
+    }
+
+    /// Drop the service of tenants not waiting once there are many: they
+    /// would be brought up to the virtual time when they next wait.
+    fn forget_idle(&mut self) {
+        if self.service.len() <= MAX_IDLE_TENANTS {
+            return;
+        }
+        let bands = &self.bands;
+        let vtime = self.vtime;
+        self.service
+            .retain(|t, s| *s > vtime || bands.values().any(|b| b.tenants.contains_key(t)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl<T> Queue<T> {
+        /// Dispatch the next waiter, as the gate does.
+        fn next(&mut self) -> Option<T> {
+            let w = self.pop()?;
+            self.charge(&w.tenant, w.cost);
+            Some(w.wake)
+        }
+    }
+
+    fn t(s: &str) -> Arc<str> {
+        Arc::from(s)
+    }
+
+    #[test]
+    fn higher_bands_go_first_then_arrival() {
+        let mut q = Queue::default();
+        q.push(0, t("a"), 1.0, "low-1");
+        q.push(10, t("b"), 1.0, "high-1");
+        q.push(0, t("a"), 1.0, "low-2");
+        q.push(10, t("b"), 1.0, "high-2");
+        assert_eq!(q.at_or_above(10), 2);
+        assert_eq!(q.at_or_above(0), 4);
+        let order: Vec<_> = std::iter::from_fn(|| q.next()).collect();
+        assert_eq!(order, ["high-1", "high-2", "low-1", "low-2"]);
+        assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn least_attained_service_within_a_band() {
+        // A heavy tenant queued 10 requests before a light one queued 2: the
+        // light one's are served as soon as its service is the lowest.
+        let mut q = Queue::default();
+        for i in 0..10 {
+            q.push(0, t("heavy"), 100.0, format!("h{i}"));
+        }
+        q.push(0, t("light"), 100.0, "l0".to_string());
+        q.push(0, t("light"), 100.0, "l1".to_string());
+        let order: Vec<_> = std::iter::from_fn(|| q.next()).collect();
+        let pos = |x: &str| order.iter().position(|o| o == x).unwrap();
+        assert!(pos("l0") <= 1, "{order:?}");
+        assert!(pos("l1") <= 3, "{order:?}");
+    }
+
+    #[test]
+    fn an_idle_tenant_banks_no_credit() {
+        let mut q = Queue::default();
+        // "old" was served a lot long ago; "new" arrives now: it starts at
+        // the virtual time, not at zero, so the two alternate.
+        for i in 0..20 {
+            q.push(0, t("busy"), 10.0, format!("b{i}"));
+        }
+        for _ in 0..10 {
+            q.next();
+        }
+        q.push(0, t("new"), 10.0, "n0".to_string());
+        q.push(0, t("new"), 10.0, "n1".to_string());
+        let next: Vec<_> = (0..4).filter_map(|_| q.next()).collect();
+        assert!(next.contains(&"n0".to_string()) && next.contains(&"n1".to_string()));
+        assert!(next.iter().any(|w| w.starts_with('b')), "{next:?}");
+    }
+
+    #[test]
+    fn removal_and_shedding() {
+        let mut q = Queue::default();
+        let a = q.push(5, t("x"), 1.0, "a");
+        q.push(0, t("y"), 1.0, "b");
+        q.push(0, t("z"), 1.0, "c");
+        assert_eq!(q.remove(5, "x", a).map(|w| w.wake), Some("a"));
+        assert_eq!(q.remove(5, "x", a).map(|w| w.wake), None);
+        assert_eq!(q.highest_band(), Some(0));
+        assert_eq!(q.pop_lowest_newest().map(|w| w.wake), Some("c"));
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.lowest_band(), Some(0));
+    }
+}

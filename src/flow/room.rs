@@ -1,0 +1,157 @@
+//! Room on a replica, and the rules flow control reads from the config.
+//!
+//! A replica has no room while its last fresh scrape shows KV-cache usage at
+//! or above `routing.prefix_kv.kv_high` or `queue_high` requests waiting
+//! (the thresholds routing spills at). Otherwise, when its seats are known
+//! (`backends[].max_concurrency`, or learned from its scrapes by the pool),
+//! the room is the seats less what occupies them: this gateway's requests in
+//! flight there (live) and other gateways' (seen at the last scrape), less
+//! the streams about to end. Seats unknown and no pressure: open.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::upstream::pool::Replica;
+
+/// What a replica (or a model) can take now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// No known limit and no pressure.
+    Open,
+    /// This many more requests.
+    Seats(u32),
+}
+
+/// The parts of the config flow control decides by.
+pub(crate) struct Rules {
+    pub enabled: bool,
+    pub max_queue: usize,
+    pub output_weight: f64,
+    pub recheck: Duration,
+    max_wait: Duration,
+    kv_high: f64,
+    queue_high: f64,
+    /// `None`: scraping is off (no pressure information).
+    stale_after: Option<Duration>,
+    /// Tier name -> (band, max_wait).
+    tiers: HashMap<String, (i32, Option<Duration>)>,
+    /// The bands, highest first: every tier's priority and 0.
+    pub bands: Vec<i32>,
+    labels: HashMap<i32, Arc<str>>,
+}
+
+impl Rules {
+    pub(crate) fn from_config(c: &Config) -> Self {
+        let f = &c.flow_control;
+        let tiers: HashMap<String, (i32, Option<Duration>)> = c
+            .tiers
+            .iter()
+            .map(|(name, t)| (name.clone(), (t.priority, t.max_wait)))
+            .collect();
+        let mut bands: Vec<i32> = tiers.values().map(|(b, _)| *b).collect();
+        bands.push(0);
+        bands.sort_unstable_by(|a, b| b.cmp(a));
+        bands.dedup();
+        let labels = bands
+            .iter()
+            .map(|b| (*b, Arc::from(b.to_string().as_str())))
+            .collect();
+        let m = &c.routing.metrics;
+        Self {
+            enabled: f.enabled,
+            max_queue: f.max_queue,
+            output_weight: f.output_weight,
+            recheck: f.recheck,
+            max_wait: f.max_wait,
+            kv_high: c.routing.prefix_kv.kv_high,
+            queue_high: c.routing.prefix_kv.queue_high,
+            stale_after: m.enabled.then_some(m.stale_after),
+            tiers,
+            bands,
+            labels,
+        }
+    }
+
+    /// A request's band: its tier's priority (0 without a tier), lowered by
+    /// `asked` if that is lower, snapped down to a configured band (so the
+    /// `band` label stays a closed set).
+    pub(crate) fn band(&self, tier: Option<&str>, asked: Option<i32>) -> i32 {
+        let own = tier.and_then(|t| self.tiers.get(t)).map_or(0, |(b, _)| *b);
+        let want = asked.map_or(own, |a| a.min(own));
+        self.bands
+            .iter()
+            .copied()
+            .find(|&b| b <= want)
+            .or_else(|| self.bands.last().copied())
+            .unwrap_or(0)
+    }
+
+    pub(crate) fn max_wait(&self, tier: Option<&str>) -> Duration {
+        tier.and_then(|t| self.tiers.get(t))
+            .and_then(|(_, w)| *w)
+            .unwrap_or(self.max_wait)
+    }
+
+    pub(crate) fn band_label(&self, band: i32) -> Arc<str> {
+        self.labels
+            .get(&band)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(band.to_string().as_str()))
+    }
+
+    /// The room on `r` now.
+    pub(crate) fn room(&self, r: &Replica) -> Room {
+        let now = Instant::now();
+        let fresh = self.stale_after.and_then(|max_age| {
+            r.load()
+                .filter(|s| now.saturating_duration_since(s.at) <= max_age)
+        });
+        if let Some(s) = &fresh
+            && (s.kv_usage.unwrap_or(0.0) >= self.kv_high
+                || s.waiting.unwrap_or(0.0) >= self.queue_high)
+        {
+            return Room::Seats(0);
+        }
+        let Some(seats) = r.seats() else {
+            return Room::Open;
+        };
+        let others = if fresh.is_some() { r.others() } else { 0 };
+        let busy = (r.in_flight() + others).saturating_sub(r.leaving());
+        Room::Seats(seats.saturating_sub(busy))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TierConfig;
+
+    fn rules(tiers: &[(&str, i32)]) -> Rules {
+        let mut c = Config::default();
+        for (name, p) in tiers {
+            c.tiers.insert(
+                name.to_string(),
+                TierConfig {
+                    priority: *p,
+                    ..TierConfig::default()
+                },
+            );
+        }
+        Rules::from_config(&c)
+    }
+
+    #[test]
+    fn bands_come_from_tiers_and_a_request_can_only_lower_its_own() {
+        let r = rules(&[("premium", 10), ("free", -5), ("std", 0)]);
+        assert_eq!(r.bands, [10, 0, -5]);
+        assert_eq!(r.band(Some("premium"), None), 10);
+        assert_eq!(r.band(Some("premium"), Some(100)), 10, "never raised");
+        assert_eq!(r.band(Some("premium"), Some(3)), 0, "snapped down");
+        assert_eq!(r.band(Some("free"), Some(-100)), -5, "lowest band");
+        assert_eq!(r.band(None, None), 0);
+        assert_eq!(r.band(Some("unknown"), None), 0);
+        assert_eq!(&*r.band_label(-5), "-5");
+    }
+}

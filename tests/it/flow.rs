@@ -1,0 +1,346 @@
+//! Flow control over real sockets: a `sluice sim` replica that runs one
+//! request at a time (`backends[].max_concurrency: 1`), held by a stream that
+//! stalls after its first token; what arrives meanwhile waits at the gateway.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use sluice::config::{ApiKey, Config, EnginePriority, Secret, TierConfig};
+use sluice::server::Gateway;
+use sluice::sim::SimHandle;
+
+use crate::common::*;
+
+const PREMIUM: &str = "sk-flow-premium";
+const FREE: &str = "sk-flow-free";
+
+/// One replica with one seat; tiers `premium` (band 10) and `free` (band 0).
+async fn one_seat(tweak: impl FnOnce(&mut Config)) -> (SimHandle, Gateway) {
+    let sim = start_sim(fast_sim()).await;
+    let mut c = config_for(&[sim.url()]);
+    c.backends[0].max_concurrency = Some(1);
+    let sha = |k: &str| Secret::new(hex::encode(Sha256::digest(k.as_bytes())));
+    c.auth.keys = vec![
+        ApiKey {
+            name: "vip".into(),
+            tier: "premium".into(),
+            sha256: sha(PREMIUM),
+        },
+        ApiKey {
+            name: "crowd".into(),
+            tier: "free".into(),
+            sha256: sha(FREE),
+        },
+    ];
+    c.tiers.insert(
+        "premium".into(),
+        TierConfig {
+            priority: 10,
+            ..TierConfig::default()
+        },
+    );
+    c.tiers.insert("free".into(), TierConfig::default());
+    tweak(&mut c);
+    let gw = start_gateway(c, 1).await;
+    (sim, gw)
+}
+
+fn request(gw: &Gateway, key: &str, fault: Option<&str>) -> reqwest::RequestBuilder {
+    let mut r = client()
+        .post(format!("{}/v1/chat/completions", api(gw)))
+        .bearer_auth(key)
+        .json(&chat_body(true));
+    if let Some(f) = fault {
+        r = r.header("x-sim-fault", f);
+    }
+    r
+}
+
+/// A stream holding the seat: it got its first token and then stalls until
+/// dropped.
+struct Holder {
+    _body:
+        std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+}
+
+async fn hold(gw: &Gateway, key: &str) -> Holder {
+    let resp = request(gw, key, Some("stall=1:60s")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = Box::pin(resp.bytes_stream());
+    let mut seen = String::new();
+    while !seen.contains("\"content\"") {
+        let chunk = body.next().await.expect("stream ended early").unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    Holder { _body: body }
+}
+
+async fn waiting(gw: &Gateway, band: &str) -> f64 {
+    gateway_metric(
+        gw,
+        &format!("sluice_flow_waiting_requests{{model=\"sim-model\",band=\"{band}\"}}"),
+    )
+    .await
+}
+
+async fn wait_for_waiting(gw: &Gateway, band: &str, n: f64) {
+    wait_until(
+        &format!("{n} waiting in band {band}"),
+        Duration::from_secs(10),
+        || async move { waiting(gw, band).await == n },
+    )
+    .await;
+}
+
+async fn outcomes(gw: &Gateway, outcome: &str) -> f64 {
+    gateway_metric(
+        gw,
+        &format!("sluice_flow_requests_total{{model=\"sim-model\",outcome=\"{outcome}\"}}"),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_waiting_request_goes_when_the_seat_frees() {
+    let (sim, gw) = one_seat(|_| {}).await;
+    let holder = hold(&gw, FREE).await;
+    let next = tokio::spawn(request(&gw, FREE, None).send());
+    wait_for_waiting(&gw, "0", 1.0).await;
+    // Waiting at the gateway: the replica has not seen it.
+    assert_eq!(sim.state.metrics.received.get(), 1);
+    drop(holder);
+    let resp = next.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("[DONE]"), "{body}");
+    assert_eq!(sim.state.metrics.received.get(), 2);
+    assert_eq!(outcomes(&gw, "waited").await, 1.0);
+    assert_eq!(outcomes(&gw, "immediate").await, 1.0);
+    assert_eq!(waiting(&gw, "0").await, 0.0);
+    // The wait is in its queue time.
+    let (_, text) = get_text(&format!("{}/metrics", admin(&gw))).await;
+    let waited = metric(
+        &text,
+        "sluice_flow_wait_seconds_count{model=\"sim-model\",band=\"0\"}",
+    );
+    assert_eq!(waited, Some(2.0));
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_while_waiting_frees_its_place_at_once() {
+    let (sim, gw) = one_seat(|_| {}).await;
+    let holder = hold(&gw, FREE).await;
+    let gone = tokio::spawn(request(&gw, FREE, None).send());
+    wait_for_waiting(&gw, "0", 1.0).await;
+    gone.abort();
+    wait_for_waiting(&gw, "0", 0.0).await;
+    drop(holder);
+    // The seat is free again: the next request goes at once, and the one
+    // that left never reached the replica.
+    let resp = request(&gw, FREE, None).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    assert_eq!(sim.state.metrics.received.get(), 2);
+    assert_eq!(outcomes(&gw, "waited").await, 0.0);
+}
+
+#[tokio::test]
+async fn the_wait_is_bounded_by_a_503_with_retry_after_in_each_protocol() {
+    let (sim, gw) = one_seat(|c| {
+        c.tiers.get_mut("free").unwrap().max_wait = Some(Duration::from_millis(300));
+    })
+    .await;
+    let holder = hold(&gw, FREE).await;
+    let resp = request(&gw, FREE, None).send().await.unwrap();
+    assert_eq!(resp.status(), 503);
+    let retry: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    assert!(resp.headers().contains_key("retry-after-ms"));
+    let err = error_of(&resp.text().await.unwrap());
+    assert_eq!(err["code"], "flow_timeout");
+    assert!(err["message"].as_str().unwrap().contains("max_wait"));
+    // Anthropic's shape on /v1/messages.
+    let resp = client()
+        .post(format!("{}/v1/messages", api(&gw)))
+        .header("x-api-key", FREE)
+        .json(&serde_json::json!({
+            "model": "sim-model", "max_tokens": 8, "stream": true,
+            "messages": [{"role": "user", "content": "hi"}],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "overloaded_error");
+    // Neither reached the replica; the premium tier (no max_wait of its own,
+    // 30 s) still waits and goes when the seat frees.
+    assert_eq!(sim.state.metrics.received.get(), 1);
+    assert_eq!(outcomes(&gw, "shed_timeout").await, 2.0);
+    let premium = tokio::spawn(request(&gw, PREMIUM, None).send());
+    wait_for_waiting(&gw, "10", 1.0).await;
+    drop(holder);
+    assert_eq!(premium.await.unwrap().unwrap().status(), 200);
+    let requests = gateway_metric(
+        &gw,
+        "sluice_requests_total{model=\"sim-model\",status=\"503\",error_kind=\"flow_timeout\",tier=\"free\"}",
+    )
+    .await;
+    assert_eq!(requests, 2.0);
+}
+
+#[tokio::test]
+async fn higher_bands_go_first_and_a_request_may_lower_its_own() {
+    let (_sim, gw) = one_seat(|_| {}).await;
+    let holder = hold(&gw, FREE).await;
+    // Free first, then premium asking to be treated as band 0, then premium.
+    let low = tokio::spawn(request(&gw, FREE, None).send());
+    wait_for_waiting(&gw, "0", 1.0).await;
+    let lowered = tokio::spawn(
+        request(&gw, PREMIUM, None)
+            .header("x-sluice-priority", "0")
+            .send(),
+    );
+    wait_for_waiting(&gw, "0", 2.0).await;
+    let high = tokio::spawn(request(&gw, PREMIUM, Some("stall=1:60s")).send());
+    wait_for_waiting(&gw, "10", 1.0).await;
+    drop(holder);
+    // The premium request gets the seat; both band-0 requests still wait.
+    let high = high.await.unwrap().unwrap();
+    assert_eq!(high.status(), 200);
+    assert_eq!(waiting(&gw, "0").await, 2.0);
+    assert_eq!(waiting(&gw, "10").await, 0.0);
+    drop(high);
+    // Then band 0, one at a time.
+    assert_eq!(low.await.unwrap().unwrap().status(), 200);
+    assert_eq!(lowered.await.unwrap().unwrap().status(), 200);
+    // A priority that is not a number is the client's error.
+    let resp = request(&gw, PREMIUM, None)
+        .header("x-sluice-priority", "urgent")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+}
+
+#[tokio::test]
+async fn a_disconnect_storm_in_the_queue_leaks_nothing() {
+    let (sim, gw) = one_seat(|_| {}).await;
+    let holder = hold(&gw, FREE).await;
+    let waiters: Vec<_> = (0..40)
+        .map(|_| tokio::spawn(request(&gw, FREE, None).send()))
+        .collect();
+    wait_for_waiting(&gw, "0", 40.0).await;
+    for w in &waiters {
+        w.abort();
+    }
+    wait_for_waiting(&gw, "0", 0.0).await;
+    drop(holder);
+    wait_until("nothing in flight", Duration::from_secs(10), || async {
+        gateway_metric(&gw, "sluice_requests_in_flight{model=\"sim-model\"}").await == 0.0
+            && gateway_metric(&gw, "sluice_backend_in_flight").await == 0.0
+    })
+    .await;
+    // The seat is free: the next request goes at once.
+    let before = outcomes(&gw, "immediate").await;
+    let resp = request(&gw, FREE, None).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    assert_eq!(outcomes(&gw, "immediate").await, before + 1.0);
+    assert_eq!(sim.state.metrics.received.get(), 2);
+}
+
+#[tokio::test]
+async fn a_full_queue_sheds_the_lowest_band_first() {
+    let (_sim, gw) = one_seat(|c| c.flow_control.max_queue = 2).await;
+    let holder = hold(&gw, FREE).await;
+    let first = tokio::spawn(request(&gw, FREE, None).send());
+    wait_for_waiting(&gw, "0", 1.0).await;
+    let second = tokio::spawn(request(&gw, FREE, None).send());
+    wait_for_waiting(&gw, "0", 2.0).await;
+    // Full: another free request is turned away at once...
+    let resp = request(&gw, FREE, None).send().await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(
+        error_of(&resp.text().await.unwrap())["code"],
+        "flow_overflow"
+    );
+    // ...and a premium one takes the place of the newest free one.
+    let premium = tokio::spawn(request(&gw, PREMIUM, None).send());
+    let shed = second.await.unwrap().unwrap();
+    assert_eq!(shed.status(), 503);
+    assert!(shed.headers().contains_key("retry-after"));
+    wait_for_waiting(&gw, "10", 1.0).await;
+    drop(holder);
+    assert_eq!(premium.await.unwrap().unwrap().status(), 200);
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    assert_eq!(outcomes(&gw, "shed_overflow").await, 2.0);
+}
+
+#[tokio::test]
+async fn turned_off_the_replica_takes_the_excess() {
+    let (sim, gw) = one_seat(|c| c.flow_control.enabled = false).await;
+    let holder = hold(&gw, FREE).await;
+    let resp = request(&gw, FREE, None).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap();
+    assert_eq!(sim.state.metrics.received.get(), 2);
+    assert_eq!(outcomes(&gw, "immediate").await, 0.0);
+    drop(holder);
+}
+
+#[tokio::test]
+async fn the_band_reaches_engines_that_schedule_by_priority() {
+    use crate::common::scripted::{self, Script};
+    let script = Script::sse(vec![(
+        Duration::ZERO,
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+    )]);
+    for (engine, sent) in [
+        (EnginePriority::Vllm, Some(-10)),
+        (EnginePriority::Sglang, Some(10)),
+        (EnginePriority::Off, None),
+    ] {
+        let replica = scripted::start("sim-model", script.clone()).await;
+        let mut c = config_for(&[replica.url()]);
+        c.backends[0].engine_priority = engine;
+        c.auth.keys = vec![ApiKey {
+            name: "vip".into(),
+            tier: "premium".into(),
+            sha256: Secret::new(hex::encode(Sha256::digest(PREMIUM.as_bytes()))),
+        }];
+        c.tiers.insert(
+            "premium".into(),
+            TierConfig {
+                priority: 10,
+                ..TierConfig::default()
+            },
+        );
+        let gw = start_gateway(c, 1).await;
+        // The client's own `priority` never reaches the engine.
+        let mut body = chat_body(true);
+        body["priority"] = serde_json::json!(-1000);
+        let resp = client()
+            .post(format!("{}/v1/chat/completions", api(&gw)))
+            .bearer_auth(PREMIUM)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.text().await.unwrap();
+        let seen = replica.last_body.lock().clone().unwrap();
+        let seen: serde_json::Value = serde_json::from_slice(&seen).unwrap();
+        match sent {
+            Some(p) => assert_eq!(seen["priority"], p, "{engine:?}"),
+            None => assert_eq!(seen["priority"], -1000, "off: the body is untouched"),
+        }
+    }
+}
