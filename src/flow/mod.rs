@@ -12,11 +12,13 @@
 //! exceeds the **headroom** kept for the bands above it; otherwise it waits
 //! in the gate's [`Queue`] (memory only: it holds no replica, no connection).
 //!
-//! Headroom: for each band, its recent peak of requests in flight (decaying
-//! with a half-life of [`DEMAND_HALF_LIFE`]); a lower band may not take the
-//! seats a higher band's peak says it will want back. So a premium request
-//! arriving at a full fleet finds a seat free instead of waiting for one,
-//! and the reserve is sized from the traffic, not a constant.
+//! Headroom: for each band, the larger of its recent peak of requests in
+//! flight (decaying with a half-life of [`DEMAND_HALF_LIFE`]) and the 99th
+//! percentile of Poisson arrivals around its mean concurrency; a lower band
+//! may not take the seats a higher band will want back (at most half of
+//! them). So a premium request arriving at a full fleet finds a seat free
+//! instead of waiting for one, and the reserve is sized from the traffic,
+//! not a constant.
 //!
 //! A seat is handed over when a request ends (its [`Seat`] is dropped last in
 //! the request guard's end), when a granted request gives up before being
@@ -145,7 +147,9 @@ impl Flow {
         let id = {
             let mut st = gate.state.lock();
             let free = gate.free_on(candidates, &rules);
-            if st.queue.at_or_above(band) == 0 && free > st.reserve(band, arrival) {
+            if st.queue.at_or_above(band) == 0
+                && free.admits(band, &rules, st.reserve(band, arrival))
+            {
                 let seat = gate.grant(
                     &mut st,
                     &self.shared,
@@ -286,6 +290,44 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// Free seats of a model, for the top band and for the others (see
+/// [`Rules::room`]).
+#[derive(Debug, Clone, Copy)]
+struct Free {
+    top: u32,
+    rest: u32,
+    /// The replicas' seats in all.
+    seats: u32,
+}
+
+impl Free {
+    const OPEN: Free = Free {
+        top: u32::MAX,
+        rest: u32::MAX,
+        seats: u32::MAX,
+    };
+
+    fn for_band(self, band: i32, rules: &Rules) -> u32 {
+        if rules.is_top(band) {
+            self.top
+        } else {
+            self.rest
+        }
+    }
+
+    /// Whether a request of `band` may take a seat, leaving `reserve` to the
+    /// bands above it. The reserve never takes more than half the seats: a
+    /// lower band is slowed down by it, never shut out.
+    fn admits(self, band: i32, rules: &Rules, reserve: u32) -> bool {
+        self.for_band(band, rules) > reserve.min(self.seats / 2)
+    }
+
+    fn take_one(&mut self) {
+        self.top = self.top.saturating_sub(1);
+        self.rest = self.rest.saturating_sub(1);
+    }
+}
+
 /// Flow control of one model.
 struct Gate {
     model: Arc<str>,
@@ -304,20 +346,56 @@ struct GateState {
     last_grant: Option<Instant>,
 }
 
-/// Requests of one band in flight, and its recent peak.
+/// Requests of one band in flight, their recent peak and their mean.
 #[derive(Default)]
 struct BandLoad {
     in_flight: u32,
     peak: f64,
     at: Option<Instant>,
+    /// Time-weighted mean of `in_flight` (time constant: the half-life's).
+    mean: f64,
+    mean_at: Option<Instant>,
 }
 
+/// The 99th percentile of a Poisson count is about its mean plus 2.33
+/// standard deviations (sqrt of the mean).
+const POISSON_P99_SIGMAS: f64 = 2.33;
+
 impl BandLoad {
-    fn demand(&self, now: Instant) -> f64 {
+    fn decayed_peak(&self, now: Instant) -> f64 {
         let Some(at) = self.at else { return 0.0 };
         let age = now.saturating_duration_since(at).as_secs_f64();
-        let decayed = self.peak * 0.5f64.powf(age / DEMAND_HALF_LIFE.as_secs_f64());
-        decayed.max(f64::from(self.in_flight))
+        self.peak * 0.5f64.powf(age / DEMAND_HALF_LIFE.as_secs_f64())
+    }
+
+    fn mean(&self, now: Instant) -> f64 {
+        let Some(at) = self.mean_at else { return 0.0 };
+        let dt = now.saturating_duration_since(at).as_secs_f64();
+        let tau = DEMAND_HALF_LIFE.as_secs_f64() / std::f64::consts::LN_2;
+        let w = (-dt / tau).exp();
+        w * self.mean + (1.0 - w) * f64::from(self.in_flight)
+    }
+
+    /// Seats the band may want at once: its recent peak, or the 99th
+    /// percentile of Poisson arrivals around its mean concurrency, whichever
+    /// is more.
+    fn demand(&self, now: Instant) -> f64 {
+        let m = self.mean(now);
+        self.decayed_peak(now)
+            .max(m + POISSON_P99_SIGMAS * m.sqrt())
+            .max(f64::from(self.in_flight))
+    }
+
+    fn change(&mut self, now: Instant, up: bool) {
+        self.mean = self.mean(now);
+        self.mean_at = Some(now);
+        if up {
+            self.in_flight += 1;
+            self.peak = self.decayed_peak(now).max(f64::from(self.in_flight));
+            self.at = Some(now);
+        } else {
+            self.in_flight = self.in_flight.saturating_sub(1);
+        }
     }
 }
 
@@ -327,7 +405,7 @@ impl GateState {
         self.bands
             .iter()
             .filter(|(b, _)| **b > band)
-            .map(|(_, l)| (l.demand(now).ceil() as u32).saturating_sub(l.in_flight))
+            .map(|(_, l)| (l.demand(now) - f64::from(l.in_flight)).max(0.0).round() as u32)
             .sum()
     }
 
@@ -344,24 +422,37 @@ impl Gate {
     /// Seats free on the model's replicas, less those granted and not yet
     /// sent; `u32::MAX` when some replica's seats are unknown and it is under
     /// no pressure.
-    fn free(&self, pool: &Pool, rules: &Rules) -> u32 {
+    fn free(&self, pool: &Pool, rules: &Rules) -> Free {
         match pool.resolve(&self.model) {
             Ok(c) => self.free_on(&c.replicas, rules),
             // No replica at all: let the request through to fail as usual.
-            Err(_) => u32::MAX,
+            Err(_) => Free::OPEN,
         }
     }
 
     /// [`Gate::free`] over these replicas of the model.
-    fn free_on(&self, replicas: &[Arc<Replica>], rules: &Rules) -> u32 {
-        let mut free = 0u32;
+    fn free_on(&self, replicas: &[Arc<Replica>], rules: &Rules) -> Free {
+        let (mut top, mut rest, mut seats) = (0u32, 0u32, 0u32);
         for r in replicas {
             match rules.room(r) {
-                Room::Open => return u32::MAX,
-                Room::Seats(n) => free = free.saturating_add(n),
+                Room::Open => return Free::OPEN,
+                Room::Seats {
+                    top: t,
+                    rest: f,
+                    seats: n,
+                } => {
+                    top = top.saturating_add(t);
+                    rest = rest.saturating_add(f);
+                    seats = seats.saturating_add(n);
+                }
             }
         }
-        free.saturating_sub(self.pending.load(Relaxed))
+        let pending = self.pending.load(Relaxed);
+        Free {
+            top: top.saturating_sub(pending),
+            rest: rest.saturating_sub(pending),
+            seats,
+        }
     }
 
     #[expect(
@@ -380,11 +471,7 @@ impl Gate {
     ) -> Seat {
         self.pending.fetch_add(1, Relaxed);
         st.queue.charge(&tenant, cost);
-        let load = st.bands.entry(band).or_default();
-        load.in_flight += 1;
-        let demand = load.demand(now);
-        load.peak = demand;
-        load.at = Some(now);
+        st.bands.entry(band).or_default().change(now, true);
         if let Some(last) = st.last_grant {
             let gap = now.saturating_duration_since(last).as_secs_f64();
             st.interval = Some(st.interval.map_or(gap, |i| 0.9 * i + 0.1 * gap));
@@ -414,13 +501,13 @@ impl Gate {
             let now = Instant::now();
             let mut free = self.free(pool, rules);
             while let Some(band) = st.queue.highest_band() {
-                if free <= st.reserve(band, now) {
+                if !free.admits(band, rules, st.reserve(band, now)) {
                     break;
                 }
                 let Some(w) = st.queue.pop() else { break };
                 let seat = self.grant(&mut st, shared, pool, band, w.tenant.clone(), w.cost, now);
                 match w.wake.send(seat) {
-                    Ok(()) => free = free.saturating_sub(1),
+                    Ok(()) => free.take_one(),
                     Err(mut seat) => {
                         // It left in the meantime: the seat goes back, after
                         // the lock is released.
@@ -473,14 +560,14 @@ impl Drop for Seat {
         if self.quiet {
             let mut st = self.gate.state.lock();
             if let Some(l) = st.bands.get_mut(&self.band) {
-                l.in_flight = l.in_flight.saturating_sub(1);
+                l.change(Instant::now(), false);
             }
             return;
         }
         {
             let mut st = self.gate.state.lock();
             if let Some(l) = st.bands.get_mut(&self.band) {
-                l.in_flight = l.in_flight.saturating_sub(1);
+                l.change(Instant::now(), false);
             }
             if let Some(actual) = self.actual {
                 st.queue.adjust(&self.tenant, actual - self.charged);
@@ -509,6 +596,7 @@ mod tests {
                 in_flight: 2,
                 peak: 6.0,
                 at: Some(now),
+                ..BandLoad::default()
             },
         );
         st.bands.insert(
@@ -517,6 +605,7 @@ mod tests {
                 in_flight: 30,
                 peak: 30.0,
                 at: Some(now),
+                ..BandLoad::default()
             },
         );
         assert_eq!(st.reserve(0, now), 4, "band 0 leaves 4 seats for premium");
@@ -530,5 +619,54 @@ mod tests {
             l.in_flight = 0;
         }
         assert_eq!(st.reserve(0, later), 2);
+    }
+
+    #[test]
+    fn the_reserve_slows_lower_bands_but_never_shuts_them_out() {
+        let rules = Rules::from_config(&{
+            let mut c = crate::config::Config::default();
+            c.tiers.insert(
+                "premium".into(),
+                crate::config::TierConfig {
+                    priority: 10,
+                    ..Default::default()
+                },
+            );
+            c
+        });
+        let free = Free {
+            top: 3,
+            rest: 2,
+            seats: 100,
+        };
+        assert!(free.admits(10, &rules, 0));
+        assert!(free.admits(0, &rules, 1));
+        assert!(!free.admits(0, &rules, 2), "the last two are kept");
+        // Streams about to end free seats for the top band only.
+        assert!(free.admits(10, &rules, 2));
+        // One seat in all: a reserve cannot take it from band 0.
+        let tiny = Free {
+            top: 1,
+            rest: 1,
+            seats: 1,
+        };
+        assert!(tiny.admits(0, &rules, 1));
+    }
+
+    #[test]
+    fn a_steady_band_keeps_room_for_its_poisson_bursts() {
+        let t0 = Instant::now();
+        let mut l = BandLoad::default();
+        for _ in 0..4 {
+            l.change(t0, true);
+        }
+        // Four in flight for ten minutes: the peak has faded to nothing, the
+        // mean is 4, and its 99th percentile 4 + 2.33 x 2.
+        let later = t0 + Duration::from_secs(600);
+        assert!((l.mean(later) - 4.0).abs() < 0.01);
+        assert!((l.demand(later) - 8.66).abs() < 0.01, "{}", l.demand(later));
+        let mut st = GateState::default();
+        st.bands.insert(10, l);
+        assert_eq!(st.reserve(0, later), 5);
     }
 }

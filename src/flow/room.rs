@@ -20,8 +20,9 @@ use crate::upstream::pool::Replica;
 pub(crate) enum Room {
     /// No known limit and no pressure.
     Open,
-    /// This many more requests.
-    Seats(u32),
+    /// This many more requests: for the top band (streams about to end
+    /// count as gone), and for the others (they do not); of `seats` in all.
+    Seats { top: u32, rest: u32, seats: u32 },
 }
 
 /// The parts of the config flow control decides by.
@@ -88,6 +89,11 @@ impl Rules {
             .unwrap_or(0)
     }
 
+    /// Whether `band` is the highest configured.
+    pub(crate) fn is_top(&self, band: i32) -> bool {
+        self.bands.first().is_none_or(|&top| band >= top)
+    }
+
     pub(crate) fn max_wait(&self, tier: Option<&str>) -> Duration {
         tier.and_then(|t| self.tiers.get(t))
             .and_then(|(_, w)| *w)
@@ -101,7 +107,9 @@ impl Rules {
             .unwrap_or_else(|| Arc::from(band.to_string().as_str()))
     }
 
-    /// The room on `r` now.
+    /// The room on `r` now. Streams about to end leave seats only to the top
+    /// band: a lower band sent there would queue in the engine, ahead of
+    /// whatever comes next, for the few steps those streams have left.
     pub(crate) fn room(&self, r: &Replica) -> Room {
         let now = Instant::now();
         let fresh = self.stale_after.and_then(|max_age| {
@@ -112,14 +120,22 @@ impl Rules {
             && (s.kv_usage.unwrap_or(0.0) >= self.kv_high
                 || s.waiting.unwrap_or(0.0) >= self.queue_high)
         {
-            return Room::Seats(0);
+            return Room::Seats {
+                top: 0,
+                rest: 0,
+                seats: r.seats().unwrap_or(0),
+            };
         }
         let Some(seats) = r.seats() else {
             return Room::Open;
         };
         let others = if fresh.is_some() { r.others() } else { 0 };
-        let busy = (r.in_flight() + others).saturating_sub(r.leaving());
-        Room::Seats(seats.saturating_sub(busy))
+        let busy = r.in_flight() + others;
+        Room::Seats {
+            top: seats.saturating_sub(busy.saturating_sub(r.leaving())),
+            rest: seats.saturating_sub(busy),
+            seats,
+        }
     }
 }
 

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Flow control on a simulated fleet at 1.5x its capacity, with and without it.
+
+Two `sluice sim` replicas (engine model `a100-llama3-8b`, `--max-num-seqs 48`,
+so that seats, not KV, bound them) behind Sluice with two tiers: `premium`
+(priority 10) and `free` (priority 0, `max_wait` 5s). Each `sluice bench` is
+one tenant (its own key), Poisson arrivals, streamed chat, 128-token prompts,
+64 output tokens. Runs, each on fresh replicas and a fresh gateway:
+
+  capacity        closed loop, 2 x 16 streams: the fleet's requests/s (C)
+  unloaded        premium alone at --premium-rate: its TTFT baseline
+  flood           premium + one free tenant at 1.5 C - premium, flow control on
+  flood-off       the same with flow_control.enabled: false
+  fair            two free tenants (same band), one sending 10x the other,
+                  1.5 C in all, flow control on
+  fair-off        the same, off
+  fair-2gw        the same through two gateways (each tenant's traffic split
+                  evenly between them: a round-robin balancer)
+
+Reported: premium TTFT p99 against unloaded; Jain's fairness index of the two
+tenants' served rate over their max-min fair share; the light tenant's
+share of its demand served; goodput (output tokens/s of successful requests)
+against the same run without flow control; answers past the wait bound.
+
+    cargo build --release
+    python3 benches/e2e/flow.py --json docs/bench/flow.json
+
+Everything listens on 127.0.0.1; every process is stopped at the end.
+"""
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stream_overhead import free_port, wait_http  # noqa: E402
+from agentic import Procs  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, "target", "release", "sluice")
+KEYS = {"vip": ("premium", "sk-bench-vip"), "heavy": ("free", "sk-bench-heavy"),
+        "light": ("free", "sk-bench-light"), "crowd": ("free", "sk-bench-crowd")}
+SEATS = 48
+REPLICAS = 2
+
+
+def start_sims(procs):
+    urls = []
+    for _ in range(REPLICAS):
+        port = free_port()
+        procs.start([BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "a100-llama3-8b",
+                     "--max-num-seqs", str(SEATS), "--output-tokens", "4096"])
+        urls.append(f"http://127.0.0.1:{port}")
+    for u in urls:
+        wait_http(u + "/health")
+    return urls
+
+
+def config(sims, flow, tmp, learned):
+    keys = "\n".join(
+        f"    - {{name: {name}, tier: {tier}, sha256: \"{hashlib.sha256(key.encode()).hexdigest()}\"}}"
+        for name, (tier, key) in KEYS.items())
+    seats = "" if learned else f"\n    max_concurrency: {SEATS}"
+    backends = "\n".join(f"  - url: {s}{seats}" for s in sims)
+    text = f"""
+backends:
+{backends}
+auth:
+  keys:
+{keys}
+tiers:
+  premium: {{priority: 10}}
+  free: {{priority: 0, max_wait: 5s}}
+flow_control:
+  enabled: {"true" if flow else "false"}
+"""
+    path = os.path.join(tmp, f"sluice-{free_port()}.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def start_gateway(procs, cfg):
+    api, admin = free_port(), free_port()
+    procs.start([BIN, "serve", "--config", cfg, "--listen", f"127.0.0.1:{api}",
+                 "--admin-listen", f"127.0.0.1:{admin}"], env={**os.environ, "RUST_LOG": "warn"})
+    wait_http(f"http://127.0.0.1:{admin}/readyz")
+    return f"http://127.0.0.1:{api}", f"http://127.0.0.1:{admin}"
+
+
+def flow_metrics(admins):
+    """The gateways' flow-control counters: outcomes per band, and per band
+    the requests that waited more than 10 ms."""
+    out = {}
+    for a in admins:
+        with urllib.request.urlopen(a + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith("sluice_flow_requests_total{"):
+                labels, v = line.rsplit(" ", 1)
+                band = labels.split('band="')[1].split('"')[0]
+                outcome = labels.split('outcome="')[1].split('"')[0]
+                key = f"band {band} {outcome}"
+                out[key] = out.get(key, 0) + int(float(v))
+            elif line.startswith("sluice_flow_wait_seconds_bucket{") and 'le="0.01"' in line:
+                labels, v = line.rsplit(" ", 1)
+                band = labels.split('band="')[1].split('"')[0]
+                key = f"band {band} waited_under_10ms"
+                out[key] = out.get(key, 0) + int(float(v))
+    return out
+
+
+def bench(url, who, tmp, seconds, rate=None, concurrency=2000, seed=1):
+    out = os.path.join(tmp, f"bench-{who}-{free_port()}.json")
+    args = [BIN, "bench", "--url", url, "--api-key", KEYS[who][1], "--duration", f"{seconds}s",
+            "--prompt-tokens", "128", "--max-tokens", "64", "--concurrency", str(concurrency),
+            "--seed", str(seed), "--quiet", "--json", out]
+    if rate:
+        args += ["--rate", f"{rate:.3f}"]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL), out
+
+
+def collect(runs):
+    res = {}
+    for who, (p, out) in runs.items():
+        p.wait(timeout=600)
+        with open(out) as f:
+            r = json.load(f)
+        res[who] = r
+    return res
+
+
+def summary(r):
+    return {
+        "requests": r["requests"], "ok": r["ok"], "errors": r["errors"],
+        "ttft_p50_ms": round(r["ttft_seconds"]["p50"] * 1e3, 1),
+        "ttft_p99_ms": round(r["ttft_seconds"]["p99"] * 1e3, 1),
+        "e2e_max_s": round(r["e2e_seconds"]["max"], 2),
+        "output_tokens": r["output_tokens"], "duration_s": round(r["duration_seconds"], 1),
+    }
+
+
+def jain(xs):
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if xs else 0.0
+
+
+def scenario(name, seconds, tmp, flow=True, gateways=1, tenants=(), learned=False):
+    """Run tenants [(who, rate)] against fresh replicas; return per-tenant reports."""
+    procs = Procs()
+    try:
+        sims = start_sims(procs)
+        cfg = config(sims, flow, tmp, learned)
+        gws = [start_gateway(procs, cfg) for _ in range(gateways)]
+        admins = [a for _, a in gws]
+        gws = [u for u, _ in gws]
+        runs = {}
+        for i, (who, rate) in enumerate(tenants):
+            for g, url in enumerate(gws):
+                key = who if gateways == 1 else f"{who}@{g}"
+                runs[key] = bench(url, who, tmp, seconds, rate / gateways if rate else None,
+                                  seed=1 + i * 7 + g)
+        res = collect(runs)
+        gauges = flow_metrics(admins)
+    finally:
+        procs.stop()
+    if gateways > 1:
+        merged = {}
+        for who, _ in tenants:
+            parts = [res[f"{who}@{g}"] for g in range(gateways)]
+            m = dict(parts[0])
+            for k in ("requests", "ok", "output_tokens"):
+                m[k] = sum(p[k] for p in parts)
+            m["errors"] = {}
+            for p in parts:
+                for e, n in p["errors"].items():
+                    m["errors"][e] = m["errors"].get(e, 0) + n
+            m["duration_seconds"] = max(p["duration_seconds"] for p in parts)
+            m["ttft_seconds"] = max((p["ttft_seconds"] for p in parts), key=lambda t: t["p99"])
+            m["e2e_seconds"] = max((p["e2e_seconds"] for p in parts), key=lambda t: t["max"])
+            merged[who] = m
+        res = merged
+    print(f"{name}: " + "; ".join(f"{w} {summary(r)}" for w, r in res.items()), flush=True)
+    print(f"  gateway: {gauges}", flush=True)
+    res["_gateway"] = gauges
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=40)
+    ap.add_argument("--premium-rate", type=float, default=4.0)
+    ap.add_argument("--capacity", type=float, help="skip measuring it (requests/s)")
+    ap.add_argument("--only", help="comma-separated runs (exploration; the verdict needs all)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not os.path.exists(BIN):
+        raise SystemExit("build first: cargo build --release")
+    tmp = tempfile.mkdtemp()
+    T = args.seconds
+
+    # Capacity: closed loop, every seat busy.
+    if args.capacity:
+        C = args.capacity
+    else:
+        procs = Procs()
+        try:
+            sims = start_sims(procs)
+            gw, _ = start_gateway(procs, config(sims, False, tmp, False))
+            run = {"crowd": bench(gw, "crowd", tmp, 20, concurrency=SEATS * REPLICAS)}
+            cap = collect(run)["crowd"]
+        finally:
+            procs.stop()
+        C = cap["ok"] / cap["duration_seconds"]
+        print(f"capacity: {C:.1f} req/s ({summary(cap)})", flush=True)
+    p = args.premium_rate
+    flood = 1.5 * C - p
+
+    light, heavy = 1.5 * C / 11, 1.5 * C * 10 / 11
+    fair = [("light", light), ("heavy", heavy)]
+    plan = {
+        "unloaded": dict(tenants=[("vip", p)]),
+        "flood": dict(tenants=[("vip", p), ("crowd", flood)]),
+        "flood_off": dict(flow=False, tenants=[("vip", p), ("crowd", flood)]),
+        "flood_learned": dict(learned=True, tenants=[("vip", p), ("crowd", flood)]),
+        "fair": dict(tenants=fair),
+        "fair_off": dict(flow=False, tenants=fair),
+        "fair_2gw": dict(gateways=2, tenants=fair),
+    }
+    rows = {"capacity_rps": round(C, 2), "premium_rate": p, "flood_rate": round(flood, 2)}
+    only = args.only.split(",") if args.only else list(plan)
+    for name in only:
+        rows[name] = scenario(name, T, tmp, **plan[name])
+    if args.only:
+        return
+
+    def fairness(res):
+        # Each tenant's served rate (answers over the time to its last one)
+        # against its max-min fair share of what the fleet served in all.
+        res = {w: r for w, r in res.items() if not w.startswith("_")}
+        served = {w: r["ok"] / r["duration_seconds"] for w, r in res.items()}
+        demand = {w: r["requests"] / T for w, r in res.items()}
+        total = sum(r["ok"] for r in res.values()) / max(r["duration_seconds"] for r in res.values())
+        lf = min(demand["light"], total / 2)
+        fair_share = {"light": lf, "heavy": total - lf}
+        xs = [served[w] / fair_share[w] for w in ("light", "heavy")]
+        light_r = res["light"]
+        return {"jain": round(jain(xs), 3),
+                "light_served_share": round(light_r["ok"] / light_r["requests"], 3),
+                "light_ttft_p99_s": round(light_r["ttft_seconds"]["p99"], 3)}
+
+    def goodput(res):
+        res = {w: r for w, r in res.items() if not w.startswith("_")}
+        return sum(r["output_tokens"] for r in res.values()) / max(
+            r["duration_seconds"] for r in res.values())
+
+    base = rows["unloaded"]["vip"]["ttft_seconds"]["p99"]
+    verdict = {
+        "premium_ttft_p99_vs_unloaded": {
+            k: round(rows[k]["vip"]["ttft_seconds"]["p99"] / base, 2)
+            for k in ("flood", "flood_off", "flood_learned")},
+        "goodput_vs_off": {
+            "flood": round(goodput(rows["flood"]) / goodput(rows["flood_off"]), 3),
+            "fair": round(goodput(rows["fair"]) / goodput(rows["fair_off"]), 3)},
+        "fairness_jain_light_served": {
+            k: fairness(rows[k]) for k in ("fair", "fair_off", "fair_2gw")},
+        "longest_answer_s": {
+            k: max(r["e2e_seconds"]["max"] for w, r in rows[k].items() if not w.startswith("_"))
+            for k in ("flood", "fair", "fair_2gw")},
+    }
+    print(json.dumps(verdict, indent=2))
+    if args.json:
+        out = {
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.node()} {os.cpu_count()} cpus {platform.machine()}",
+            "command": "python3 benches/e2e/flow.py " + " ".join(sys.argv[1:]),
+            "verdict": verdict,
+            "runs": {k: ({w: (r if w.startswith("_") else summary(r)) for w, r in v.items()}
+                         if isinstance(v, dict) else v)
+                     for k, v in rows.items()},
+        }
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
