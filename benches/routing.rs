@@ -40,6 +40,9 @@ fn replicas(n: usize) -> Vec<Arc<Replica>> {
                 block_size: Some(16),
                 num_blocks: Some(30_000),
                 prefix_hit_rate: None,
+                preemptions: None,
+                swapped: None,
+                cpu_kv_usage: None,
                 at: Instant::now() + Duration::from_secs(3600),
             });
             Arc::new(r)

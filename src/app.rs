@@ -92,6 +92,7 @@ pub(crate) fn build_admin(state: Arc<Live>) -> Router {
         .route("/readyz", get(admin::readyz))
         .route("/admin/backends", get(admin::backends))
         .route("/admin/routing", get(admin::routing))
+        .route("/admin/diagnose", get(admin::diagnose))
         .route("/admin/config", get(admin::config))
         .fallback(|req: Request| async move { proxy::not_found(req).await.into_response() })
         .with_state(state)

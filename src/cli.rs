@@ -57,6 +57,19 @@ pub enum Command {
         sluice bench --url http://127.0.0.1:8080 --workload shared-prefix --prefixes 16 --prefix-tokens 3000\n  \
         sluice bench --url http://127.0.0.1:8080 --workload burst --burst-size 64 --burst-interval 5s -n 640")]
     Bench(BenchArgs),
+    /// Ask a running gateway what is wrong with its fleet (exit code 2 when
+    /// something is critical).
+    #[command(
+        after_help = "Examples:\n  sluice diagnose\n  sluice diagnose --admin http://10.0.0.5:9090\n  sluice diagnose --json"
+    )]
+    Diagnose {
+        /// The gateway's admin listener.
+        #[arg(long, default_value = "http://127.0.0.1:9090")]
+        admin: Url,
+        /// Print the JSON of /admin/diagnose instead of the report.
+        #[arg(long)]
+        json: bool,
+    },
     /// Simulated replicas, the gateway in front of them and a workload, with a live summary.
     #[command(after_help = "Examples:\n  sluice demo\n  sluice demo --duration 20s")]
     Demo(DemoArgs),

@@ -10,6 +10,7 @@ mod bench;
 pub mod cli;
 pub mod config;
 mod demo;
+pub mod doctor;
 mod error;
 pub mod flow;
 mod limits;
@@ -207,5 +208,6 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo(args) => demo::run(args).await,
+        Command::Diagnose { admin, json } => doctor::report::run(&admin, json).await,
     }
 }

@@ -31,6 +31,8 @@ fn main() -> ExitCode {
     };
     match rt.block_on(sluice::run(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
+        // `sluice diagnose` found something critical (the report is out).
+        Err(e) if e.is::<sluice::doctor::report::Critical>() => ExitCode::from(2),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

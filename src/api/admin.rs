@@ -31,6 +31,13 @@ pub(crate) async fn metrics(Current(state): Current, headers: http::HeaderMap) -
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("application/openmetrics-text"));
     state.pool.refresh_metrics();
+    let findings = crate::doctor::diagnose(
+        &state.pool,
+        &state.config,
+        &state.metrics,
+        std::time::Instant::now(),
+    );
+    crate::doctor::export(&findings, &state.pool, &state.metrics);
     let sessions = state.affinity.sessions.len();
     state
         .metrics
@@ -43,6 +50,31 @@ pub(crate) async fn metrics(Current(state): Current, headers: http::HeaderMap) -
         "text/plain; version=0.0.4; charset=utf-8"
     };
     ([(header::CONTENT_TYPE, ct)], body).into_response()
+}
+
+/// What the doctor finds now (`sluice diagnose` prints it).
+#[derive(Serialize)]
+pub(crate) struct Diagnosis {
+    /// No finding at all.
+    healthy: bool,
+    /// The most severe finding's severity, if any.
+    worst: Option<crate::doctor::Severity>,
+    findings: Vec<crate::doctor::Finding>,
+}
+
+pub(crate) async fn diagnose(Current(state): Current) -> Json<Diagnosis> {
+    let findings = crate::doctor::diagnose(
+        &state.pool,
+        &state.config,
+        &state.metrics,
+        std::time::Instant::now(),
+    );
+    crate::doctor::export(&findings, &state.pool, &state.metrics);
+    Json(Diagnosis {
+        healthy: findings.is_empty(),
+        worst: findings.iter().map(|f| f.severity).max(),
+        findings,
+    })
 }
 
 #[derive(Serialize)]

@@ -4,12 +4,14 @@
 //! (`30s`, `2m`), sizes accept units (`16MiB`). Decode errors carry the field path
 //! and the line; [`validate`] checks the cross-field rules after decoding.
 
+mod doctor;
 mod flow;
 mod limits;
 mod load;
 mod telemetry;
 mod types;
 
+pub use doctor::DoctorConfig;
 pub use flow::{EnginePriority, FlowControlConfig};
 pub use limits::{
     ApiKey, AuthConfig, OnStoreError, RateLimitConfig, RedisConfig, StoreKind, TierConfig,
@@ -45,6 +47,7 @@ pub struct Config {
     pub tiers: BTreeMap<String, TierConfig>,
     pub rate_limits: RateLimitConfig,
     pub flow_control: FlowControlConfig,
+    pub doctor: DoctorConfig,
     pub telemetry: TelemetryConfig,
 }
 
@@ -706,6 +709,16 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
         bad(
             "flow_control.output_weight".into(),
             "must be a positive number".into(),
+        );
+    }
+    let d = &config.doctor;
+    if d.window.is_zero() {
+        bad("doctor.window".into(), "must be greater than zero".into());
+    }
+    if !(d.slow_factor > 1.0 && d.uneven_factor > 1.0) {
+        bad(
+            "doctor".into(),
+            "slow_factor and uneven_factor must be greater than 1".into(),
         );
     }
     for (name, t) in &config.tiers {

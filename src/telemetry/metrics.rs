@@ -125,6 +125,9 @@ pub struct Metrics {
     pub flow_wait: Family<(Arc<str>, Arc<str>), Histogram>,
     /// model, band: requests waiting now.
     pub flow_waiting: Family<(Arc<str>, Arc<str>), Gauge>,
+    /// pathology, backend: 1 while the doctor names it (set when `/metrics`
+    /// is rendered).
+    pub diagnosis_active: Family<(&'static str, Arc<str>), Gauge>,
     pub backends: Family<(Arc<str>,), BackendSeries>,
     /// tier, limit ("" when admitted), decision.
     pub ratelimit_decisions: Family<(Arc<str>, &'static str, &'static str), Counter>,
@@ -246,6 +249,7 @@ impl Metrics {
                 Histogram::seconds(flow_queue.clone())
             }),
             flow_waiting: Family::new(&["model", "band"], Gauge::default),
+            diagnosis_active: Family::new(&["pathology", "backend"], Gauge::default),
             backends: Family::new(&["backend"], BackendSeries::new),
             ratelimit_decisions: Family::new(&["tier", "limit", "decision"], Counter::default),
             ratelimit_store_errors: Family::new(&["store"], Counter::default),
@@ -418,6 +422,12 @@ impl Metrics {
             "sluice_flow_waiting_requests",
             "Requests waiting at the gateway now for a replica with room, by model and band.",
             &self.flow_waiting,
+            |g| g.get() as f64,
+        );
+        e.gauges(
+            "sluice_diagnosis_active",
+            "1 while the diagnosis (/admin/diagnose) names this pathology on this replica, else 0.",
+            &self.diagnosis_active,
             |g| g.get() as f64,
         );
         e.gauges(

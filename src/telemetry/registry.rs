@@ -350,6 +350,13 @@ impl<K: LabelKey, M> Family<K, M> {
         self.series.write().retain(|k, _| keep(k));
     }
 
+    /// Visit every series.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&K, &M)) {
+        for (k, m) in self.series.read().iter() {
+            f(k, m);
+        }
+    }
+
     /// Label strings and series, sorted for a stable exposition.
     fn snapshot(&self) -> Vec<(String, Arc<M>)> {
         let map = self.series.read();

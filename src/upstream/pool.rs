@@ -19,6 +19,13 @@ use crate::config::{BackendConfig, Config, EnginePriority, OutlierConfig, Upstre
 use crate::error::GatewayError;
 use crate::telemetry::metrics::{BackendSeries, Metrics, ScrapedLoad};
 
+/// How far back each replica's scrapes are kept (for diagnosis: rates and
+/// trends over minutes).
+pub const HISTORY: Duration = Duration::from_secs(600);
+/// At most this many samples (a 100 ms scrape interval keeps the last 10
+/// minutes at about 100 bytes each: 600 KB per replica at worst).
+const MAX_HISTORY_SAMPLES: usize = 6000;
+
 /// What the last health check found.
 #[derive(Debug, Clone, Default)]
 pub struct Health {
@@ -69,6 +76,8 @@ pub struct Replica {
     pub health: ArcSwap<Health>,
     /// The latest scrape of the replica's own metrics.
     load: ArcSwapOption<LoadSample>,
+    /// The scrapes of the last [`HISTORY`] (oldest first), for diagnosis.
+    history: parking_lot::Mutex<std::collections::VecDeque<LoadSample>>,
     /// Moving averages of what this gateway measured here (successful
     /// requests only): time to first token and time per output token.
     pub ttft_recent: Ewma,
@@ -113,6 +122,7 @@ impl Replica {
         self.healthy.store(old.healthy.load(Relaxed), Relaxed);
         self.health.store(old.health.load_full());
         self.load.store(old.load.load_full());
+        *self.history.lock() = old.history.lock().clone();
         self.learned_seats
             .store(old.learned_seats.load(Relaxed), Relaxed);
     }
@@ -160,6 +170,7 @@ impl Replica {
             in_flight: AtomicU32::new(0),
             health: ArcSwap::from_pointee(Health::default()),
             load: ArcSwapOption::empty(),
+            history: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             ttft_recent: Ewma::default(),
             tpot_recent: Ewma::default(),
             failures: AtomicU32::new(0),
@@ -211,6 +222,18 @@ impl Replica {
             prefix_hit_rate: s.prefix_hit_rate,
         };
         self.series.record_load(exported, s.at);
+        {
+            let mut h = self.history.lock();
+            while h
+                .front()
+                .is_some_and(|old| s.at.saturating_duration_since(old.at) > HISTORY)
+            {
+                h.pop_front();
+            }
+            if h.len() < MAX_HISTORY_SAMPLES {
+                h.push_back(s);
+            }
+        }
         self.load.store(Some(Arc::new(s)));
     }
 
@@ -219,6 +242,11 @@ impl Replica {
     pub fn seats(&self) -> Option<u32> {
         self.configured_seats
             .or(Some(self.learned_seats.load(Relaxed)).filter(|&n| n > 0))
+    }
+
+    /// The scrapes of the last [`HISTORY`], oldest first.
+    pub fn history(&self) -> Vec<LoadSample> {
+        self.history.lock().iter().copied().collect()
     }
 
     /// Requests of other gateways here at the last scrape.

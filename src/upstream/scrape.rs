@@ -33,6 +33,9 @@ struct Acc {
     hit_rate: Option<f64>,
     kv_used: Option<f64>,
     kv_max: Option<f64>,
+    preemptions: Option<f64>,
+    swapped: Option<f64>,
+    cpu_kv: Option<f64>,
 }
 
 fn max(a: Option<f64>, v: f64) -> Option<f64> {
@@ -102,6 +105,11 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
             (EngineKind::Vllm, "gpu_cache_usage_perc") => a.kv_old = max(a.kv_old, v),
             (EngineKind::Vllm, "num_requests_waiting") => a.waiting = sum(a.waiting, v),
             (EngineKind::Vllm, "num_requests_running") => a.running = sum(a.running, v),
+            (EngineKind::Vllm, "num_preemptions_total") => {
+                a.preemptions = sum(a.preemptions, v);
+            }
+            (EngineKind::Vllm, "num_requests_swapped") => a.swapped = sum(a.swapped, v),
+            (EngineKind::Vllm, "cpu_cache_usage_perc") => a.cpu_kv = max(a.cpu_kv, v),
             (EngineKind::Vllm, "prefix_cache_hits_total" | "gpu_prefix_cache_hits_total") => {
                 a.hits = max(a.hits, v)
             }
@@ -155,6 +163,9 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
         block_size: a.block_size,
         num_blocks: a.num_blocks,
         prefix_hit_rate,
+        preemptions: a.preemptions,
+        swapped: a.swapped,
+        cpu_kv_usage: a.cpu_kv,
         at,
     }
 }
@@ -250,8 +261,16 @@ mod tests {
         assert_eq!((s.block_size, s.num_blocks), (Some(16), Some(2048)));
         assert_eq!(s.prefix_hit_rate, Some(0.4));
 
-        let old = "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.3\n";
-        assert_eq!(parse(old, EngineKind::Auto, now).kv_usage, Some(0.3));
+        let old = "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.3\n\
+            vllm:num_preemptions_total{model_name=\"m\"} 12\n\
+            vllm:num_requests_swapped{model_name=\"m\"} 2\n\
+            vllm:cpu_cache_usage_perc{model_name=\"m\"} 0.1\n";
+        let s = parse(old, EngineKind::Auto, now);
+        assert_eq!(s.kv_usage, Some(0.3));
+        assert_eq!(
+            (s.preemptions, s.swapped, s.cpu_kv_usage),
+            (Some(12.0), Some(2.0), Some(0.1))
+        );
 
         let sg = "sglang:token_usage{model_name=\"m\"} 0.9\nsglang:num_queue_reqs{model_name=\"m\"} 4\nsglang:num_running_reqs{model_name=\"m\"} 12\n";
         let s = parse(sg, EngineKind::Auto, now);

@@ -18,5 +18,11 @@ pub struct LoadSample {
     pub num_blocks: Option<u32>,
     /// Prefix-cache hits / queries since the replica started.
     pub prefix_hit_rate: Option<f64>,
+    /// Preemptions since the replica started (vLLM `num_preemptions_total`).
+    pub preemptions: Option<f64>,
+    /// Sequences swapped to CPU memory, and the CPU KV cache's usage (vLLM
+    /// engines that report them).
+    pub swapped: Option<f64>,
+    pub cpu_kv_usage: Option<f64>,
     pub at: Instant,
 }

@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["error"],
     &["telemetry"],
     &["limits", "upstream"],
-    &["routing"],
+    &["routing", "doctor"],
     &["flow"],
     &["request"],
     &["stream"],

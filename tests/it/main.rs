@@ -17,6 +17,7 @@ mod common;
 mod defects;
 mod deploy;
 mod deps;
+mod doctor;
 mod errors;
 mod exposition;
 mod flow;

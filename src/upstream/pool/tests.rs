@@ -117,6 +117,9 @@ fn sample(waiting: f64, running: f64) -> LoadSample {
         block_size: None,
         num_blocks: None,
         prefix_hit_rate: None,
+        preemptions: None,
+        swapped: None,
+        cpu_kv_usage: None,
         at: Instant::now(),
     }
 }

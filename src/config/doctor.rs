@@ -1,0 +1,58 @@
+//! Config of the diagnosis (`doctor`): thresholds of each pathology.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Thresholds of `/admin/diagnose`. Defaults are the reference articles'
+/// (docs/RUNBOOK.md cites them per pathology).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DoctorConfig {
+    /// Rates and trends are taken over this much of each replica's recent
+    /// scrapes (at most the 10 minutes kept).
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// KV-cache thrashing: KV usage at or above this...
+    pub thrashing_kv: f64,
+    /// ...while the engine preempts at least this many sequences per second.
+    pub thrashing_preemptions_per_second: f64,
+    /// Prefill starvation: TTFT above this...
+    #[serde(with = "humantime_serde")]
+    pub starvation_ttft: Duration,
+    /// ...while time per output token stays below this...
+    #[serde(with = "humantime_serde")]
+    pub starvation_itl: Duration,
+    /// ...and at least this many requests wait, more than at the window's start.
+    pub starvation_queue: f64,
+    /// Leaked KV: usage at or above this while nothing runs or waits, for
+    /// `leak_for` at least.
+    pub leak_kv: f64,
+    #[serde(with = "humantime_serde")]
+    pub leak_for: Duration,
+    /// A replica whose time per output token is this many times the median
+    /// of its peers' is slow.
+    pub slow_factor: f64,
+    /// Uneven queues: a replica with at least `uneven_queue` waiting and
+    /// `uneven_factor` times its peers' mean.
+    pub uneven_queue: f64,
+    pub uneven_factor: f64,
+}
+
+impl Default for DoctorConfig {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(300),
+            thrashing_kv: 0.95,
+            thrashing_preemptions_per_second: 1.0,
+            starvation_ttft: Duration::from_secs(5),
+            starvation_itl: Duration::from_millis(50),
+            starvation_queue: 20.0,
+            leak_kv: 0.3,
+            leak_for: Duration::from_secs(60),
+            slow_factor: 2.0,
+            uneven_queue: 10.0,
+            uneven_factor: 4.0,
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! The on-call doctor: the known pathologies of an LLM fleet, named from what
+//! the gateway already sees (each replica's scrapes of the last minutes and
+//! its own measurements of the requests it sent there).
+//!
+//! [`diagnose`] is a pure function of those inputs, evaluated on demand
+//! (`GET /admin/diagnose`, `sluice diagnose`, and each `/metrics` render for
+//! `sluice_diagnosis_active`): a finding lasts exactly as long as its
+//! evidence, so it clears by itself when the pathology ends. Thresholds are
+//! `doctor.*` (defaults from the reference articles).
+
+pub mod report;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::pool::{Pool, Replica};
+use crate::upstream::signals::LoadSample;
+
+/// Every pathology this module can name (the label values of
+/// `sluice_diagnosis_active`).
+pub const PATHOLOGIES: &[&str] = &[
+    "kv_cache_thrashing",
+    "cpu_swapping",
+    "prefill_starvation",
+    "leaked_kv",
+    "slow_replica",
+    "uneven_queues",
+    "stale_metrics",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Warning,
+    Critical,
+}
+
+/// One thing wrong, where, why the doctor thinks so, and what to do.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub pathology: &'static str,
+    pub severity: Severity,
+    #[serde(serialize_with = "as_str")]
+    pub backend: Arc<str>,
+    /// The values the finding rests on.
+    pub evidence: serde_json::Map<String, serde_json::Value>,
+    /// Seconds of scrapes the evidence was taken over.
+    pub window_seconds: f64,
+    pub cause: String,
+    pub action: String,
+}
+
+fn as_str<S: serde::Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v)
+}
+
+/// What the doctor reads of one replica.
+struct Patient<'a> {
+    replica: &'a Replica,
+    /// Scrapes within the window, oldest first.
+    samples: Vec<LoadSample>,
+}
+
+impl Patient<'_> {
+    fn last(&self) -> Option<&LoadSample> {
+        self.samples.last()
+    }
+
+    fn span(&self) -> f64 {
+        match (self.samples.first(), self.samples.last()) {
+            (Some(a), Some(b)) => b.at.saturating_duration_since(a.at).as_secs_f64(),
+            _ => 0.0,
+        }
+    }
+
+    /// A counter's rate per second over the window (restarts count from 0).
+    fn rate(&self, pick: impl Fn(&LoadSample) -> Option<f64>) -> Option<f64> {
+        let points: Vec<(Instant, f64)> = self
+            .samples
+            .iter()
+            .filter_map(|s| pick(s).map(|v| (s.at, v)))
+            .collect();
+        let (first, last) = (points.first()?, points.last()?);
+        let secs = last.0.saturating_duration_since(first.0).as_secs_f64();
+        if secs <= 0.0 {
+            return None;
+        }
+        let mut total = 0.0;
+        for w in points.windows(2) {
+            let d = w[1].1 - w[0].1;
+            total += if d >= 0.0 { d } else { w[1].1 };
+        }
+        Some(total / secs)
+    }
+}
+
+fn evidence(pairs: &[(&str, serde_json::Value)]) -> serde_json::Map<String, serde_json::Value> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), v.clone()))
+        .collect()
+}
+
+fn round(v: f64, digits: i32) -> serde_json::Value {
+    let f = 10f64.powi(digits);
+    serde_json::Value::from((v * f).round() / f)
+}
+
+/// Mean tokens per request (prompt + generated) the gateway has seen, over
+/// every model: the sequence length a KV budget must hold.
+fn mean_sequence_tokens(metrics: &Metrics) -> Option<f64> {
+    let (mut tokens, mut requests) = (0u64, 0u64);
+    metrics.models.for_each(|_, s| {
+        tokens += s.prompt_tokens.get() + s.generation_tokens.get();
+        requests += s.prompt_tokens_per_request.count();
+    });
+    (requests > 0).then(|| tokens as f64 / requests as f64)
+}
+
+/// Every finding about the fleet now, most severe first.
+pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -> Vec<Finding> {
+    let d = &config.doctor;
+    let window = d.window.min(crate::upstream::pool::HISTORY);
+    let scraping = config.routing.metrics.enabled;
+    let stale_after = config.routing.metrics.stale_after;
+    let replicas = pool.replicas();
+    let patients: Vec<Patient<'_>> = replicas
+        .iter()
+        .filter(|r| r.is_healthy())
+        .map(|r| Patient {
+            replica: r,
+            samples: r
+                .history()
+                .into_iter()
+                .filter(|s| now.saturating_duration_since(s.at) <= window)
+                .collect(),
+        })
+        .collect();
+    let mut out = Vec::new();
+    for p in &patients {
+        let name = p.replica.name.clone();
+        let span = p.span();
+        let finding = |pathology, severity, ev, cause: String, action: String| Finding {
+            pathology,
+            severity,
+            backend: name.clone(),
+            evidence: ev,
+            window_seconds: (span * 10.0).round() / 10.0,
+            cause,
+            action,
+        };
+        // Stale metrics: the replica answers health checks, its metrics do not.
+        if scraping {
+            let age = p
+                .replica
+                .load()
+                .map(|s| now.saturating_duration_since(s.at));
+            if age.is_none_or(|a| a > stale_after) {
+                out.push(finding(
+                    "stale_metrics",
+                    Severity::Warning,
+                    evidence(&[
+                        (
+                            "metrics_age_seconds",
+                            age.map_or(serde_json::Value::Null, |a| round(a.as_secs_f64(), 1)),
+                        ),
+                        ("stale_after_seconds", round(stale_after.as_secs_f64(), 1)),
+                    ]),
+                    "its /metrics has not been read recently: routing treats it as saturated and flow control cannot see its pressure".into(),
+                    "check that the engine serves /metrics on the API port and that nothing blocks it (routing.metrics.engine names the dialect)".into(),
+                ));
+                continue;
+            }
+        }
+        let Some(last) = p.last() else { continue };
+        let kv = last.kv_usage.unwrap_or(0.0);
+        let waiting = last.waiting.unwrap_or(0.0);
+        let running = last.running.unwrap_or(0.0);
+        let ttft = p.replica.ttft_recent.fresh(window);
+        let tpot = p.replica.tpot_recent.fresh(window);
+
+        // KV-cache thrashing: full, and preempting.
+        if let Some(rate) = p.rate(|s| s.preemptions)
+            && kv >= d.thrashing_kv
+            && rate >= d.thrashing_preemptions_per_second
+        {
+            let mut ev = vec![
+                ("kv_cache_usage", round(kv, 3)),
+                ("preemptions_per_second", round(rate, 2)),
+            ];
+            if let Some(t) = ttft {
+                ev.push(("ttft_recent_seconds", round(t, 3)));
+            }
+            let safe = match (
+                last.num_blocks,
+                last.block_size,
+                mean_sequence_tokens(metrics),
+            ) {
+                (Some(blocks), Some(size), Some(len)) if len > 0.0 => {
+                    let n = (f64::from(blocks) * f64::from(size) * 0.85 / len).floor();
+                    ev.push(("kv_blocks", serde_json::Value::from(blocks)));
+                    ev.push(("mean_sequence_tokens", round(len, 0)));
+                    ev.push(("safe_max_num_seqs", round(n, 0)));
+                    format!(
+                        "reduce --max-num-seqs to {n} (85% of {blocks} blocks x {size} tokens / {len:.0} tokens per sequence), or add KV memory (quantised KV cache, more GPUs)"
+                    )
+                }
+                _ => {
+                    "reduce --max-num-seqs, or add KV memory (quantised KV cache, more GPUs)".into()
+                }
+            };
+            out.push(finding(
+                "kv_cache_thrashing",
+                Severity::Critical,
+                evidence(&ev),
+                "more running sequences than the KV cache holds: the engine evicts sequences and recomputes them later".into(),
+                safe,
+            ));
+        }
+        // CPU swapping.
+        let swapped = last.swapped.unwrap_or(0.0);
+        let cpu_kv = last.cpu_kv_usage.unwrap_or(0.0);
+        if swapped > 0.0 || cpu_kv > 0.0 {
+            out.push(finding(
+                "cpu_swapping",
+                Severity::Critical,
+                evidence(&[
+                    ("requests_swapped", round(swapped, 0)),
+                    ("cpu_kv_cache_usage", round(cpu_kv, 3)),
+                ]),
+                "KV blocks are swapped to CPU memory: generation stalls mid-stream".into(),
+                "reduce --max-num-seqs (or --swap-space 0 to preempt by recomputation instead), or add KV memory".into(),
+            ));
+        }
+        // Prefill starvation: first tokens slow, decode fine, queue growing.
+        let first_waiting = p.samples.first().and_then(|s| s.waiting).unwrap_or(0.0);
+        if let (Some(t), Some(itl)) = (ttft, tpot)
+            && t > d.starvation_ttft.as_secs_f64()
+            && itl < d.starvation_itl.as_secs_f64()
+            && waiting >= d.starvation_queue
+            && waiting > first_waiting
+        {
+            out.push(finding(
+                "prefill_starvation",
+                Severity::Warning,
+                evidence(&[
+                    ("ttft_recent_seconds", round(t, 3)),
+                    ("time_per_output_token_seconds", round(itl, 4)),
+                    ("requests_waiting", round(waiting, 0)),
+                    ("requests_waiting_at_window_start", round(first_waiting, 0)),
+                ]),
+                "running decodes keep new requests from their prefill: the queue grows while streams run fast".into(),
+                "enable chunked prefill (--enable-chunked-prefill, --max-num-batched-tokens 2048), or lower --max-num-seqs to leave room for prefill".into(),
+            ));
+        }
+        // Leaked KV: memory held while nothing runs or waits.
+        let idle_full: Vec<&LoadSample> = p
+            .samples
+            .iter()
+            .rev()
+            .take_while(|s| {
+                s.kv_usage.unwrap_or(0.0) >= d.leak_kv
+                    && s.running.unwrap_or(0.0) == 0.0
+                    && s.waiting.unwrap_or(0.0) == 0.0
+            })
+            .collect();
+        if let (Some(newest), Some(oldest)) = (idle_full.first(), idle_full.last()) {
+            let held = newest.at.saturating_duration_since(oldest.at);
+            if held >= d.leak_for && p.replica.in_flight() == 0 {
+                out.push(finding(
+                    "leaked_kv",
+                    Severity::Warning,
+                    evidence(&[
+                        ("kv_cache_usage", round(kv, 3)),
+                        ("requests_running", round(running, 0)),
+                        ("requests_waiting", round(waiting, 0)),
+                        ("held_seconds", round(held.as_secs_f64(), 1)),
+                    ]),
+                    "KV blocks stay allocated with no request running or waiting: finished or aborted requests did not free them".into(),
+                    "restart the replica (drain it first); report the engine version: some exit path does not free its blocks".into(),
+                ));
+            }
+        }
+    }
+    // Across replicas: one much slower than its peers; queues piled on one.
+    let tpots: Vec<(usize, f64)> = patients
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.replica.tpot_recent.fresh(window).map(|t| (i, t)))
+        .collect();
+    if tpots.len() >= 2 {
+        for &(i, t) in &tpots {
+            let mut others: Vec<f64> = tpots
+                .iter()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, t)| *t)
+                .collect();
+            others.sort_by(f64::total_cmp);
+            let median = others[others.len() / 2];
+            if median > 0.0 && t >= d.slow_factor * median {
+                let p = &patients[i];
+                out.push(Finding {
+                    pathology: "slow_replica",
+                    severity: Severity::Warning,
+                    backend: p.replica.name.clone(),
+                    evidence: evidence(&[
+                        ("time_per_output_token_seconds", round(t, 4)),
+                        ("peers_median_seconds", round(median, 4)),
+                        ("factor", round(t / median, 1)),
+                    ]),
+                    window_seconds: window.as_secs_f64(),
+                    cause: "it generates much slower than the replicas serving the same traffic: a degraded GPU, throttling, a noisy neighbour, or a different engine configuration".into(),
+                    action: "compare its GPU clocks and temperature, engine flags and version with its peers; drain it if it does not recover".into(),
+                });
+            }
+        }
+    }
+    let queues: Vec<(usize, f64)> = patients
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.last().and_then(|s| s.waiting).map(|w| (i, w)))
+        .collect();
+    if queues.len() >= 2 {
+        for &(i, w) in &queues {
+            let others: Vec<f64> = queues
+                .iter()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, w)| *w)
+                .collect();
+            let mean = others.iter().sum::<f64>() / others.len() as f64;
+            if w >= d.uneven_queue && w >= d.uneven_factor * (mean + 1.0) {
+                let p = &patients[i];
+                out.push(Finding {
+                    pathology: "uneven_queues",
+                    severity: Severity::Warning,
+                    backend: p.replica.name.clone(),
+                    evidence: evidence(&[
+                        ("requests_waiting", round(w, 0)),
+                        ("peers_mean_waiting", round(mean, 1)),
+                    ]),
+                    window_seconds: 0.0,
+                    cause: "requests queue on this replica while its peers have room: routing keeps sending there (a hot prefix or session home), or it is slower".into(),
+                    action: "check the dashboard's routing decisions (affinity share) and this replica's speed; routing.prefix_kv.load_factor bounds a hot prefix".into(),
+                });
+            }
+        }
+    }
+    out.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    out
+}
+
+/// Set `sluice_diagnosis_active{pathology, backend}`: 1 for each finding,
+/// 0 for every other pathology of every replica (a healthy zero, not a gap).
+pub fn export(findings: &[Finding], pool: &Pool, metrics: &Metrics) {
+    let names: Vec<Arc<str>> = pool.replicas().iter().map(|r| r.name.clone()).collect();
+    metrics
+        .diagnosis_active
+        .retain(|(_, b)| names.iter().any(|n| n == b));
+    for n in &names {
+        for p in PATHOLOGIES {
+            let on = findings
+                .iter()
+                .any(|f| f.pathology == *p && f.backend == *n);
+            metrics
+                .diagnosis_active
+                .get(&(*p, n.clone()))
+                .set(i64::from(on));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BackendConfig;
+
+    fn sample(at: Instant, preemptions: f64) -> LoadSample {
+        LoadSample {
+            engine: crate::vocab::EngineKind::Vllm,
+            kv_usage: Some(0.97),
+            waiting: Some(0.0),
+            running: Some(8.0),
+            block_size: Some(16),
+            num_blocks: Some(1000),
+            prefix_hit_rate: None,
+            preemptions: Some(preemptions),
+            swapped: None,
+            cpu_kv_usage: None,
+            at,
+        }
+    }
+
+    #[test]
+    fn counter_rates_survive_an_engine_restart() {
+        let metrics = Metrics::new(&Config::default().telemetry.buckets);
+        let b = BackendConfig::from_url("http://127.0.0.1:9".parse().unwrap());
+        let r = Replica::from_config(&b, None, &Default::default(), &metrics);
+        let t = Instant::now();
+        let samples = vec![
+            sample(t, 100.0),
+            sample(t + std::time::Duration::from_secs(1), 110.0),
+            // Restarted: the counter starts again from 0 and reaches 5.
+            sample(t + std::time::Duration::from_secs(2), 5.0),
+            sample(t + std::time::Duration::from_secs(4), 15.0),
+        ];
+        let p = Patient {
+            replica: &r,
+            samples,
+        };
+        // 10 + 5 + 10 preemptions over 4 s.
+        assert_eq!(p.rate(|s| s.preemptions), Some(6.25));
+        assert_eq!(p.span(), 4.0);
+    }
+}

@@ -1,0 +1,89 @@
+//! `sluice diagnose`: ask a running gateway's admin listener what is wrong
+//! and print it for a person (or as JSON). Exits 2 when a finding is critical.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+use url::Url;
+
+use super::Severity;
+use crate::term::print_out;
+
+/// Something critical was found (the report is printed; the exit code says it).
+#[derive(Debug, thiserror::Error)]
+#[error("a critical pathology was found")]
+pub struct Critical;
+
+#[derive(Deserialize)]
+struct Diagnosis {
+    healthy: bool,
+    worst: Option<Severity>,
+    findings: Vec<Finding>,
+}
+
+#[derive(Deserialize)]
+struct Finding {
+    pathology: String,
+    severity: Severity,
+    backend: String,
+    evidence: serde_json::Map<String, serde_json::Value>,
+    window_seconds: f64,
+    cause: String,
+    action: String,
+}
+
+pub async fn run(admin: &Url, json: bool) -> anyhow::Result<()> {
+    let url = format!("{}/admin/diagnose", admin.as_str().trim_end_matches('/'));
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let req = http::Request::get(&url).body(Full::new(Bytes::new()))?;
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(req))
+        .await
+        .map_err(|_| anyhow::anyhow!("{url} did not answer within 10 s"))?
+        .map_err(|e| {
+            anyhow::anyhow!("cannot reach {url}: {e} (is --admin the gateway's admin listener?)")
+        })?;
+    anyhow::ensure!(
+        resp.status().is_success(),
+        "{url} answered {}",
+        resp.status()
+    );
+    let body = resp.into_body().collect().await?.to_bytes();
+    let d: Diagnosis = serde_json::from_slice(&body)
+        .map_err(|e| anyhow::anyhow!("{url} did not answer a diagnosis: {e}"))?;
+    if json {
+        print_out(&String::from_utf8_lossy(&body));
+    } else {
+        print_out(&text(&d));
+    }
+    if d.worst == Some(Severity::Critical) {
+        return Err(Critical.into());
+    }
+    Ok(())
+}
+
+fn text(d: &Diagnosis) -> String {
+    if d.healthy {
+        return "healthy: no pathology found".into();
+    }
+    let mut out = format!("{} finding(s)\n", d.findings.len());
+    for f in &d.findings {
+        let sev = match f.severity {
+            Severity::Critical => "CRITICAL",
+            Severity::Warning => "warning",
+        };
+        out.push_str(&format!("\n{sev}  {}  on {}\n", f.pathology, f.backend));
+        let ev: Vec<String> = f.evidence.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        out.push_str(&format!("  evidence: {}", ev.join(", ")));
+        if f.window_seconds > 0.0 {
+            out.push_str(&format!(" (over {:.0} s)", f.window_seconds));
+        }
+        out.push('\n');
+        out.push_str(&format!("  cause:    {}\n", f.cause));
+        out.push_str(&format!("  action:   {}\n", f.action));
+    }
+    out
+}

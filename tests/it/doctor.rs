@@ -1,0 +1,240 @@
+//! The on-call doctor over real sockets: pathologies induced in `sluice sim`
+//! replicas behind the real gateway are named on the right replica within a
+//! few scrape intervals, and cleared when they end; `sluice diagnose` prints
+//! them and says with its exit code whether one is critical.
+
+use std::time::Duration;
+
+use sluice::config::Config;
+use sluice::server::Gateway;
+use sluice::sim::{MetricsMode, SimConfig, SimHandle};
+
+use crate::common::*;
+
+fn doctor_config(urls: &[String]) -> Config {
+    let mut c = config_for(urls);
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_millis(1000);
+    c.doctor.window = Duration::from_secs(3);
+    c.doctor.leak_for = Duration::from_millis(500);
+    c
+}
+
+fn label(sim: &SimHandle) -> String {
+    sim.url().trim_start_matches("http://").to_string()
+}
+
+async fn findings(gw: &Gateway) -> Vec<(String, String, String)> {
+    let (status, body) = get_text(&format!("{}/admin/diagnose", admin(gw))).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            for k in ["evidence", "cause", "action", "window_seconds"] {
+                assert!(f.get(k).is_some(), "finding without {k}: {f}");
+            }
+            (
+                f["pathology"].as_str().unwrap().to_string(),
+                f["backend"].as_str().unwrap().to_string(),
+                f["severity"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn until_named(gw: &Gateway, pathology: &str, backend: &str) {
+    wait_until(
+        &format!("{pathology} named on {backend}"),
+        Duration::from_secs(10),
+        || async move {
+            findings(gw)
+                .await
+                .iter()
+                .any(|(p, b, _)| p == pathology && b == backend)
+        },
+    )
+    .await;
+}
+
+async fn until_healthy(gw: &Gateway) {
+    wait_until("no finding", Duration::from_secs(10), || async move {
+        findings(gw).await.is_empty()
+    })
+    .await;
+}
+
+async fn scraped(gw: &Gateway, n: usize) {
+    let pool = gw.state().pool.clone();
+    wait_until("replicas scraped", Duration::from_secs(5), || {
+        let pool = pool.clone();
+        async move {
+            pool.replicas()
+                .iter()
+                .filter(|r| r.load().is_some())
+                .count()
+                >= n
+        }
+    })
+    .await;
+}
+
+/// Streamed requests (their token timing is what the doctor compares).
+async fn traffic(gw: &Gateway, n: usize) {
+    for _ in 0..n {
+        let (status, _, body) = post(
+            &format!("{}/v1/chat/completions", api(gw)),
+            &chat_body(true),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("[DONE]"), "{body}");
+    }
+}
+
+/// `sluice diagnose --admin URL`, the real binary (off the test's runtime
+/// thread, which serves the gateway meanwhile).
+async fn diagnose_cli(gw: &Gateway) -> std::process::Output {
+    let url = admin(gw);
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["diagnose", "--admin", &url])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn pathologies_are_named_on_their_replica_and_cleared() {
+    // 10 ms per token on both: timing noise of a busy test machine stays
+    // well below the factor that names a slow replica.
+    let even = || SimConfig {
+        token_delay: Duration::from_millis(10),
+        ..fast_sim()
+    };
+    let sims = [start_sim(even()).await, start_sim(even()).await];
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let gw = start_gateway(doctor_config(&urls), 2).await;
+    scraped(&gw, 2).await;
+    traffic(&gw, 10).await;
+    // A healthy fleet under traffic: nothing, and healthy zeros in /metrics.
+    assert!(findings(&gw).await.is_empty());
+    let (a, b) = (label(&sims[0]), label(&sims[1]));
+    let active = |pathology: &str, backend: &str| {
+        format!("sluice_diagnosis_active{{pathology=\"{pathology}\",backend=\"{backend}\"}}")
+    };
+    let (_, text) = get_text(&format!("{}/metrics", admin(&gw))).await;
+    assert_eq!(metric(&text, &active("stale_metrics", &a)), Some(0.0));
+
+    // Stale metrics: replica 0's /metrics fails while it still serves.
+    let mut c = sims[0].state.control();
+    c.metrics = MetricsMode::Error;
+    sims[0].state.set_control(c.clone());
+    until_named(&gw, "stale_metrics", &a).await;
+    assert_eq!(gateway_metric(&gw, &active("stale_metrics", &a)).await, 1.0);
+    assert_eq!(gateway_metric(&gw, &active("stale_metrics", &b)).await, 0.0);
+    c.metrics = MetricsMode::Ok;
+    sims[0].state.set_control(c);
+    until_healthy(&gw).await;
+
+    // Leaked KV: replica 1 holds 60% of its KV cache with nothing running.
+    let mut c = sims[1].state.control();
+    c.kv_usage = Some(0.6);
+    sims[1].state.set_control(c.clone());
+    until_named(&gw, "leaked_kv", &b).await;
+    assert!(
+        findings(&gw)
+            .await
+            .iter()
+            .all(|(p, backend, _)| p == "leaked_kv" && *backend == b)
+    );
+    c.kv_usage = None;
+    sims[1].state.set_control(c);
+    until_healthy(&gw).await;
+
+    // Uneven queues: 30 waiting on replica 0, none on replica 1.
+    let mut c = sims[0].state.control();
+    c.waiting = Some(30.0);
+    sims[0].state.set_control(c.clone());
+    until_named(&gw, "uneven_queues", &a).await;
+    c.waiting = None;
+    sims[0].state.set_control(c);
+    until_healthy(&gw).await;
+}
+
+#[tokio::test]
+async fn a_replica_much_slower_than_its_peers_is_named() {
+    let slow = SimConfig {
+        token_delay: Duration::from_millis(25),
+        ..fast_sim()
+    };
+    let sims = [start_sim(fast_sim()).await, start_sim(slow).await];
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut c = doctor_config(&urls);
+    c.routing.policy = sluice::config::PolicyKind::RoundRobin;
+    let gw = start_gateway(c, 2).await;
+    scraped(&gw, 2).await;
+    traffic(&gw, 8).await;
+    let found = findings(&gw).await;
+    assert_eq!(
+        found,
+        vec![(
+            "slow_replica".to_string(),
+            label(&sims[1]),
+            "warning".to_string()
+        )]
+    );
+    // The report, from the real binary: a warning only, so exit code 0.
+    let out = diagnose_cli(&gw).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("slow_replica") && text.contains(&label(&sims[1])),
+        "{text}"
+    );
+    assert!(
+        text.contains("evidence:") && text.contains("action:"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn kv_thrashing_is_critical_and_the_cli_says_so() {
+    // A tiny KV cache (32 blocks of 16 tokens) under long generations: the
+    // engine preempts sequences again and again.
+    let mut cfg = SimConfig::engine("tiny", 1.0).unwrap();
+    if let Some(p) = cfg.profile.as_mut() {
+        p.num_blocks = 32;
+    }
+    cfg.output_tokens = 400;
+    let sim = start_sim(cfg).await;
+    let gw = start_gateway(doctor_config(&[sim.url()]), 1).await;
+    scraped(&gw, 1).await;
+    let load: Vec<_> = (0..12)
+        .map(|_| {
+            let url = format!("{}/v1/chat/completions", api(&gw));
+            tokio::spawn(async move {
+                let body = serde_json::json!({
+                    "model": "sim-model", "max_tokens": 400, "stream": true,
+                    "messages": [{"role": "user", "content": "x ".repeat(100)}],
+                });
+                let _ = client().post(url).json(&body).send().await?.text().await;
+                Ok::<_, reqwest::Error>(())
+            })
+        })
+        .collect();
+    until_named(&gw, "kv_cache_thrashing", &label(&sim)).await;
+    let out = diagnose_cli(&gw).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}\n{err}");
+    assert!(text.contains("CRITICAL  kv_cache_thrashing"), "{text}");
+    assert!(text.contains("preemptions_per_second"), "{text}");
+    for l in load {
+        l.abort();
+    }
+}
