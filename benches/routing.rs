@@ -43,6 +43,10 @@ fn replicas(n: usize) -> Vec<Arc<Replica>> {
                 preemptions: None,
                 swapped: None,
                 cpu_kv_usage: None,
+                prefix_hits: None,
+                prefix_queries: None,
+                cached_predicted: None,
+                cached_actual: None,
                 at: Instant::now() + Duration::from_secs(3600),
             });
             Arc::new(r)

@@ -37,6 +37,11 @@ pub struct DoctorConfig {
     /// `uneven_factor` times its peers' mean.
     pub uneven_queue: f64,
     pub uneven_factor: f64,
+    /// Prefix-cache misses: the engine's hit rate below this...
+    pub prefix_hit_low: f64,
+    /// ...while it reported fewer than this share of the cached tokens
+    /// routing expected there.
+    pub prefix_shortfall: f64,
 }
 
 impl Default for DoctorConfig {
@@ -53,6 +58,8 @@ impl Default for DoctorConfig {
             slow_factor: 2.0,
             uneven_queue: 10.0,
             uneven_factor: 4.0,
+            prefix_hit_low: 0.1,
+            prefix_shortfall: 0.5,
         }
     }
 }

@@ -30,6 +30,7 @@ pub const PATHOLOGIES: &[&str] = &[
     "slow_replica",
     "uneven_queues",
     "stale_metrics",
+    "prefix_cache_misses",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
@@ -58,6 +59,9 @@ fn as_str<S: serde::Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(v)
 }
 
+/// Fewer predicted cached tokens than this over the window say nothing.
+const MIN_PREDICTED_TOKENS: f64 = 1000.0;
+
 /// What the doctor reads of one replica.
 struct Patient<'a> {
     replica: &'a Replica,
@@ -77,8 +81,9 @@ impl Patient<'_> {
         }
     }
 
-    /// A counter's rate per second over the window (restarts count from 0).
-    fn rate(&self, pick: impl Fn(&LoadSample) -> Option<f64>) -> Option<f64> {
+    /// A counter's increase over the window (a restart counts from 0), and
+    /// the seconds it was taken over.
+    fn increase(&self, pick: impl Fn(&LoadSample) -> Option<f64>) -> Option<(f64, f64)> {
         let points: Vec<(Instant, f64)> = self
             .samples
             .iter()
@@ -94,7 +99,12 @@ impl Patient<'_> {
             let d = w[1].1 - w[0].1;
             total += if d >= 0.0 { d } else { w[1].1 };
         }
-        Some(total / secs)
+        Some((total, secs))
+    }
+
+    /// A counter's rate per second over the window.
+    fn rate(&self, pick: impl Fn(&LoadSample) -> Option<f64>) -> Option<f64> {
+        self.increase(pick).map(|(n, secs)| n / secs)
     }
 }
 
@@ -257,6 +267,30 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                 "enable chunked prefill (--enable-chunked-prefill, --max-num-batched-tokens 2048), or lower --max-num-seqs to leave room for prefill".into(),
             ));
         }
+        // Prefix-cache misses: routing sent prompts where their prefix was
+        // cached, and the engine did not have it.
+        if let (Some((hits, _)), Some((queries, _)), Some((predicted, _)), Some((actual, _))) = (
+            p.increase(|s| s.prefix_hits),
+            p.increase(|s| s.prefix_queries),
+            p.increase(|s| s.cached_predicted),
+            p.increase(|s| s.cached_actual),
+        ) && queries > 0.0
+            && hits / queries < d.prefix_hit_low
+            && predicted >= MIN_PREDICTED_TOKENS
+            && actual < d.prefix_shortfall * predicted
+        {
+            out.push(finding(
+                "prefix_cache_misses",
+                Severity::Warning,
+                evidence(&[
+                    ("engine_prefix_hit_rate", round(hits / queries, 3)),
+                    ("cached_tokens_predicted", round(predicted, 0)),
+                    ("cached_tokens_reported", round(actual, 0)),
+                ]),
+                "routing keeps prompts that share a prefix together, but the engine no longer holds the prefixes it was sent: a cache-size problem (prefixes evicted before they are reused), or prefix caching is off".into(),
+                "enable prefix caching (--enable-prefix-caching), give the replica more KV memory, or add replicas so each holds fewer distinct prefixes".into(),
+            ));
+        }
         // Leaked KV: memory held while nothing runs or waits.
         let idle_full: Vec<&LoadSample> = p
             .samples
@@ -390,6 +424,10 @@ mod tests {
             preemptions: Some(preemptions),
             swapped: None,
             cpu_kv_usage: None,
+            prefix_hits: None,
+            prefix_queries: None,
+            cached_predicted: None,
+            cached_actual: None,
             at,
         }
     }

@@ -208,8 +208,10 @@ impl Replica {
         self.load.load_full()
     }
 
-    pub fn set_load(&self, s: LoadSample) {
+    pub fn set_load(&self, mut s: LoadSample) {
         self.learn_seats(self.load.load().as_deref(), &s);
+        s.cached_predicted = Some(self.series.cached_predicted.get() as f64);
+        s.cached_actual = Some(self.series.cached_actual.get() as f64);
         if let (Some(r), Some(w)) = (s.running, s.waiting) {
             let seen = (r + w).round().max(0.0) as u32;
             self.others

@@ -166,6 +166,10 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
         preemptions: a.preemptions,
         swapped: a.swapped,
         cpu_kv_usage: a.cpu_kv,
+        prefix_hits: a.hits,
+        prefix_queries: a.queries,
+        cached_predicted: None,
+        cached_actual: None,
         at,
     }
 }

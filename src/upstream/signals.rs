@@ -24,5 +24,13 @@ pub struct LoadSample {
     /// engines that report them).
     pub swapped: Option<f64>,
     pub cpu_kv_usage: Option<f64>,
+    /// Prefix-cache hits and queries since the replica started (counters).
+    pub prefix_hits: Option<f64>,
+    pub prefix_queries: Option<f64>,
+    /// This gateway's closed-loop counters for the replica when the sample
+    /// was kept (`Replica::set_load`): prompt tokens routing expected cached
+    /// there, and those the engine reported cached, for the same requests.
+    pub cached_predicted: Option<f64>,
+    pub cached_actual: Option<f64>,
     pub at: Instant,
 }

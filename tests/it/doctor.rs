@@ -238,3 +238,45 @@ async fn kv_thrashing_is_critical_and_the_cli_says_so() {
         l.abort();
     }
 }
+
+#[tokio::test]
+async fn prefix_cache_misses_are_named_when_the_cache_is_too_small() {
+    // 80 blocks of 16 tokens hold one of these ~900-token prompts at a time:
+    // each evicts the one before, while routing still expects the prefix it
+    // sent there to be cached.
+    let mut cfg = SimConfig::engine("tiny", 20.0).unwrap();
+    if let Some(p) = cfg.profile.as_mut() {
+        p.num_blocks = 80;
+    }
+    let sim = start_sim(cfg).await;
+    let gw = start_gateway(doctor_config(&[sim.url()]), 1).await;
+    scraped(&gw, 1).await;
+    let prompt = |i: usize| {
+        let system: String = (0..450).map(|w| format!("p{i}w{w} ")).collect();
+        serde_json::json!({
+            "model": "sim-model", "max_tokens": 2,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": "go"}],
+        })
+    };
+    for round in 0..4 {
+        for i in 0..3 {
+            let (status, _, body) =
+                post(&format!("{}/v1/chat/completions", api(&gw)), &prompt(i)).await;
+            assert_eq!(status, 200, "round {round}: {body}");
+        }
+    }
+    until_named(&gw, "prefix_cache_misses", &label(&sim)).await;
+    // Once the same prompt repeats, the engine hits again: it clears.
+    let repeat = async {
+        loop {
+            let (status, _, _) =
+                post(&format!("{}/v1/chat/completions", api(&gw)), &prompt(0)).await;
+            assert_eq!(status, 200);
+        }
+    };
+    tokio::select! {
+        () = repeat => {}
+        () = until_healthy(&gw) => {}
+    }
+}

@@ -120,6 +120,10 @@ fn sample(waiting: f64, running: f64) -> LoadSample {
         preemptions: None,
         swapped: None,
         cpu_kv_usage: None,
+        prefix_hits: None,
+        prefix_queries: None,
+        cached_predicted: None,
+        cached_actual: None,
         at: Instant::now(),
     }
 }
