@@ -130,9 +130,11 @@ async fn wait_ready(gw: &server::Gateway) -> anyhow::Result<()> {
 fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> String {
     let state = gw.state();
     let m = &state.metrics;
-    let series = m
-        .models
-        .get(&(MODEL.into(), crate::vocab::Endpoint::Chat.as_str()));
+    let series = m.models.get(&(
+        MODEL.into(),
+        crate::vocab::Endpoint::Chat.as_str(),
+        m.no_tier.clone(),
+    ));
     let secs = started.elapsed().as_secs_f64().max(0.001);
     let q = |h: &crate::telemetry::registry::Histogram, p: f64| {
         h.quantile(p)

@@ -102,11 +102,15 @@ impl RequestGuard {
     /// The served model is known (aliases resolved): its series label the
     /// request and count it in flight.
     pub fn set_model(&mut self, model: Arc<str>) {
-        let series = self
-            .tele
-            .metrics
+        let m = &self.tele.metrics;
+        let tier = self
+            .record
+            .tier
+            .clone()
+            .unwrap_or_else(|| m.no_tier.clone());
+        let series = m
             .models
-            .get(&(model.clone(), self.record.endpoint.as_str()));
+            .get(&(model.clone(), self.record.endpoint.as_str(), tier));
         series.in_flight.inc();
         if let Some(old) = self.series.replace(series) {
             old.in_flight.dec();

@@ -31,6 +31,12 @@ pub struct ModelSeries {
     pub stalls: Counter,
     pub in_flight: Gauge,
     pub client_disconnects: Counter,
+    /// Quality signals (no content kept): generated tokens over `max_tokens`,
+    /// generations ended by their length limit, successful generations
+    /// with no output at all.
+    pub output_budget: Histogram,
+    pub length_finishes: Counter,
+    pub empty_completions: Counter,
 }
 
 /// The re-exported part of a replica's scrape.
@@ -106,8 +112,10 @@ impl BackendSeries {
 }
 
 pub struct Metrics {
-    /// model, endpoint.
-    pub models: Family<(Arc<str>, &'static str), ModelSeries>,
+    /// model, endpoint, tier ("" without keys; bounded by the configured tiers).
+    pub models: Family<(Arc<str>, &'static str, Arc<str>), ModelSeries>,
+    /// The tier label of requests without one (shared, not allocated per request).
+    pub no_tier: Arc<str>,
     pub requests: Family<RequestKey, Counter>,
     pub finish_reasons: Family<(Arc<str>, &'static str), Counter>,
     pub upstream_errors: Family<(Arc<str>, &'static str), Counter>,
@@ -209,6 +217,8 @@ impl Metrics {
             arc(&b.queue),
         );
         let tokens: Arc<[f64]> = Arc::from(buckets::TOKENS);
+        // Shares of max_tokens used: fine near 1, where truncation sits.
+        let budget: Arc<[f64]> = Arc::from(&[0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0][..]);
         // Waits at the gateway run up to flow_control.max_wait (30 s default).
         let flow_queue: Arc<[f64]> = Arc::from(
             &[
@@ -217,7 +227,8 @@ impl Metrics {
             ][..],
         );
         Self {
-            models: Family::new(&["model", "endpoint"], move || ModelSeries {
+            no_tier: Arc::from(""),
+            models: Family::new(&["model", "endpoint", "tier"], move || ModelSeries {
                 ttft: Histogram::seconds(ttft.clone()),
                 inter_token: Histogram::seconds(itl.clone()),
                 tpot: Histogram::seconds(tpot.clone()),
@@ -233,6 +244,9 @@ impl Metrics {
                 stalls: Counter::default(),
                 in_flight: Gauge::default(),
                 client_disconnects: Counter::default(),
+                output_budget: Histogram::counts_of(budget.clone()),
+                length_finishes: Counter::default(),
+                empty_completions: Counter::default(),
             }),
             requests: Family::new(
                 &["model", "endpoint", "tier", "status", "error_kind"],
@@ -363,6 +377,24 @@ impl Metrics {
             "Requests the client abandoned before the end (the upstream request was cancelled).",
             m,
             |s| &s.client_disconnects,
+        );
+        e.histograms(
+            "sluice_quality_output_budget_ratio",
+            "Per generation with a known max_tokens: completion tokens / max_tokens (a pile-up at 1 is truncation).",
+            m,
+            |s| &s.output_budget,
+        );
+        e.counters(
+            "sluice_quality_length_finishes_total",
+            "Generations that ended because they reached max_tokens (finish reason length).",
+            m,
+            |s| &s.length_finishes,
+        );
+        e.counters(
+            "sluice_quality_empty_completions_total",
+            "Successful generations with no output: no content, no tool call, zero completion tokens.",
+            m,
+            |s| &s.empty_completions,
         );
         e.gauges(
             "sluice_requests_in_flight",

@@ -295,6 +295,25 @@ impl Telemetry {
     }
 }
 
+/// The quality signals of a successful generation, from its counts alone.
+fn quality(r: &RequestRecord, s: &ModelSeries) {
+    let completion = r.usage.map(|u| u.completion_tokens);
+    if let (Some(c), Some(max)) = (completion, r.max_tokens.filter(|&m| m > 0)) {
+        s.output_budget.observe(f64::from(c) / f64::from(max));
+    }
+    if r.finish_reason == Some(FinishReason::Length) {
+        s.length_finishes.inc();
+    }
+    let nothing = if r.stream {
+        r.output_events == 0
+    } else {
+        completion == Some(0)
+    };
+    if nothing && r.finish_reason != Some(FinishReason::ToolCalls) {
+        s.empty_completions.inc();
+    }
+}
+
 /// The model's histograms and token counters for a finished request.
 fn observe(r: &RequestRecord, end: Instant, s: &ModelSeries) {
     if r.disconnected {
@@ -319,6 +338,9 @@ fn observe(r: &RequestRecord, end: Instant, s: &ModelSeries) {
             s.generation_tokens_per_request
                 .observe(f64::from(u.completion_tokens));
         }
+    }
+    if r.endpoint.generates() && r.succeeded() {
+        quality(r, s);
     }
     if r.succeeded() {
         s.e2e.observe_duration(end - r.arrival);

@@ -26,6 +26,7 @@ mod layers;
 mod limits;
 mod observability;
 mod protocols;
+mod quality;
 mod routing;
 mod sdk;
 mod sessions;

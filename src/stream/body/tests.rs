@@ -153,7 +153,10 @@ impl Rig {
     }
 
     fn series(&self) -> Arc<crate::telemetry::metrics::ModelSeries> {
-        self.tele.metrics.models.get(&(Arc::from("m"), "chat"))
+        self.tele
+            .metrics
+            .models
+            .get(&(Arc::from("m"), "chat", Arc::from("")))
     }
 }
 

@@ -110,7 +110,7 @@ fn run(endpoint: Endpoint, stream: &[u8], cuts: &[usize]) -> Seen {
     drop(guard);
     let gaps = metrics
         .models
-        .get(&(Arc::from("m"), endpoint.as_str()))
+        .get(&(Arc::from("m"), endpoint.as_str(), Arc::from("")))
         .inter_token
         .count();
     Seen { gaps, ..seen }
