@@ -5,7 +5,8 @@
 #
 # - Debian packages, with apt-get (as root, or through sudo): redis-server
 #   (shared rate limits), prometheus (promtool and a real Prometheus server),
-#   prometheus-alertmanager (amtool), python3-venv where Python needs it.
+#   prometheus-alertmanager (amtool), tmux (a terminal for `sluice top`),
+#   python3-venv where Python needs it.
 # - Python packages (the official OpenAI SDK, the chart tooling) into a
 #   project-local virtual environment, .venv/, never the system's Python;
 #   reinstalled only when tests/python/requirements.txt changes.
@@ -20,6 +21,7 @@ need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || need+=(prometheus)
 command -v amtool >/dev/null || need+=(prometheus-alertmanager)
+command -v tmux >/dev/null || need+=(tmux)
 if ! command -v python3 >/dev/null; then
     need+=(python3 python3-venv)
 elif [ ! -x .venv/bin/python ] && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then

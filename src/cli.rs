@@ -70,6 +70,22 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A live view of a running gateway: replicas, latency, routing, tenants,
+    /// diagnoses (redrawn in place; plain frames when not on a terminal).
+    #[command(
+        after_help = "Examples:\n  sluice top\n  sluice top --admin http://10.0.0.5:9090 --interval 2s"
+    )]
+    Top {
+        /// The gateway's admin listener.
+        #[arg(long, default_value = "http://127.0.0.1:9090")]
+        admin: Url,
+        /// Time between two frames.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: Duration,
+        /// Stop after this many frames (default: until Ctrl-C).
+        #[arg(long)]
+        frames: Option<u64>,
+    },
     /// Simulated replicas, the gateway in front of them and a workload, with a live summary.
     #[command(after_help = "Examples:\n  sluice demo\n  sluice demo --duration 20s")]
     Demo(DemoArgs),

@@ -3,6 +3,7 @@
 //! gateway in front of them, a shared-prefix workload through it, and a live
 //! summary, all in one process.
 
+use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -13,6 +14,7 @@ use crate::cli::DemoArgs;
 use crate::config::{BackendConfig, Config};
 use crate::server;
 use crate::sim::{self, SimConfig};
+use crate::top;
 
 const MODEL: &str = "demo-model";
 /// KV blocks per simulated replica: 16k tokens, a few concurrent long prompts.
@@ -92,13 +94,30 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }));
 
     let started = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    // On a terminal the demo shows `sluice top`'s view, redrawn in place;
+    // otherwise (a pipe, a log) a summary line every 2 s.
+    let tty = std::io::stdout().is_terminal();
+    let every = if tty {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(2)
+    };
+    let mut viewer = top::Viewer::new(admin.parse()?, every);
+    let mut tick = tokio::time::interval(every);
     tick.tick().await;
     let stop = server::shutdown_signal();
     tokio::pin!(stop);
     let report = loop {
         tokio::select! {
-            _ = tick.tick() => println!("{}", summary(&gw, &sims, started)),
+            _ = tick.tick() => {
+                if tty {
+                    if let Ok(frame) = viewer.frame().await {
+                        top::show(&format!("{frame}\nAPI {api}/v1 (model {MODEL})  ·  Ctrl-C to stop\n"), true);
+                    }
+                } else {
+                    println!("{}", summary(&gw, &sims, started));
+                }
+            }
             r = &mut workload => break r.ok().and_then(Result::ok),
             _ = &mut stop => {
                 println!("\nstopping...");

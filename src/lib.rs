@@ -23,6 +23,7 @@ pub mod stream;
 pub mod telemetry;
 mod term;
 mod tokens;
+pub mod top;
 pub mod upstream;
 pub mod vocab;
 
@@ -209,5 +210,10 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
         }
         Command::Demo(args) => demo::run(args).await,
         Command::Diagnose { admin, json } => doctor::report::run(&admin, json).await,
+        Command::Top {
+            admin,
+            interval,
+            frames,
+        } => top::run(&admin, interval, frames).await,
     }
 }

@@ -35,8 +35,10 @@ struct Finding {
     action: String,
 }
 
-pub async fn run(admin: &Url, json: bool) -> anyhow::Result<()> {
-    let url = format!("{}/admin/diagnose", admin.as_str().trim_end_matches('/'));
+/// GET `path` from a gateway's admin listener (for the commands that read a
+/// running gateway: `diagnose`, `top`).
+pub async fn admin_get(admin: &Url, path: &str) -> anyhow::Result<Bytes> {
+    let url = format!("{}{path}", admin.as_str().trim_end_matches('/'));
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let req = http::Request::get(&url).body(Full::new(Bytes::new()))?;
@@ -51,7 +53,12 @@ pub async fn run(admin: &Url, json: bool) -> anyhow::Result<()> {
         "{url} answered {}",
         resp.status()
     );
-    let body = resp.into_body().collect().await?.to_bytes();
+    Ok(resp.into_body().collect().await?.to_bytes())
+}
+
+pub async fn run(admin: &Url, json: bool) -> anyhow::Result<()> {
+    let url = format!("{}/admin/diagnose", admin.as_str().trim_end_matches('/'));
+    let body = admin_get(admin, "/admin/diagnose").await?;
     let d: Diagnosis = serde_json::from_slice(&body)
         .map_err(|e| anyhow::anyhow!("{url} did not answer a diagnosis: {e}"))?;
     if json {

@@ -25,7 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["api"],
     &["app"],
     &["server"],
-    &["sim", "bench"],
+    &["sim", "bench", "top"],
     &["cli"],
     &["demo"],
 ];

@@ -32,4 +32,5 @@ mod sdk;
 mod sessions;
 mod sim;
 mod streaming;
+mod top;
 mod wire;
