@@ -130,6 +130,9 @@ pub struct SimArgs {
     /// Override the profile's batch limit (vLLM --max-num-seqs).
     #[arg(long)]
     pub max_num_seqs: Option<u32>,
+    /// Turn automatic prefix caching off (every prompt computed from scratch).
+    #[arg(long)]
+    pub no_prefix_caching: bool,
     /// Metric names of /metrics.
     #[arg(long, value_enum, default_value = "vllm")]
     pub dialect: crate::sim::Dialect,
@@ -241,6 +244,26 @@ pub struct DemoArgs {
     /// Requests in flight in the demo workload.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// A pathology to watch appear and the diagnosis name it.
+    #[arg(long, value_enum, default_value = "healthy")]
+    pub scenario: Scenario,
+}
+
+/// What `sluice demo --scenario` does to the simulated fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Nothing wrong.
+    Healthy,
+    /// KV caches far too small for the traffic: the engines preempt.
+    KvThrashing,
+    /// One replica generates at a third of the others' speed.
+    SlowReplica,
+    /// One replica's /metrics fails while it keeps serving.
+    StaleMetrics,
+    /// One replica reports a long queue.
+    UnevenQueues,
+    /// The engines run without prefix caching: routing's shared prefixes miss.
+    PrefixCacheMisses,
 }
 
 /// `fixed` or a known engine profile, checked when the command line is parsed.

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 
 use crate::bench::{self, BenchConfig};
-use crate::cli::DemoArgs;
+use crate::cli::{DemoArgs, Scenario};
 use crate::config::{BackendConfig, Config};
 use crate::server;
 use crate::sim::{self, SimConfig};
@@ -21,16 +21,42 @@ const MODEL: &str = "demo-model";
 const DEMO_BLOCKS: u32 = 1024;
 
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let scenario = args.scenario;
     let mut sims = Vec::new();
-    for _ in 0..3 {
+    for i in 0..3 {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let mut cfg = SimConfig::engine("h100-llama3-8b", 1.0).context("profile")?;
+        // The slow replica's engine runs at a third of the profile's speed.
+        let speed = if scenario == Scenario::SlowReplica && i == 2 {
+            0.3
+        } else {
+            1.0
+        };
+        let mut cfg = SimConfig::engine("h100-llama3-8b", speed).context("profile")?;
         if let Some(p) = cfg.profile.as_mut() {
-            p.num_blocks = DEMO_BLOCKS;
+            p.num_blocks = match scenario {
+                // ~2 of the workload's sequences fit: the engines preempt.
+                Scenario::KvThrashing => 160,
+                _ => DEMO_BLOCKS,
+            };
+            // The engines started without --enable-prefix-caching.
+            p.prefix_caching = scenario != Scenario::PrefixCacheMisses;
         }
         cfg.model = MODEL.into();
         cfg.output_tokens = 128;
         sims.push(sim::start(listener, cfg).await?);
+    }
+    match scenario {
+        Scenario::StaleMetrics => {
+            let mut c = sims[1].state.control();
+            c.metrics = sim::MetricsMode::Error;
+            sims[1].state.set_control(c);
+        }
+        Scenario::UnevenQueues => {
+            let mut c = sims[0].state.control();
+            c.waiting = Some(30.0);
+            sims[0].state.set_control(c);
+        }
+        _ => {}
     }
     let mut config = Config::default();
     config.server.listen = args.listen;
@@ -66,9 +92,15 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
          print(c.chat.completions.create(model='{MODEL}', messages=[{{'role':'user','content':'hi'}}]).choices[0].message.content)\"\n"
     );
     println!(
-        "Workload: shared-prefix chat (4 documents of 1,000 tokens, unique questions), {} in flight.\n",
+        "Workload: shared-prefix chat (documents of 1,000 tokens, unique questions), {} in flight.\n",
         args.concurrency
     );
+    if let Some((what, name)) = expectation(scenario) {
+        println!(
+            "Scenario: {what}. Watch the diagnosis name `{name}` within a few seconds \
+             (also: sluice diagnose --admin {admin}).\n"
+        );
+    }
 
     let forever = Duration::from_secs(365 * 24 * 3600);
     let mut workload = tokio::spawn(bench::run(BenchConfig {
@@ -146,6 +178,33 @@ async fn wait_ready(gw: &server::Gateway) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a scenario does, and the pathology the diagnosis should name.
+fn expectation(s: Scenario) -> Option<(&'static str, &'static str)> {
+    match s {
+        Scenario::Healthy => None,
+        Scenario::KvThrashing => Some((
+            "KV caches far too small for the traffic",
+            "kv_cache_thrashing",
+        )),
+        Scenario::SlowReplica => Some((
+            "the third replica generates at a third of the others' speed",
+            "slow_replica",
+        )),
+        Scenario::StaleMetrics => Some((
+            "the second replica's /metrics fails while it keeps serving",
+            "stale_metrics",
+        )),
+        Scenario::UnevenQueues => Some((
+            "the first replica reports 30 requests waiting",
+            "uneven_queues",
+        )),
+        Scenario::PrefixCacheMisses => Some((
+            "the engines run without prefix caching",
+            "prefix_cache_misses",
+        )),
+    }
+}
+
 fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> String {
     let state = gw.state();
     let m = &state.metrics;
@@ -189,6 +248,24 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
             sm.hit_rate() * 100.0,
         ));
     }
-    out.pop();
+    let state = gw.state();
+    let findings = crate::doctor::diagnose(
+        &state.pool,
+        &state.config,
+        &state.metrics,
+        std::time::Instant::now(),
+    );
+    let named: Vec<String> = findings
+        .iter()
+        .map(|f| format!("{} on {}", f.pathology, f.backend))
+        .collect();
+    out.push_str(&format!(
+        "        diagnosis: {}",
+        if named.is_empty() {
+            "healthy".to_string()
+        } else {
+            named.join(", ")
+        }
+    ));
     out
 }

@@ -127,6 +127,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 })?;
                 p.num_blocks = args.num_blocks.unwrap_or(p.num_blocks);
                 p.max_num_seqs = args.max_num_seqs.unwrap_or(p.max_num_seqs);
+                p.prefix_caching &= !args.no_prefix_caching;
                 Some(p)
             };
             anyhow::ensure!(args.speed > 0.0, "--speed must be positive");

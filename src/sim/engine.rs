@@ -301,7 +301,11 @@ impl State {
             if s.blocks.is_empty() {
                 // Prefix cache: take the cached blocks of the longest matching
                 // prefix; at least one prompt token is always computed.
-                let usable = (s.req.prompt_tokens.saturating_sub(1) / bs) as usize;
+                let usable = if self.profile.prefix_caching {
+                    (s.req.prompt_tokens.saturating_sub(1) / bs) as usize
+                } else {
+                    0
+                };
                 let hashes = &s.req.hashes[..s.req.hashes.len().min(usable)];
                 s.blocks = self.pool.take_prefix(hashes);
                 s.computed = s.blocks.len() as u32 * bs;

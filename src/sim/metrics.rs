@@ -260,8 +260,14 @@ impl SimMetrics {
             &self.queue_time,
         );
         let info = format!(
-            "block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"True\",cache_dtype=\"auto\"",
-            cache.block_size, cache.num_blocks
+            "block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"{}\",cache_dtype=\"auto\"",
+            cache.block_size,
+            cache.num_blocks,
+            if cache.prefix_caching {
+                "True"
+            } else {
+                "False"
+            }
         );
         e.one(
             "vllm:cache_config_info",
@@ -430,4 +436,5 @@ struct View {
 pub(crate) struct CacheInfo {
     pub block_size: u32,
     pub num_blocks: u32,
+    pub prefix_caching: bool,
 }

@@ -44,6 +44,9 @@ pub struct Profile {
     pub per_seq: Duration,
     pub per_prefill_token: Duration,
     pub max_model_len: u32,
+    /// Automatic prefix caching (`--enable-prefix-caching`); off, every prompt
+    /// is computed from scratch.
+    pub prefix_caching: bool,
 }
 
 const fn us(n: u64) -> Duration {
@@ -68,6 +71,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         // ~20k prompt tokens/s.
         per_prefill_token: us(50),
         max_model_len: 131_072,
+        prefix_caching: true,
     },
     Profile {
         name: "a100-llama3-8b",
@@ -83,6 +87,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         // 1024-token prompt prefill ~90 ms.
         per_prefill_token: us(88),
         max_model_len: 131_072,
+        prefix_caching: true,
     },
     Profile {
         name: "h100x4-llama3-70b",
@@ -97,6 +102,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_seq: us(200),
         per_prefill_token: us(125),
         max_model_len: 131_072,
+        prefix_caching: true,
     },
     Profile {
         name: "tiny",
@@ -109,6 +115,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_seq: us(100),
         per_prefill_token: ns(10_000),
         max_model_len: 4096,
+        prefix_caching: true,
     },
 ];
 

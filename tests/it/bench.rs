@@ -138,12 +138,52 @@ async fn demo_runs_briefly_serves_requests_and_exits_cleanly() {
         .expect("no final report");
     let n: u64 = line.split_whitespace().next().unwrap().parse().unwrap();
     assert!(n > 0, "{line}");
-    assert!(line.contains(&format!("({n} ok)")), "{line}");
+    assert!(line.contains(&format!("({n} ok)")), "{stdout}");
     // The live summary names the routing decisions (prefix affinity, here).
     assert!(
         stdout
             .lines()
             .any(|l| l.contains("routed: ") && l.contains("affinity ")),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn a_demo_scenario_shows_its_pathology_named() {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(BIN)
+            .args([
+                "demo",
+                "--scenario",
+                "slow-replica",
+                "--duration",
+                "6s",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .output(),
+    )
+    .await
+    .expect("demo did not end on its own")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("Scenario: the third replica"), "{stdout}");
+    // The third replica (the slow one) is the one named, in the live summary.
+    let third = stdout
+        .lines()
+        .filter(|l| l.contains(" served "))
+        .nth(2)
+        .and_then(|l| l.split_whitespace().next())
+        .expect("replica lines")
+        .to_string();
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains(&format!("diagnosis: slow_replica on {third}"))),
         "{stdout}"
     );
 }
