@@ -180,7 +180,10 @@ async fn two_gateway_processes_send_the_same_prefixes_to_the_same_replicas() {
         assert_eq!(first, third, "prefix {p}: not sticky");
         used.insert(first);
     }
-    assert!(used.len() >= 3, "16 prefixes spread over replicas: {used:?}");
+    assert!(
+        used.len() >= 3,
+        "16 prefixes spread over replicas: {used:?}"
+    );
     assert!(reasons(&gw1, "affinity").await >= 16.0);
 }
 
