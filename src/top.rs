@@ -38,6 +38,7 @@ struct Finding {
     pathology: String,
     severity: String,
     backend: String,
+    tier: Option<String>,
 }
 
 /// Counters and histogram buckets of one `/metrics` read, summed over the
@@ -246,7 +247,11 @@ fn frame(
             } else {
                 "warning"
             };
-            let _ = writeln!(out, "Diagnosis  {sev} {} on {}", f.pathology, f.backend);
+            let on = match &f.tier {
+                Some(t) => format!("tier {t}"),
+                None => f.backend.clone(),
+            };
+            let _ = writeln!(out, "Diagnosis  {sev} {} on {on}", f.pathology);
         }
     }
     out

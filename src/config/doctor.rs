@@ -42,6 +42,11 @@ pub struct DoctorConfig {
     /// ...while it reported fewer than this share of the cached tokens
     /// routing expected there.
     pub prefix_shortfall: f64,
+    /// A tier held at its limit: at least this share of its requests refused
+    /// over the window...
+    pub limit_share: f64,
+    /// ...out of at least this many.
+    pub limit_min_requests: u64,
 }
 
 impl Default for DoctorConfig {
@@ -60,6 +65,8 @@ impl Default for DoctorConfig {
             uneven_factor: 4.0,
             prefix_hit_low: 0.1,
             prefix_shortfall: 0.5,
+            limit_share: 0.5,
+            limit_min_requests: 10,
         }
     }
 }

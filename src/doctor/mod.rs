@@ -45,8 +45,12 @@ pub enum Severity {
 pub struct Finding {
     pub pathology: &'static str,
     pub severity: Severity,
+    /// The replica ("" for a finding about a tier).
     #[serde(serialize_with = "as_str")]
     pub backend: Arc<str>,
+    /// The tier, for a finding about a tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
     /// The values the finding rests on.
     pub evidence: serde_json::Map<String, serde_json::Value>,
     /// Seconds of scrapes the evidence was taken over.
@@ -158,6 +162,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
             pathology,
             severity,
             backend: name.clone(),
+            tier: None,
             evidence: ev,
             window_seconds: (span * 10.0).round() / 10.0,
             cause,
@@ -341,6 +346,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                     pathology: "slow_replica",
                     severity: Severity::Warning,
                     backend: p.replica.name.clone(),
+                    tier: None,
                     evidence: evidence(&[
                         ("time_per_output_token_seconds", round(t, 4)),
                         ("peers_median_seconds", round(median, 4)),
@@ -372,6 +378,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                     pathology: "uneven_queues",
                     severity: Severity::Warning,
                     backend: p.replica.name.clone(),
+                    tier: None,
                     evidence: evidence(&[
                         ("requests_waiting", round(w, 0)),
                         ("peers_mean_waiting", round(mean, 1)),
@@ -383,8 +390,58 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
             }
         }
     }
+    tenants(metrics, d, window, now, &mut out);
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
+}
+
+/// A tier held at its limit: most of its requests refused over the window.
+fn tenants(
+    metrics: &Metrics,
+    d: &crate::config::DoctorConfig,
+    window: std::time::Duration,
+    now: Instant,
+    out: &mut Vec<Finding>,
+) {
+    let journal = metrics.journal.lock();
+    let recent: Vec<&crate::telemetry::metrics::Vitals> = journal
+        .iter()
+        .filter(|v| now.saturating_duration_since(v.at) <= window)
+        .collect();
+    let (Some(first), Some(last)) = (recent.first(), recent.last()) else {
+        return;
+    };
+    let secs = last.at.saturating_duration_since(first.at).as_secs_f64();
+    if secs <= 0.0 {
+        return;
+    }
+    for (tier, rejected, total) in &last.tiers {
+        let (r0, t0) = first
+            .tiers
+            .iter()
+            .find(|(t, _, _)| t == tier)
+            .map_or((0, 0), |(_, r, t)| (*r, *t));
+        let (rejected, total) = (rejected.saturating_sub(r0), total.saturating_sub(t0));
+        if total < d.limit_min_requests || (rejected as f64) < d.limit_share * total as f64 {
+            continue;
+        }
+        out.push(Finding {
+            pathology: "tenant_at_limit",
+            severity: Severity::Warning,
+            backend: Arc::from(""),
+            tier: Some(tier.to_string()),
+            evidence: evidence(&[
+                ("rejected_share", round(rejected as f64 / total as f64, 3)),
+                ("rejected_per_second", round(rejected as f64 / secs, 2)),
+                ("requests_per_second", round(total as f64 / secs, 2)),
+            ]),
+            window_seconds: (secs * 10.0).round() / 10.0,
+            cause: format!(
+                "tier {tier} sends more than its limits allow: most of its requests get 429"
+            ),
+            action: "check which key (the access log's key_name) and whether its client backs off on Retry-After; raise the tier's limits or move the key to a larger tier".into(),
+        });
+    }
 }
 
 /// Set `sluice_diagnosis_active{pathology, backend}`: 1 for each finding,

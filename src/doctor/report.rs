@@ -29,6 +29,7 @@ struct Finding {
     pathology: String,
     severity: Severity,
     backend: String,
+    tier: Option<String>,
     evidence: serde_json::Map<String, serde_json::Value>,
     window_seconds: f64,
     cause: String,
@@ -82,7 +83,11 @@ fn text(d: &Diagnosis) -> String {
             Severity::Critical => "CRITICAL",
             Severity::Warning => "warning",
         };
-        out.push_str(&format!("\n{sev}  {}  on {}\n", f.pathology, f.backend));
+        let on = match &f.tier {
+            Some(t) => format!("tier {t}"),
+            None => f.backend.clone(),
+        };
+        out.push_str(&format!("\n{sev}  {}  on {on}\n", f.pathology));
         let ev: Vec<String> = f.evidence.iter().map(|(k, v)| format!("{k}={v}")).collect();
         out.push_str(&format!("  evidence: {}", ev.join(", ")));
         if f.window_seconds > 0.0 {

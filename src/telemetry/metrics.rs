@@ -111,7 +111,21 @@ impl BackendSeries {
     }
 }
 
+/// Rate-limit decisions per tier at one moment (counters since start), kept
+/// for the doctor's windowed rates.
+#[derive(Debug, Clone)]
+pub struct Vitals {
+    pub at: Instant,
+    /// tier, rejected, all decisions.
+    pub tiers: Vec<(Arc<str>, u64, u64)>,
+}
+
+/// How long the journal of vitals is kept (the doctor's longest window).
+const JOURNAL: std::time::Duration = std::time::Duration::from_secs(600);
+
 pub struct Metrics {
+    /// Vitals noted at each scrape round, oldest first (for `/admin/diagnose`).
+    pub journal: parking_lot::Mutex<std::collections::VecDeque<Vitals>>,
     /// model, endpoint, tier ("" without keys; bounded by the configured tiers).
     pub models: Family<(Arc<str>, &'static str, Arc<str>), ModelSeries>,
     /// The tier label of requests without one (shared, not allocated per request).
@@ -207,6 +221,35 @@ fn status_str(s: http::StatusCode) -> &'static str {
 }
 
 impl Metrics {
+    /// Note the rate-limit decisions per tier now (called once per scrape
+    /// round); entries older than 10 minutes are dropped.
+    pub(crate) fn note_vitals(&self, at: Instant) {
+        let mut tiers: Vec<(Arc<str>, u64, u64)> = Vec::new();
+        self.ratelimit_decisions.for_each(|(tier, _, decision), c| {
+            let n = c.get();
+            let rejected = if decision.starts_with("rejected") {
+                n
+            } else {
+                0
+            };
+            match tiers.iter_mut().find(|(t, _, _)| t == tier) {
+                Some(e) => {
+                    e.1 += rejected;
+                    e.2 += n;
+                }
+                None => tiers.push((tier.clone(), rejected, n)),
+            }
+        });
+        let mut j = self.journal.lock();
+        while j
+            .front()
+            .is_some_and(|v| at.saturating_duration_since(v.at) > JOURNAL)
+        {
+            j.pop_front();
+        }
+        j.push_back(Vitals { at, tiers });
+    }
+
     pub fn new(b: &Buckets) -> Self {
         let arc = |v: &Vec<f64>| -> Arc<[f64]> { Arc::from(v.as_slice()) };
         let (ttft, itl, tpot, e2e, queue) = (
@@ -228,6 +271,7 @@ impl Metrics {
         );
         Self {
             no_tier: Arc::from(""),
+            journal: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             models: Family::new(&["model", "endpoint", "tier"], move || ModelSeries {
                 ttft: Histogram::seconds(ttft.clone()),
                 inter_token: Histogram::seconds(itl.clone()),

@@ -610,6 +610,11 @@ impl Pool {
 
     /// Gauges that depend on time or on the whole pool, brought up to date
     /// before `/metrics` is rendered: ejections that expired, healthy counts.
+    /// The registry the pool's series live in.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     pub(crate) fn refresh_metrics(&self) {
         let replicas = self.replicas();
         let mut healthy = 0;

@@ -198,6 +198,8 @@ pub(crate) async fn scrape_all(
         });
     }
     while tasks.join_next().await.is_some() {}
+    // The doctor's per-tier rates come from these notes, one per round.
+    pool.metrics().note_vitals(Instant::now());
 }
 
 /// Scrape forever at `interval` (the caller aborts the task).

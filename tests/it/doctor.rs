@@ -280,3 +280,54 @@ async fn prefix_cache_misses_are_named_when_the_cache_is_too_small() {
         () = until_healthy(&gw) => {}
     }
 }
+
+#[tokio::test]
+async fn a_tier_held_at_its_limit_is_named() {
+    use sha2::{Digest, Sha256};
+    use sluice::config::{ApiKey, Secret, TierConfig};
+    let sim = start_sim(fast_sim()).await;
+    let mut c = doctor_config(&[sim.url()]);
+    c.auth.keys = vec![ApiKey {
+        name: "busy-client".into(),
+        tier: "free".into(),
+        sha256: Secret::new(hex::encode(Sha256::digest(b"sk-doctor"))),
+    }];
+    c.tiers.insert(
+        "free".into(),
+        TierConfig {
+            requests_per_minute: Some(3),
+            ..TierConfig::default()
+        },
+    );
+    let gw = start_gateway(c, 1).await;
+    scraped(&gw, 1).await;
+    let mut limited = 0;
+    for _ in 0..20 {
+        let resp = client()
+            .post(format!("{}/v1/chat/completions", api(&gw)))
+            .bearer_auth("sk-doctor")
+            .json(&chat_body(false))
+            .send()
+            .await
+            .unwrap();
+        limited += usize::from(resp.status() == 429);
+    }
+    assert_eq!(limited, 17);
+    wait_until("tenant_at_limit named", Duration::from_secs(10), || async {
+        let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["findings"].as_array().unwrap().iter().any(|f| {
+            f["pathology"] == "tenant_at_limit"
+                && f["tier"] == "free"
+                && f["evidence"]["rejected_share"].as_f64() > Some(0.5)
+        })
+    })
+    .await;
+    // No key or key name in the finding: the tier only.
+    let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
+    assert!(body.contains("tenant_at_limit"), "{body}");
+    assert!(
+        !body.contains("sk-doctor") && !body.contains("busy-client"),
+        "{body}"
+    );
+}
