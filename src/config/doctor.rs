@@ -47,6 +47,11 @@ pub struct DoctorConfig {
     pub limit_share: f64,
     /// ...out of at least this many.
     pub limit_min_requests: u64,
+    /// An error spike: at least this share of the attempts sent to a replica
+    /// failed over the window (5%: the articles' error-rate alert)...
+    pub error_share: f64,
+    /// ...and at least this many.
+    pub error_min: u64,
 }
 
 impl Default for DoctorConfig {
@@ -67,6 +72,8 @@ impl Default for DoctorConfig {
             prefix_shortfall: 0.5,
             limit_share: 0.5,
             limit_min_requests: 10,
+            error_share: 0.05,
+            error_min: 5,
         }
     }
 }

@@ -31,6 +31,7 @@ pub const PATHOLOGIES: &[&str] = &[
     "uneven_queues",
     "stale_metrics",
     "prefix_cache_misses",
+    "error_spike",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
@@ -391,8 +392,70 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
         }
     }
     tenants(metrics, d, window, now, &mut out);
+    errors(metrics, d, window, now, &mut out);
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
+}
+
+/// A replica failing a share of the attempts sent to it, by kind.
+fn errors(
+    metrics: &Metrics,
+    d: &crate::config::DoctorConfig,
+    window: std::time::Duration,
+    now: Instant,
+    out: &mut Vec<Finding>,
+) {
+    let journal = metrics.journal.lock();
+    let mut recent = journal
+        .iter()
+        .filter(|v| now.saturating_duration_since(v.at) <= window);
+    let (Some(first), Some(last)) = (recent.next(), journal.back()) else {
+        return;
+    };
+    let secs = last.at.saturating_duration_since(first.at).as_secs_f64();
+    if secs <= 0.0 {
+        return;
+    }
+    for (name, attempts, kinds) in &last.backends {
+        let before = first.backends.iter().find(|(n, _, _)| n == name);
+        let sent = attempts.saturating_sub(before.map_or(0, |b| b.1));
+        let mut by_kind: Vec<(&'static str, u64)> = kinds
+            .iter()
+            .map(|(k, n)| {
+                let was = before
+                    .and_then(|b| b.2.iter().find(|(bk, _)| bk == k))
+                    .map_or(0, |(_, n)| *n);
+                (*k, n.saturating_sub(was))
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let failed: u64 = by_kind.iter().map(|(_, n)| n).sum();
+        if sent == 0 || failed < d.error_min || (failed as f64) < d.error_share * sent as f64 {
+            continue;
+        }
+        by_kind.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        let kinds: serde_json::Map<String, serde_json::Value> = by_kind
+            .iter()
+            .map(|(k, n)| ((*k).to_string(), serde_json::Value::from(*n)))
+            .collect();
+        out.push(Finding {
+            pathology: "error_spike",
+            severity: Severity::Warning,
+            backend: name.clone(),
+            tier: None,
+            evidence: evidence(&[
+                ("failed_share", round(failed as f64 / sent as f64, 3)),
+                ("attempts", serde_json::Value::from(sent)),
+                ("failed_by_kind", serde_json::Value::Object(kinds)),
+            ]),
+            window_seconds: (secs * 10.0).round() / 10.0,
+            cause: format!(
+                "attempts sent to it fail, mostly `{}`: see the upstream errors of that kind in the gateway's log",
+                by_kind[0].0
+            ),
+            action: "check the replica's own log and health; connect and timeout kinds point at the network or an overloaded engine, upstream_status at the engine refusing requests; passive health ejects it after consecutive failures".into(),
+        });
+    }
 }
 
 /// A tier held at its limit: most of its requests refused over the window.

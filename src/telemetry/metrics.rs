@@ -53,6 +53,8 @@ pub struct BackendSeries {
     pub in_flight: Gauge,
     pub ejected: Gauge,
     pub ejections: Counter,
+    /// Attempts sent to the replica.
+    pub attempts: Counter,
     /// Closed loop of routing: prompt tokens it expected cached there, and
     /// what the replica reported cached for the same requests.
     pub cached_predicted: Counter,
@@ -78,6 +80,7 @@ impl BackendSeries {
             healthy: Gauge::default(),
             in_flight: Gauge::default(),
             ejected: Gauge::default(),
+            attempts: Counter::default(),
             ejections: Counter::default(),
             cached_predicted: Counter::default(),
             cached_actual: Counter::default(),
@@ -118,7 +121,11 @@ pub struct Vitals {
     pub at: Instant,
     /// tier, rejected, all decisions.
     pub tiers: Vec<(Arc<str>, u64, u64)>,
+    pub backends: Vec<BackendVitals>,
 }
+
+/// backend, attempts sent, failed attempts by kind.
+pub type BackendVitals = (Arc<str>, u64, Vec<(&'static str, u64)>);
 
 /// How long the journal of vitals is kept (the doctor's longest window).
 const JOURNAL: std::time::Duration = std::time::Duration::from_secs(600);
@@ -240,6 +247,15 @@ impl Metrics {
                 None => tiers.push((tier.clone(), rejected, n)),
             }
         });
+        let mut backends: Vec<BackendVitals> = Vec::new();
+        self.backends.for_each(|(name,), s| {
+            backends.push((name.clone(), s.attempts.get(), Vec::new()));
+        });
+        self.upstream_errors.for_each(|(name, kind), c| {
+            if let Some(b) = backends.iter_mut().find(|(n, _, _)| n == name) {
+                b.2.push((*kind, c.get()));
+            }
+        });
         let mut j = self.journal.lock();
         while j
             .front()
@@ -247,7 +263,11 @@ impl Metrics {
         {
             j.pop_front();
         }
-        j.push_back(Vitals { at, tiers });
+        j.push_back(Vitals {
+            at,
+            tiers,
+            backends,
+        });
     }
 
     pub fn new(b: &Buckets) -> Self {
@@ -523,6 +543,12 @@ impl Metrics {
             "1 while the replica is ejected by passive health checks (outlier detection).",
             &self.backends,
             |s| s.ejected.get() as f64,
+        );
+        e.counters(
+            "sluice_backend_attempts_total",
+            "Attempts this gateway sent to the replica (retries included).",
+            &self.backends,
+            |s| &s.attempts,
         );
         e.counters(
             "sluice_backend_ejections_total",

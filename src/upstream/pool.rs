@@ -358,6 +358,7 @@ impl InFlight {
     pub(crate) fn new(r: Arc<Replica>) -> Self {
         r.in_flight.fetch_add(1, Relaxed);
         r.series.in_flight.inc();
+        r.series.attempts.inc();
         Self {
             replica: r,
             leaving: false,

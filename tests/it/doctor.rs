@@ -331,3 +331,41 @@ async fn a_tier_held_at_its_limit_is_named() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn a_replica_failing_its_attempts_is_named_with_the_kinds() {
+    let sims = [start_sim(fast_sim()).await, start_sim(fast_sim()).await];
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut c = doctor_config(&urls);
+    c.routing.policy = sluice::config::PolicyKind::RoundRobin;
+    let gw = start_gateway(c, 2).await;
+    scraped(&gw, 2).await;
+    // Replica 1 answers a third of its requests with 500.
+    let mut ctl = sims[1].state.control();
+    ctl.faults = sluice::sim::faults::Faults::parse("error=500").unwrap();
+    ctl.fault_rate = 0.34;
+    sims[1].state.set_control(ctl);
+    for _ in 0..40 {
+        let (status, _, _) = post(
+            &format!("{}/v1/chat/completions", api(&gw)),
+            &chat_body(false),
+        )
+        .await;
+        assert!(status == 200 || status == 500, "{status}");
+    }
+    let (a, b) = (label(&sims[0]), label(&sims[1]));
+    until_named(&gw, "error_spike", &b).await;
+    let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let spike = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["pathology"] == "error_spike")
+        .unwrap();
+    assert!(
+        spike["evidence"]["failed_by_kind"]["upstream_status"].as_u64() > Some(0),
+        "{spike}"
+    );
+    assert!(!body.contains(&format!("\"backend\":\"{a}\"")), "{body}");
+}
