@@ -340,12 +340,13 @@ async fn a_replica_failing_its_attempts_is_named_with_the_kinds() {
     c.routing.policy = sluice::config::PolicyKind::RoundRobin;
     let gw = start_gateway(c, 2).await;
     scraped(&gw, 2).await;
-    // Replica 1 answers a third of its requests with 500.
+    // Replica 1 answers half of its requests with 500: of the ~30 it gets,
+    // fewer than 5 failing (error_min) has a probability below 1e-4.
     let mut ctl = sims[1].state.control();
     ctl.faults = sluice::sim::faults::Faults::parse("error=500").unwrap();
-    ctl.fault_rate = 0.34;
+    ctl.fault_rate = 0.5;
     sims[1].state.set_control(ctl);
-    for _ in 0..40 {
+    for _ in 0..60 {
         let (status, _, _) = post(
             &format!("{}/v1/chat/completions", api(&gw)),
             &chat_body(false),
