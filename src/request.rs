@@ -279,6 +279,9 @@ impl RequestGuard {
                     .responses
                     .place(response_key(id), name, std::time::Instant::now());
             }
+            if r.stalls > 0 {
+                attempt.replica().series.stalls.add(u64::from(r.stalls));
+            }
             if r.succeeded() {
                 let replica = attempt.replica();
                 replica.record_success();

@@ -52,6 +52,11 @@ pub struct DoctorConfig {
     pub error_share: f64,
     /// ...and at least this many.
     pub error_min: u64,
+    /// Stalling streams: at least this many stalls per attempt sent to a
+    /// replica over the window...
+    pub stall_share: f64,
+    /// ...and at least this many.
+    pub stall_min: u64,
 }
 
 impl Default for DoctorConfig {
@@ -74,6 +79,8 @@ impl Default for DoctorConfig {
             limit_min_requests: 10,
             error_share: 0.05,
             error_min: 5,
+            stall_share: 0.05,
+            stall_min: 3,
         }
     }
 }

@@ -32,6 +32,7 @@ pub const PATHOLOGIES: &[&str] = &[
     "stale_metrics",
     "prefix_cache_misses",
     "error_spike",
+    "stalling_streams",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
@@ -397,7 +398,8 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
     out
 }
 
-/// A replica failing a share of the attempts sent to it, by kind.
+/// A replica failing a share of the attempts sent to it, by kind; or whose
+/// streams stall.
 fn errors(
     metrics: &Metrics,
     d: &crate::config::DoctorConfig,
@@ -416,14 +418,32 @@ fn errors(
     if secs <= 0.0 {
         return;
     }
-    for (name, attempts, kinds) in &last.backends {
-        let before = first.backends.iter().find(|(n, _, _)| n == name);
-        let sent = attempts.saturating_sub(before.map_or(0, |b| b.1));
-        let mut by_kind: Vec<(&'static str, u64)> = kinds
+    for b in &last.backends {
+        let name = &b.name;
+        let before = first.backends.iter().find(|x| x.name == b.name);
+        let sent = b.attempts.saturating_sub(before.map_or(0, |x| x.attempts));
+        let stalls = b.stalls.saturating_sub(before.map_or(0, |x| x.stalls));
+        if stalls >= d.stall_min && stalls as f64 >= d.stall_share * sent as f64 {
+            out.push(Finding {
+                pathology: "stalling_streams",
+                severity: Severity::Warning,
+                backend: name.clone(),
+                tier: None,
+                evidence: evidence(&[
+                    ("stalls", serde_json::Value::from(stalls)),
+                    ("attempts", serde_json::Value::from(sent)),
+                ]),
+                window_seconds: (secs * 10.0).round() / 10.0,
+                cause: "its streams go silent mid-generation (gaps over telemetry.stall_threshold): preemption, CPU swapping, a stuck engine step, or the network".into(),
+                action: "look at its KV usage and preemptions (kv_cache_thrashing, cpu_swapping findings), then its engine log and network; traces with sluice.max_gap_seconds show which requests".into(),
+            });
+        }
+        let mut by_kind: Vec<(&'static str, u64)> = b
+            .failed
             .iter()
             .map(|(k, n)| {
                 let was = before
-                    .and_then(|b| b.2.iter().find(|(bk, _)| bk == k))
+                    .and_then(|x| x.failed.iter().find(|(bk, _)| bk == k))
                     .map_or(0, |(_, n)| *n);
                 (*k, n.saturating_sub(was))
             })

@@ -55,6 +55,8 @@ pub struct BackendSeries {
     pub ejections: Counter,
     /// Attempts sent to the replica.
     pub attempts: Counter,
+    /// Inter-token gaps over the stall threshold in streams it served.
+    pub stalls: Counter,
     /// Closed loop of routing: prompt tokens it expected cached there, and
     /// what the replica reported cached for the same requests.
     pub cached_predicted: Counter,
@@ -81,6 +83,7 @@ impl BackendSeries {
             in_flight: Gauge::default(),
             ejected: Gauge::default(),
             attempts: Counter::default(),
+            stalls: Counter::default(),
             ejections: Counter::default(),
             cached_predicted: Counter::default(),
             cached_actual: Counter::default(),
@@ -124,8 +127,16 @@ pub struct Vitals {
     pub backends: Vec<BackendVitals>,
 }
 
-/// backend, attempts sent, failed attempts by kind.
-pub type BackendVitals = (Arc<str>, u64, Vec<(&'static str, u64)>);
+/// One replica's counters in the journal.
+#[derive(Debug, Clone)]
+pub struct BackendVitals {
+    pub name: Arc<str>,
+    /// Attempts sent, and streams' inter-token gaps over the stall threshold.
+    pub attempts: u64,
+    pub stalls: u64,
+    /// Failed attempts by kind.
+    pub failed: Vec<(&'static str, u64)>,
+}
 
 /// How long the journal of vitals is kept (the doctor's longest window).
 const JOURNAL: std::time::Duration = std::time::Duration::from_secs(600);
@@ -249,11 +260,16 @@ impl Metrics {
         });
         let mut backends: Vec<BackendVitals> = Vec::new();
         self.backends.for_each(|(name,), s| {
-            backends.push((name.clone(), s.attempts.get(), Vec::new()));
+            backends.push(BackendVitals {
+                name: name.clone(),
+                attempts: s.attempts.get(),
+                stalls: s.stalls.get(),
+                failed: Vec::new(),
+            });
         });
         self.upstream_errors.for_each(|(name, kind), c| {
-            if let Some(b) = backends.iter_mut().find(|(n, _, _)| n == name) {
-                b.2.push((*kind, c.get()));
+            if let Some(b) = backends.iter_mut().find(|b| b.name == *name) {
+                b.failed.push((*kind, c.get()));
             }
         });
         let mut j = self.journal.lock();
@@ -549,6 +565,12 @@ impl Metrics {
             "Attempts this gateway sent to the replica (retries included).",
             &self.backends,
             |s| &s.attempts,
+        );
+        e.counters(
+            "sluice_backend_stream_stalls_total",
+            "Inter-token gaps longer than telemetry.stall_threshold in streams the replica served.",
+            &self.backends,
+            |s| &s.stalls,
         );
         e.counters(
             "sluice_backend_ejections_total",

@@ -370,3 +370,42 @@ async fn a_replica_failing_its_attempts_is_named_with_the_kinds() {
     );
     assert!(!body.contains(&format!("\"backend\":\"{a}\"")), "{body}");
 }
+
+#[tokio::test]
+async fn a_replica_whose_streams_stall_is_named() {
+    let sims = [start_sim(fast_sim()).await, start_sim(fast_sim()).await];
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut c = doctor_config(&urls);
+    c.routing.policy = sluice::config::PolicyKind::RoundRobin;
+    c.telemetry.stall_threshold = Duration::from_millis(100);
+    let gw = start_gateway(c, 2).await;
+    scraped(&gw, 2).await;
+    // Replica 1's streams go silent for 300 ms after their second token.
+    let mut ctl = sims[1].state.control();
+    ctl.faults = sluice::sim::faults::Faults::parse("stall=2:300ms").unwrap();
+    sims[1].state.set_control(ctl);
+    let sent: Vec<_> = (0..8)
+        .map(|_| {
+            let url = format!("{}/v1/chat/completions", api(&gw));
+            tokio::spawn(async move { post(&url, &chat_body(true)).await.0 })
+        })
+        .collect();
+    for s in sent {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    let (a, b) = (label(&sims[0]), label(&sims[1]));
+    until_named(&gw, "stalling_streams", &b).await;
+    assert!(
+        !findings(&gw)
+            .await
+            .iter()
+            .any(|(p, backend, _)| p == "stalling_streams" && *backend == a)
+    );
+    let stalls = gateway_metric(
+        &gw,
+        &format!("sluice_backend_stream_stalls_total{{backend=\"{b}\"}}"),
+    )
+    .await;
+    // One stall per stream it served (more only if the machine itself stalls).
+    assert!(stalls >= 4.0, "{stalls}");
+}
