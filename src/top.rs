@@ -39,6 +39,7 @@ struct Finding {
     severity: String,
     backend: String,
     tier: Option<String>,
+    model: Option<String>,
 }
 
 /// Counters and histogram buckets of one `/metrics` read, summed over the
@@ -247,9 +248,10 @@ fn frame(
             } else {
                 "warning"
             };
-            let on = match &f.tier {
-                Some(t) => format!("tier {t}"),
-                None => f.backend.clone(),
+            let on = match (&f.tier, &f.model) {
+                (Some(t), _) => format!("tier {t}"),
+                (_, Some(m)) => format!("model {m}"),
+                _ => f.backend.clone(),
             };
             let _ = writeln!(out, "Diagnosis  {sev} {} on {on}", f.pathology);
         }

@@ -57,6 +57,11 @@ pub struct DoctorConfig {
     pub stall_share: f64,
     /// ...and at least this many.
     pub stall_min: u64,
+    /// Drift: a model's mean output length (either way) or mean TTFT (up)
+    /// this many times its baseline (the journal before the window)...
+    pub drift_factor: f64,
+    /// ...each over at least this many requests.
+    pub drift_min_requests: u64,
 }
 
 impl Default for DoctorConfig {
@@ -81,6 +86,8 @@ impl Default for DoctorConfig {
             error_min: 5,
             stall_share: 0.05,
             stall_min: 3,
+            drift_factor: 2.0,
+            drift_min_requests: 20,
         }
     }
 }

@@ -53,6 +53,9 @@ pub struct Finding {
     /// The tier, for a finding about a tenant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<String>,
+    /// The model, for a finding about a model's traffic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// The values the finding rests on.
     pub evidence: serde_json::Map<String, serde_json::Value>,
     /// Seconds of scrapes the evidence was taken over.
@@ -165,6 +168,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
             severity,
             backend: name.clone(),
             tier: None,
+            model: None,
             evidence: ev,
             window_seconds: (span * 10.0).round() / 10.0,
             cause,
@@ -349,6 +353,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                     severity: Severity::Warning,
                     backend: p.replica.name.clone(),
                     tier: None,
+            model: None,
                     evidence: evidence(&[
                         ("time_per_output_token_seconds", round(t, 4)),
                         ("peers_median_seconds", round(median, 4)),
@@ -381,6 +386,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                     severity: Severity::Warning,
                     backend: p.replica.name.clone(),
                     tier: None,
+            model: None,
                     evidence: evidence(&[
                         ("requests_waiting", round(w, 0)),
                         ("peers_mean_waiting", round(mean, 1)),
@@ -394,6 +400,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
     }
     tenants(metrics, d, window, now, &mut out);
     errors(metrics, d, window, now, &mut out);
+    drift(metrics, d, window, now, &mut out);
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
 }
@@ -429,6 +436,7 @@ fn errors(
                 severity: Severity::Warning,
                 backend: name.clone(),
                 tier: None,
+            model: None,
                 evidence: evidence(&[
                     ("stalls", serde_json::Value::from(stalls)),
                     ("attempts", serde_json::Value::from(sent)),
@@ -463,6 +471,7 @@ fn errors(
             severity: Severity::Warning,
             backend: name.clone(),
             tier: None,
+            model: None,
             evidence: evidence(&[
                 ("failed_share", round(failed as f64 / sent as f64, 3)),
                 ("attempts", serde_json::Value::from(sent)),
@@ -475,6 +484,94 @@ fn errors(
             ),
             action: "check the replica's own log and health; connect and timeout kinds point at the network or an overloaded engine, upstream_status at the engine refusing requests; passive health ejects it after consecutive failures".into(),
         });
+    }
+}
+
+/// A model's output length or TTFT far from its own recent baseline: the
+/// window against the journal before it (up to 10 minutes).
+fn drift(
+    metrics: &Metrics,
+    d: &crate::config::DoctorConfig,
+    window: std::time::Duration,
+    now: Instant,
+    out: &mut Vec<Finding>,
+) {
+    let journal = metrics.journal.lock();
+    let Some(oldest) = journal.front() else {
+        return;
+    };
+    let Some(start) = journal
+        .iter()
+        .find(|v| now.saturating_duration_since(v.at) <= window)
+    else {
+        return;
+    };
+    let Some(last) = journal.back() else { return };
+    if std::ptr::eq(oldest, start) {
+        // No baseline older than the window yet.
+        return;
+    }
+    let find = |v: &crate::telemetry::metrics::Vitals, m: &str| {
+        v.models
+            .iter()
+            .find(|x| &*x.model == m)
+            .cloned()
+            .unwrap_or_default()
+    };
+    for m in &last.models {
+        let (a, b) = (find(oldest, &m.model), find(start, &m.model));
+        // Baseline: oldest -> start; now: start -> last.
+        let mean = |from: &crate::telemetry::metrics::ModelVitals,
+                    to: &crate::telemetry::metrics::ModelVitals,
+                    n: fn(&crate::telemetry::metrics::ModelVitals) -> u64,
+                    sum: fn(&crate::telemetry::metrics::ModelVitals) -> f64| {
+            let count = n(to).saturating_sub(n(from));
+            (count >= d.drift_min_requests).then(|| (sum(to) - sum(from)) / count as f64)
+        };
+        let drifted = |base: f64, cur: f64| {
+            base > 0.0 && (cur >= d.drift_factor * base || cur * d.drift_factor <= base)
+        };
+        if let (Some(base), Some(cur)) = (
+            mean(&a, &b, |x| x.generations, |x| x.generated_tokens),
+            mean(&b, m, |x| x.generations, |x| x.generated_tokens),
+        ) && drifted(base, cur)
+        {
+            out.push(Finding {
+                pathology: "output_length_drift",
+                severity: Severity::Warning,
+                backend: Arc::from(""),
+                tier: None,
+                model: Some(m.model.to_string()),
+                evidence: evidence(&[
+                    ("mean_output_tokens", round(cur, 1)),
+                    ("baseline_mean_output_tokens", round(base, 1)),
+                ]),
+                window_seconds: window.as_secs_f64(),
+                cause: "answers are much longer or shorter than a few minutes ago: a changed client, prompt template or model, or answers cut short (truncation, empty answers)".into(),
+                action: "compare the quality signals (sluice_quality_*: length finishes, empty answers) and what changed in clients or the model's deployment".into(),
+            });
+        }
+        if let (Some(base), Some(cur)) = (
+            mean(&a, &b, |x| x.first_tokens, |x| x.ttft_sum),
+            mean(&b, m, |x| x.first_tokens, |x| x.ttft_sum),
+        ) && cur >= d.drift_factor * base
+            && base > 0.0
+        {
+            out.push(Finding {
+                pathology: "latency_drift",
+                severity: Severity::Warning,
+                backend: Arc::from(""),
+                tier: None,
+                model: Some(m.model.to_string()),
+                evidence: evidence(&[
+                    ("mean_ttft_seconds", round(cur, 3)),
+                    ("baseline_mean_ttft_seconds", round(base, 3)),
+                ]),
+                window_seconds: window.as_secs_f64(),
+                cause: "time to first token is far above its own recent baseline: more load than the fleet serves, longer prompts, or a degraded replica".into(),
+                action: "look at the replicas' queues and KV usage and the other findings; flow control sheds the lowest band when the fleet stays full".into(),
+            });
+        }
     }
 }
 
@@ -513,6 +610,7 @@ fn tenants(
             severity: Severity::Warning,
             backend: Arc::from(""),
             tier: Some(tier.to_string()),
+            model: None,
             evidence: evidence(&[
                 ("rejected_share", round(rejected as f64 / total as f64, 3)),
                 ("rejected_per_second", round(rejected as f64 / secs, 2)),

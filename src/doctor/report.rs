@@ -30,6 +30,7 @@ struct Finding {
     severity: Severity,
     backend: String,
     tier: Option<String>,
+    model: Option<String>,
     evidence: serde_json::Map<String, serde_json::Value>,
     window_seconds: f64,
     cause: String,
@@ -83,9 +84,10 @@ fn text(d: &Diagnosis) -> String {
             Severity::Critical => "CRITICAL",
             Severity::Warning => "warning",
         };
-        let on = match &f.tier {
-            Some(t) => format!("tier {t}"),
-            None => f.backend.clone(),
+        let on = match (&f.tier, &f.model) {
+            (Some(t), _) => format!("tier {t}"),
+            (_, Some(m)) => format!("model {m}"),
+            _ => f.backend.clone(),
         };
         out.push_str(&format!("\n{sev}  {}  on {on}\n", f.pathology));
         let ev: Vec<String> = f.evidence.iter().map(|(k, v)| format!("{k}={v}")).collect();

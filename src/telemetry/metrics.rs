@@ -125,6 +125,19 @@ pub struct Vitals {
     /// tier, rejected, all decisions.
     pub tiers: Vec<(Arc<str>, u64, u64)>,
     pub backends: Vec<BackendVitals>,
+    pub models: Vec<ModelVitals>,
+}
+
+/// One model's counters in the journal (summed over endpoints and tiers).
+#[derive(Debug, Clone, Default)]
+pub struct ModelVitals {
+    pub model: Arc<str>,
+    /// Generations with usage, and their generated tokens.
+    pub generations: u64,
+    pub generated_tokens: f64,
+    /// First tokens, and the sum of their TTFT in seconds.
+    pub first_tokens: u64,
+    pub ttft_sum: f64,
 }
 
 /// One replica's counters in the journal.
@@ -272,6 +285,24 @@ impl Metrics {
                 b.failed.push((*kind, c.get()));
             }
         });
+        let mut models: Vec<ModelVitals> = Vec::new();
+        self.models.for_each(|(model, _, _), s| {
+            let i = match models.iter().position(|m| m.model == *model) {
+                Some(i) => i,
+                None => {
+                    models.push(ModelVitals {
+                        model: model.clone(),
+                        ..ModelVitals::default()
+                    });
+                    models.len() - 1
+                }
+            };
+            let m = &mut models[i];
+            m.generations += s.generation_tokens_per_request.count();
+            m.generated_tokens += s.generation_tokens_per_request.sum();
+            m.first_tokens += s.ttft.count();
+            m.ttft_sum += s.ttft.sum();
+        });
         let mut j = self.journal.lock();
         while j
             .front()
@@ -283,6 +314,7 @@ impl Metrics {
             at,
             tiers,
             backends,
+            models,
         });
     }
 

@@ -409,3 +409,49 @@ async fn a_replica_whose_streams_stall_is_named() {
     // One stall per stream it served (more only if the machine itself stalls).
     assert!(stalls >= 4.0, "{stalls}");
 }
+
+#[tokio::test]
+async fn output_length_far_from_its_baseline_is_named_on_the_model() {
+    let sim = start_sim(fast_sim()).await;
+    let gw = start_gateway(doctor_config(&[sim.url()]), 1).await;
+    scraped(&gw, 1).await;
+    // The baseline: answers of 8 tokens.
+    traffic(&gw, 25).await;
+    assert!(findings(&gw).await.is_empty());
+    // Then answers of 2 tokens, until the baseline is older than the window
+    // (3 s) and the drift is named.
+    let short = serde_json::json!({
+        "model": "sim-model", "stream": true, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Hello there"}],
+    });
+    let named = async {
+        loop {
+            let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if let Some(f) = v["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["pathology"] == "output_length_drift")
+            {
+                return f.clone();
+            }
+            for _ in 0..5 {
+                let (status, _, _) =
+                    post(&format!("{}/v1/chat/completions", api(&gw)), &short).await;
+                assert_eq!(status, 200);
+            }
+        }
+    };
+    let f = tokio::time::timeout(Duration::from_secs(20), named)
+        .await
+        .expect("output_length_drift named");
+    assert_eq!(f["model"], "sim-model");
+    // The baseline is mostly the 8-token answers (a few short ones may have
+    // begun before the window), the window the 2-token ones.
+    let base = f["evidence"]["baseline_mean_output_tokens"]
+        .as_f64()
+        .unwrap();
+    let now = f["evidence"]["mean_output_tokens"].as_f64().unwrap();
+    assert!(base > 5.0 && now < 4.0 && base >= 2.0 * now, "{f}");
+}
