@@ -11,12 +11,20 @@ use tokio::net::TcpListener;
 
 use crate::bench::{self, BenchConfig};
 use crate::cli::{DemoArgs, Scenario};
-use crate::config::{BackendConfig, Config};
+use crate::config::{ApiKey, BackendConfig, Config, Secret, TierConfig};
 use crate::server;
 use crate::sim::{self, SimConfig};
 use crate::top;
+use sha2::{Digest, Sha256};
 
 const MODEL: &str = "demo-model";
+const PREMIUM_KEY: &str = "sk-demo-premium";
+const FREE_KEY: &str = "sk-demo-free";
+/// name, tier, key.
+const DEMO_KEYS: &[(&str, &str, &str)] = &[
+    ("team-premium", "premium", PREMIUM_KEY),
+    ("team-free", "free", FREE_KEY),
+];
 /// KV blocks per simulated replica: 16k tokens, a few concurrent long prompts.
 const DEMO_BLOCKS: u32 = 1024;
 
@@ -58,7 +66,40 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
         _ => {}
     }
+    // An occasional fault on the third replica: 2% of its answers are 503
+    // (retried on another replica; seen in the upstream errors and retries).
+    {
+        let mut c = sims[2].state.control();
+        c.faults = sim::faults::Faults::parse("error=503").map_err(anyhow::Error::msg)?;
+        c.fault_rate = 0.02;
+        sims[2].state.set_control(c);
+    }
     let mut config = Config::default();
+    // Two tenants: `premium` (the main workload, first when the fleet is
+    // full) and `free`, limited to 20 requests a minute and sent more.
+    for (name, tier, key) in DEMO_KEYS {
+        config.auth.keys.push(ApiKey {
+            name: (*name).into(),
+            tier: (*tier).into(),
+            sha256: Secret::new(hex::encode(Sha256::digest(key.as_bytes()))),
+        });
+    }
+    config.tiers.insert(
+        "premium".into(),
+        TierConfig {
+            priority: 10,
+            ..TierConfig::default()
+        },
+    );
+    config.tiers.insert(
+        "free".into(),
+        TierConfig {
+            requests_per_minute: Some(20),
+            concurrent_requests: Some(4),
+            max_tokens: Some(256),
+            ..TierConfig::default()
+        },
+    );
     config.server.listen = args.listen;
     config.server.admin_listen = args.admin_listen;
     config.upstream.health_check.interval = Duration::from_secs(1);
@@ -82,17 +123,19 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  API (OpenAI base_url): {api}/v1");
     println!("  Metrics:               {admin}/metrics");
     println!("  Replicas:              {admin}/admin/backends\n");
-    println!("Try it while the workload runs:");
+    println!("Try it while the workload runs (keys: {PREMIUM_KEY} or {FREE_KEY}):");
     println!(
-        "  curl -N {api}/v1/chat/completions -H 'content-type: application/json' \\\n    \
+        "  curl -N {api}/v1/chat/completions -H 'content-type: application/json' -H 'authorization: Bearer {PREMIUM_KEY}' \\\n    \
          -d '{{\"model\":\"{MODEL}\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
     );
     println!(
-        "  python3 -c \"from openai import OpenAI; c=OpenAI(base_url='{api}/v1', api_key='x'); \
+        "  python3 -c \"from openai import OpenAI; c=OpenAI(base_url='{api}/v1', api_key='{PREMIUM_KEY}'); \
          print(c.chat.completions.create(model='{MODEL}', messages=[{{'role':'user','content':'hi'}}]).choices[0].message.content)\"\n"
     );
     println!(
-        "Workload: shared-prefix chat (documents of 1,000 tokens, unique questions), {} in flight.\n",
+        "Workload: shared-prefix chat (documents of 1,000 tokens, unique questions), {} in flight \
+         for tier premium; tier free sends 5 requests/s against its limit of 20 a minute; \
+         2% of the third replica's answers fail with 503.\n",
         args.concurrency
     );
     if let Some((what, name)) = expectation(scenario) {
@@ -119,7 +162,29 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         agentic: None,
         seed: 1,
-        api_key: None,
+        api_key: Some(PREMIUM_KEY.into()),
+        json: None,
+        progress: false,
+        api: bench::Api::Chat,
+    }));
+    // The free tenant, over its limit: its 429s show in the tenants' view.
+    let free_tenant = tokio::spawn(bench::run(BenchConfig {
+        url: api.clone(),
+        model: Some(MODEL.into()),
+        concurrency: 16,
+        requests: None,
+        duration: Some(args.duration.unwrap_or(forever)),
+        arrival: bench::Arrival::Poisson(5.0),
+        shape: bench::workload::Shape {
+            workload: bench::workload::Workload::Random,
+            prompt_tokens: 50,
+            max_tokens: 64,
+            prefixes: 1,
+            prefix_tokens: 0,
+        },
+        agentic: None,
+        seed: 2,
+        api_key: Some(FREE_KEY.into()),
         json: None,
         progress: false,
         api: bench::Api::Chat,
@@ -158,6 +223,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
         }
     };
+    free_tenant.abort();
     println!("\nFinal {}", summary(&gw, &sims, started));
     if let Some(r) = report {
         println!("\nAs the client saw it:\n{}", r.table());
@@ -208,10 +274,11 @@ fn expectation(s: Scenario) -> Option<(&'static str, &'static str)> {
 fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> String {
     let state = gw.state();
     let m = &state.metrics;
+    // The main workload's series (tier premium).
     let series = m.models.get(&(
         MODEL.into(),
         crate::vocab::Endpoint::Chat.as_str(),
-        m.no_tier.clone(),
+        "premium".into(),
     ));
     let secs = started.elapsed().as_secs_f64().max(0.001);
     let q = |h: &crate::telemetry::registry::Histogram, p: f64| {
@@ -257,7 +324,11 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
     );
     let named: Vec<String> = findings
         .iter()
-        .map(|f| format!("{} on {}", f.pathology, f.backend))
+        .map(|f| match (&f.tier, &f.model) {
+            (Some(t), _) => format!("{} on tier {t}", f.pathology),
+            (_, Some(model)) => format!("{} on model {model}", f.pathology),
+            _ => format!("{} on {}", f.pathology, f.backend),
+        })
         .collect();
     out.push_str(&format!(
         "        diagnosis: {}",

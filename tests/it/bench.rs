@@ -183,7 +183,7 @@ async fn a_demo_scenario_shows_its_pathology_named() {
     assert!(
         stdout
             .lines()
-            .any(|l| l.contains(&format!("diagnosis: slow_replica on {third}"))),
+            .any(|l| l.contains("diagnosis: ") && l.contains(&format!("slow_replica on {third}"))),
         "{stdout}"
     );
 }
