@@ -8,6 +8,7 @@
 //! client, and only on another replica.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -207,6 +208,7 @@ async fn proxy(
             .as_ref()
             .map_or_else(|| Arc::from(""), |i| i.name.clone()),
         asked_priority: asked_priority(&parts.headers)?,
+        ttft_objective: ttft_objective(&parts.headers)?,
         prompt_tokens: inbound.prompt_estimate,
         max_tokens: guard.record.max_tokens,
     };
@@ -240,6 +242,24 @@ async fn proxy(
         }
     }
     forward(state, endpoint, parts, &inbound, candidates, rid, guard).await
+}
+
+/// `x-sluice-ttft-objective`: how soon the request wants its first token
+/// (`500ms`, `2s`); among its tenant's waiting requests, the earliest
+/// deadline goes first.
+fn ttft_objective(headers: &http::HeaderMap) -> Result<Option<Duration>, GatewayError> {
+    let Some(v) = headers.get("x-sluice-ttft-objective") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| humantime::parse_duration(s.trim()).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            GatewayError::InvalidRequest(
+                "x-sluice-ttft-objective must be a duration such as 500ms or 2s".into(),
+            )
+        })
 }
 
 /// `x-sluice-priority`: an integer band the request asks for (it may only

@@ -73,6 +73,8 @@ pub(crate) struct Ask {
     pub tenant: Arc<str>,
     /// `x-sluice-priority`, when sent.
     pub asked_priority: Option<i32>,
+    /// `x-sluice-ttft-objective`, when sent: orders the tenant's own waiters.
+    pub ttft_objective: Option<Duration>,
     pub prompt_tokens: u32,
     pub max_tokens: Option<u32>,
 }
@@ -185,7 +187,8 @@ impl Flow {
                     }
                 }
             }
-            let id = st.queue.push(band, ask.tenant.clone(), cost, tx);
+            let deadline = arrival + ask.ttft_objective.unwrap_or(max_wait);
+            let id = st.queue.push(band, ask.tenant.clone(), cost, deadline, tx);
             self.shared.set_waiting(&gate, &st.queue, &rules);
             drop(st);
             // The shed waiter's channel closes: it answers 503 itself.

@@ -2,7 +2,8 @@
 //!
 //! Dispatch order: the highest band first; within a band, the tenant with
 //! the least attained service (weighted tokens dispatched, see
-//! `flow_control.output_weight`); within a tenant, arrival order. A tenant
+//! `flow_control.output_weight`); within a tenant, earliest deadline first
+//! (a request's TTFT objective, else its wait bound), then arrival order. A tenant
 //! that starts waiting is brought up to the service of the last dispatch
 //! (start-time fair queuing's virtual time), so a tenant idle for an hour
 //! does not bank an hour of credit and a busy one is not punished forever.
@@ -13,12 +14,16 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 /// One waiting request; `T` is how it is told to go (a channel sender).
 pub(super) struct Waiter<T> {
     pub(super) id: u64,
     pub(super) tenant: Arc<str>,
     /// Weighted tokens it will cost (charged when dispatched).
     pub(super) cost: f64,
+    /// When it should have its first token (orders a tenant's own waiters).
+    pub(super) deadline: Instant,
     pub(super) wake: T,
 }
 
@@ -73,7 +78,14 @@ impl<T> Queue<T> {
     }
 
     /// Add a waiter; returns its id.
-    pub(super) fn push(&mut self, band: i32, tenant: Arc<str>, cost: f64, wake: T) -> u64 {
+    pub(super) fn push(
+        &mut self,
+        band: i32,
+        tenant: Arc<str>,
+        cost: f64,
+        deadline: Instant,
+        wake: T,
+    ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let idle = !self
@@ -88,15 +100,21 @@ impl<T> Queue<T> {
             tenants: HashMap::new(),
             len: 0,
         });
-        b.tenants
-            .entry(tenant.clone())
-            .or_default()
-            .push_back(Waiter {
+        let q = b.tenants.entry(tenant.clone()).or_default();
+        let at = q
+            .iter()
+            .position(|w| w.deadline > deadline)
+            .unwrap_or(q.len());
+        q.insert(
+            at,
+            Waiter {
                 id,
                 tenant,
                 cost,
+                deadline,
                 wake,
-            });
+            },
+        );
         b.len += 1;
         self.len += 1;
         id
@@ -181,6 +199,27 @@ impl<T> Queue<T> {
 mod tests {
     use super::*;
 
+    /// One deadline for every waiter of a test (arrival order decides).
+    fn t0() -> Instant {
+        static AT: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *AT.get_or_init(Instant::now)
+    }
+
+    #[test]
+    fn a_tenants_own_waiters_go_by_deadline() {
+        let mut q = Queue::default();
+        let late = t0() + std::time::Duration::from_secs(30);
+        let soon = t0() + std::time::Duration::from_millis(500);
+        q.push(0, t("a"), 1.0, late, "first, no objective");
+        q.push(0, t("a"), 1.0, soon, "second, 500 ms objective");
+        q.push(0, t("a"), 1.0, late, "third");
+        let order: Vec<_> = std::iter::from_fn(|| q.next()).collect();
+        assert_eq!(
+            order,
+            ["second, 500 ms objective", "first, no objective", "third"]
+        );
+    }
+
     impl<T> Queue<T> {
         /// Dispatch the next waiter, as the gate does.
         fn next(&mut self) -> Option<T> {
@@ -197,10 +236,10 @@ mod tests {
     #[test]
     fn higher_bands_go_first_then_arrival() {
         let mut q = Queue::default();
-        q.push(0, t("a"), 1.0, "low-1");
-        q.push(10, t("b"), 1.0, "high-1");
-        q.push(0, t("a"), 1.0, "low-2");
-        q.push(10, t("b"), 1.0, "high-2");
+        q.push(0, t("a"), 1.0, t0(), "low-1");
+        q.push(10, t("b"), 1.0, t0(), "high-1");
+        q.push(0, t("a"), 1.0, t0(), "low-2");
+        q.push(10, t("b"), 1.0, t0(), "high-2");
         assert_eq!(q.at_or_above(10), 2);
         assert_eq!(q.at_or_above(0), 4);
         let order: Vec<_> = std::iter::from_fn(|| q.next()).collect();
@@ -214,10 +253,10 @@ mod tests {
         // light one's are served as soon as its service is the lowest.
         let mut q = Queue::default();
         for i in 0..10 {
-            q.push(0, t("heavy"), 100.0, format!("h{i}"));
+            q.push(0, t("heavy"), 100.0, t0(), format!("h{i}"));
         }
-        q.push(0, t("light"), 100.0, "l0".to_string());
-        q.push(0, t("light"), 100.0, "l1".to_string());
+        q.push(0, t("light"), 100.0, t0(), "l0".to_string());
+        q.push(0, t("light"), 100.0, t0(), "l1".to_string());
         let order: Vec<_> = std::iter::from_fn(|| q.next()).collect();
         let pos = |x: &str| order.iter().position(|o| o == x).unwrap();
         assert!(pos("l0") <= 1, "{order:?}");
@@ -230,13 +269,13 @@ mod tests {
         // "old" was served a lot long ago; "new" arrives now: it starts at
         // the virtual time, not at zero, so the two alternate.
         for i in 0..20 {
-            q.push(0, t("busy"), 10.0, format!("b{i}"));
+            q.push(0, t("busy"), 10.0, t0(), format!("b{i}"));
         }
         for _ in 0..10 {
             q.next();
         }
-        q.push(0, t("new"), 10.0, "n0".to_string());
-        q.push(0, t("new"), 10.0, "n1".to_string());
+        q.push(0, t("new"), 10.0, t0(), "n0".to_string());
+        q.push(0, t("new"), 10.0, t0(), "n1".to_string());
         let next: Vec<_> = (0..4).filter_map(|_| q.next()).collect();
         assert!(next.contains(&"n0".to_string()) && next.contains(&"n1".to_string()));
         assert!(next.iter().any(|w| w.starts_with('b')), "{next:?}");
@@ -245,9 +284,9 @@ mod tests {
     #[test]
     fn removal_and_shedding() {
         let mut q = Queue::default();
-        let a = q.push(5, t("x"), 1.0, "a");
-        q.push(0, t("y"), 1.0, "b");
-        q.push(0, t("z"), 1.0, "c");
+        let a = q.push(5, t("x"), 1.0, t0(), "a");
+        q.push(0, t("y"), 1.0, t0(), "b");
+        q.push(0, t("z"), 1.0, t0(), "c");
         assert_eq!(q.remove(5, "x", a).map(|w| w.wake), Some("a"));
         assert_eq!(q.remove(5, "x", a).map(|w| w.wake), None);
         assert_eq!(q.highest_band(), Some(0));

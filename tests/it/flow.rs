@@ -344,3 +344,31 @@ async fn the_band_reaches_engines_that_schedule_by_priority() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_ttft_objective_puts_a_request_ahead_of_its_tenants_others() {
+    let (_sim, gw) = one_seat(|_| {}).await;
+    let holder = hold(&gw, FREE).await;
+    let plain = tokio::spawn(request(&gw, FREE, Some("stall=1:60s")).send());
+    wait_for_waiting(&gw, "0", 1.0).await;
+    let urgent = tokio::spawn(
+        request(&gw, FREE, Some("stall=1:60s"))
+            .header("x-sluice-ttft-objective", "100ms")
+            .send(),
+    );
+    wait_for_waiting(&gw, "0", 2.0).await;
+    drop(holder);
+    // The urgent one gets the seat (and holds it); the plain one still waits.
+    let urgent = urgent.await.unwrap().unwrap();
+    assert_eq!(urgent.status(), 200);
+    assert_eq!(waiting(&gw, "0").await, 1.0);
+    drop(urgent);
+    assert_eq!(plain.await.unwrap().unwrap().status(), 200);
+    // Not a duration: the client's error.
+    let resp = request(&gw, FREE, None)
+        .header("x-sluice-ttft-objective", "soon")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+}
