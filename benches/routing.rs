@@ -33,21 +33,12 @@ fn replicas(n: usize) -> Vec<Arc<Replica>> {
                 &m,
             );
             r.set_load(LoadSample {
-                engine: EngineKind::Vllm,
                 kv_usage: Some(0.3),
                 waiting: Some(1.0),
                 running: Some(8.0),
                 block_size: Some(16),
                 num_blocks: Some(30_000),
-                prefix_hit_rate: None,
-                preemptions: None,
-                swapped: None,
-                cpu_kv_usage: None,
-                prefix_hits: None,
-                prefix_queries: None,
-                cached_predicted: None,
-                cached_actual: None,
-                at: Instant::now() + Duration::from_secs(3600),
+                ..LoadSample::empty(EngineKind::Vllm, Instant::now() + Duration::from_secs(3600))
             });
             Arc::new(r)
         })

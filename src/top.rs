@@ -54,11 +54,9 @@ struct Counts {
     waiting: f64,
 }
 
+/// A label's value, "" when absent.
 fn label<'a>(labels: &'a str, name: &str) -> &'a str {
-    labels
-        .split_once(&format!("{name}=\""))
-        .and_then(|(_, rest)| rest.split_once('"'))
-        .map_or("", |(v, _)| v)
+    crate::upstream::scrape::label(labels, name).unwrap_or("")
 }
 
 fn parse(text: &str) -> Counts {

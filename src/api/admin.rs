@@ -31,13 +31,7 @@ pub(crate) async fn metrics(Current(state): Current, headers: http::HeaderMap) -
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("application/openmetrics-text"));
     state.pool.refresh_metrics();
-    let findings = crate::doctor::diagnose(
-        &state.pool,
-        &state.config,
-        &state.metrics,
-        std::time::Instant::now(),
-    );
-    crate::doctor::export(&findings, &state.pool, &state.metrics);
+    diagnose_now(&state);
     let sessions = state.affinity.sessions.len();
     state
         .metrics
@@ -62,7 +56,8 @@ pub(crate) struct Diagnosis {
     findings: Vec<crate::doctor::Finding>,
 }
 
-pub(crate) async fn diagnose(Current(state): Current) -> Json<Diagnosis> {
+/// The findings now, also set in `sluice_diagnosis_active`.
+fn diagnose_now(state: &crate::state::AppState) -> Vec<crate::doctor::Finding> {
     let findings = crate::doctor::diagnose(
         &state.pool,
         &state.config,
@@ -70,6 +65,11 @@ pub(crate) async fn diagnose(Current(state): Current) -> Json<Diagnosis> {
         std::time::Instant::now(),
     );
     crate::doctor::export(&findings, &state.pool, &state.metrics);
+    findings
+}
+
+pub(crate) async fn diagnose(Current(state): Current) -> Json<Diagnosis> {
+    let findings = diagnose_now(&state);
     Json(Diagnosis {
         healthy: findings.is_empty(),
         worst: findings.iter().map(|f| f.severity).max(),

@@ -294,7 +294,7 @@ fn served_name(state: &AppState, inbound: &Inbound) -> Arc<str> {
 pub fn view(r: &Replica) -> ReplicaView {
     let full = r
         .seats()
-        .is_some_and(|seats| r.in_flight() + r.others() >= seats + r.leaving());
+        .is_some_and(|seats| r.busy() >= seats + r.leaving());
     ReplicaView {
         name: r.name.clone(),
         in_flight: r.in_flight(),

@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::telemetry::metrics::Metrics;
+use crate::config::{Config, DoctorConfig};
+use crate::telemetry::metrics::{Metrics, ModelVitals, Vitals};
 use crate::upstream::pool::{Pool, Replica};
 use crate::upstream::signals::LoadSample;
 
@@ -164,15 +164,8 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
         let name = p.replica.name.clone();
         let span = p.span();
         let finding = |pathology, severity, ev, cause: String, action: String| Finding {
-            pathology,
             severity,
-            backend: name.clone(),
-            tier: None,
-            model: None,
-            evidence: ev,
-            window_seconds: (span * 10.0).round() / 10.0,
-            cause,
-            action,
+            ..Finding::warning(pathology, name.clone(), ev, span, cause, action)
         };
         // Stale metrics: the replica answers health checks, its metrics do not.
         if scraping {
@@ -348,21 +341,18 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
             let median = others[others.len() / 2];
             if median > 0.0 && t >= d.slow_factor * median {
                 let p = &patients[i];
-                out.push(Finding {
-                    pathology: "slow_replica",
-                    severity: Severity::Warning,
-                    backend: p.replica.name.clone(),
-                    tier: None,
-            model: None,
-                    evidence: evidence(&[
+                out.push(Finding::warning(
+                    "slow_replica",
+                    p.replica.name.clone(),
+                    evidence(&[
                         ("time_per_output_token_seconds", round(t, 4)),
                         ("peers_median_seconds", round(median, 4)),
                         ("factor", round(t / median, 1)),
                     ]),
-                    window_seconds: window.as_secs_f64(),
-                    cause: "it generates much slower than the replicas serving the same traffic: a degraded GPU, throttling, a noisy neighbour, or a different engine configuration".into(),
-                    action: "compare its GPU clocks and temperature, engine flags and version with its peers; drain it if it does not recover".into(),
-                });
+                    window.as_secs_f64(),
+                    "it generates much slower than the replicas serving the same traffic: a degraded GPU, throttling, a noisy neighbour, or a different engine configuration",
+                    "compare its GPU clocks and temperature, engine flags and version with its peers; drain it if it does not recover",
+                ));
             }
         }
     }
@@ -381,70 +371,112 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
             let mean = others.iter().sum::<f64>() / others.len() as f64;
             if w >= d.uneven_queue && w >= d.uneven_factor * (mean + 1.0) {
                 let p = &patients[i];
-                out.push(Finding {
-                    pathology: "uneven_queues",
-                    severity: Severity::Warning,
-                    backend: p.replica.name.clone(),
-                    tier: None,
-            model: None,
-                    evidence: evidence(&[
+                out.push(Finding::warning(
+                    "uneven_queues",
+                    p.replica.name.clone(),
+                    evidence(&[
                         ("requests_waiting", round(w, 0)),
                         ("peers_mean_waiting", round(mean, 1)),
                     ]),
-                    window_seconds: 0.0,
-                    cause: "requests queue on this replica while its peers have room: routing keeps sending there (a hot prefix or session home), or it is slower".into(),
-                    action: "check the dashboard's routing decisions (affinity share) and this replica's speed; routing.prefix_kv.load_factor bounds a hot prefix".into(),
-                });
+                    0.0,
+                    "requests queue on this replica while its peers have room: routing keeps sending there (a hot prefix or session home), or it is slower",
+                    "check the dashboard's routing decisions (affinity share) and this replica's speed; routing.prefix_kv.load_factor bounds a hot prefix",
+                ));
             }
         }
     }
-    tenants(metrics, d, window, now, &mut out);
-    errors(metrics, d, window, now, &mut out);
-    drift(metrics, d, window, now, &mut out);
+    from_journal(metrics, d, window, now, &mut out);
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
 }
 
-/// A replica failing a share of the attempts sent to it, by kind; or whose
-/// streams stall.
-fn errors(
+/// The journal's entries that the counter-based findings compare.
+struct Span<'a> {
+    /// The oldest entry kept (the start of a baseline).
+    oldest: &'a Vitals,
+    /// The first entry within the window, and the newest.
+    first: &'a Vitals,
+    last: &'a Vitals,
+    /// Seconds from `first` to `last`.
+    secs: f64,
+}
+
+/// Findings from the journal of counters (per tier, per replica, per model).
+fn from_journal(
     metrics: &Metrics,
-    d: &crate::config::DoctorConfig,
+    d: &DoctorConfig,
     window: std::time::Duration,
     now: Instant,
     out: &mut Vec<Finding>,
 ) {
     let journal = metrics.journal.lock();
-    let mut recent = journal
-        .iter()
-        .filter(|v| now.saturating_duration_since(v.at) <= window);
-    let (Some(first), Some(last)) = (recent.next(), journal.back()) else {
+    let (Some(oldest), Some(first), Some(last)) = (
+        journal.front(),
+        journal
+            .iter()
+            .find(|v| now.saturating_duration_since(v.at) <= window),
+        journal.back(),
+    ) else {
         return;
     };
     let secs = last.at.saturating_duration_since(first.at).as_secs_f64();
     if secs <= 0.0 {
         return;
     }
-    for b in &last.backends {
-        let name = &b.name;
-        let before = first.backends.iter().find(|x| x.name == b.name);
+    let span = Span {
+        oldest,
+        first,
+        last,
+        secs,
+    };
+    tenants(&span, d, out);
+    errors(&span, d, out);
+    drift(&span, d, window, out);
+}
+
+impl Finding {
+    /// A warning about `backend` ("" for a tier or a model), over `secs`.
+    fn warning(
+        pathology: &'static str,
+        backend: Arc<str>,
+        evidence: serde_json::Map<String, serde_json::Value>,
+        secs: f64,
+        cause: impl Into<String>,
+        action: impl Into<String>,
+    ) -> Self {
+        Finding {
+            pathology,
+            severity: Severity::Warning,
+            backend,
+            tier: None,
+            model: None,
+            evidence,
+            window_seconds: (secs * 10.0).round() / 10.0,
+            cause: cause.into(),
+            action: action.into(),
+        }
+    }
+}
+
+/// A replica failing a share of the attempts sent to it, by kind; or whose
+/// streams stall.
+fn errors(span: &Span<'_>, d: &DoctorConfig, out: &mut Vec<Finding>) {
+    for b in &span.last.backends {
+        let before = span.first.backends.iter().find(|x| x.name == b.name);
         let sent = b.attempts.saturating_sub(before.map_or(0, |x| x.attempts));
         let stalls = b.stalls.saturating_sub(before.map_or(0, |x| x.stalls));
         if stalls >= d.stall_min && stalls as f64 >= d.stall_share * sent as f64 {
-            out.push(Finding {
-                pathology: "stalling_streams",
-                severity: Severity::Warning,
-                backend: name.clone(),
-                tier: None,
-            model: None,
-                evidence: evidence(&[
+            out.push(Finding::warning(
+                "stalling_streams",
+                b.name.clone(),
+                evidence(&[
                     ("stalls", serde_json::Value::from(stalls)),
                     ("attempts", serde_json::Value::from(sent)),
                 ]),
-                window_seconds: (secs * 10.0).round() / 10.0,
-                cause: "its streams go silent mid-generation (gaps over telemetry.stall_threshold): preemption, CPU swapping, a stuck engine step, or the network".into(),
-                action: "look at its KV usage and preemptions (kv_cache_thrashing, cpu_swapping findings), then its engine log and network; traces with sluice.max_gap_seconds show which requests".into(),
-            });
+                span.secs,
+                "its streams go silent mid-generation (gaps over telemetry.stall_threshold): preemption, CPU swapping, a stuck engine step, or the network",
+                "look at its KV usage and preemptions (kv_cache_thrashing, cpu_swapping findings), then its engine log and network; traces with sluice.max_gap_seconds show which requests",
+            ));
         }
         let mut by_kind: Vec<(&'static str, u64)> = b
             .failed
@@ -466,137 +498,101 @@ fn errors(
             .iter()
             .map(|(k, n)| ((*k).to_string(), serde_json::Value::from(*n)))
             .collect();
-        out.push(Finding {
-            pathology: "error_spike",
-            severity: Severity::Warning,
-            backend: name.clone(),
-            tier: None,
-            model: None,
-            evidence: evidence(&[
+        out.push(Finding::warning(
+            "error_spike",
+            b.name.clone(),
+            evidence(&[
                 ("failed_share", round(failed as f64 / sent as f64, 3)),
                 ("attempts", serde_json::Value::from(sent)),
                 ("failed_by_kind", serde_json::Value::Object(kinds)),
             ]),
-            window_seconds: (secs * 10.0).round() / 10.0,
-            cause: format!(
+            span.secs,
+            format!(
                 "attempts sent to it fail, mostly `{}`: see the upstream errors of that kind in the gateway's log",
                 by_kind[0].0
             ),
-            action: "check the replica's own log and health; connect and timeout kinds point at the network or an overloaded engine, upstream_status at the engine refusing requests; passive health ejects it after consecutive failures".into(),
-        });
+            "check the replica's own log and health; connect and timeout kinds point at the network or an overloaded engine, upstream_status at the engine refusing requests; passive health ejects it after consecutive failures",
+        ));
     }
 }
 
 /// A model's output length or TTFT far from its own recent baseline: the
 /// window against the journal before it (up to 10 minutes).
-fn drift(
-    metrics: &Metrics,
-    d: &crate::config::DoctorConfig,
-    window: std::time::Duration,
-    now: Instant,
-    out: &mut Vec<Finding>,
-) {
-    let journal = metrics.journal.lock();
-    let Some(oldest) = journal.front() else {
-        return;
-    };
-    let Some(start) = journal
-        .iter()
-        .find(|v| now.saturating_duration_since(v.at) <= window)
-    else {
-        return;
-    };
-    let Some(last) = journal.back() else { return };
-    if std::ptr::eq(oldest, start) {
+fn drift(span: &Span<'_>, d: &DoctorConfig, window: std::time::Duration, out: &mut Vec<Finding>) {
+    if std::ptr::eq(span.oldest, span.first) {
         // No baseline older than the window yet.
         return;
     }
-    let find = |v: &crate::telemetry::metrics::Vitals, m: &str| {
+    let find = |v: &Vitals, m: &str| {
         v.models
             .iter()
             .find(|x| &*x.model == m)
             .cloned()
             .unwrap_or_default()
     };
-    for m in &last.models {
-        let (a, b) = (find(oldest, &m.model), find(start, &m.model));
-        // Baseline: oldest -> start; now: start -> last.
-        let mean = |from: &crate::telemetry::metrics::ModelVitals,
-                    to: &crate::telemetry::metrics::ModelVitals,
-                    n: fn(&crate::telemetry::metrics::ModelVitals) -> u64,
-                    sum: fn(&crate::telemetry::metrics::ModelVitals) -> f64| {
-            let count = n(to).saturating_sub(n(from));
-            (count >= d.drift_min_requests).then(|| (sum(to) - sum(from)) / count as f64)
-        };
-        let drifted = |base: f64, cur: f64| {
-            base > 0.0 && (cur >= d.drift_factor * base || cur * d.drift_factor <= base)
-        };
+    // The mean of `sum` per `n` between two entries, over enough requests.
+    let mean = |from: &ModelVitals,
+                to: &ModelVitals,
+                n: fn(&ModelVitals) -> u64,
+                sum: fn(&ModelVitals) -> f64| {
+        let count = n(to).saturating_sub(n(from));
+        (count >= d.drift_min_requests).then(|| (sum(to) - sum(from)) / count as f64)
+    };
+    let secs = window.as_secs_f64();
+    for m in &span.last.models {
+        // Baseline: oldest -> first; now: first -> last.
+        let (a, b) = (find(span.oldest, &m.model), find(span.first, &m.model));
+        let model = Some(m.model.to_string());
         if let (Some(base), Some(cur)) = (
             mean(&a, &b, |x| x.generations, |x| x.generated_tokens),
             mean(&b, m, |x| x.generations, |x| x.generated_tokens),
-        ) && drifted(base, cur)
+        ) && base > 0.0
+            && (cur >= d.drift_factor * base || cur * d.drift_factor <= base)
         {
             out.push(Finding {
-                pathology: "output_length_drift",
-                severity: Severity::Warning,
-                backend: Arc::from(""),
-                tier: None,
-                model: Some(m.model.to_string()),
-                evidence: evidence(&[
-                    ("mean_output_tokens", round(cur, 1)),
-                    ("baseline_mean_output_tokens", round(base, 1)),
-                ]),
-                window_seconds: window.as_secs_f64(),
-                cause: "answers are much longer or shorter than a few minutes ago: a changed client, prompt template or model, or answers cut short (truncation, empty answers)".into(),
-                action: "compare the quality signals (sluice_quality_*: length finishes, empty answers) and what changed in clients or the model's deployment".into(),
+                model: model.clone(),
+                ..Finding::warning(
+                    "output_length_drift",
+                    Arc::from(""),
+                    evidence(&[
+                        ("mean_output_tokens", round(cur, 1)),
+                        ("baseline_mean_output_tokens", round(base, 1)),
+                    ]),
+                    secs,
+                    "answers are much longer or shorter than a few minutes ago: a changed client, prompt template or model, or answers cut short (truncation, empty answers)",
+                    "compare the quality signals (sluice_quality_*: length finishes, empty answers) and what changed in clients or the model's deployment",
+                )
             });
         }
         if let (Some(base), Some(cur)) = (
             mean(&a, &b, |x| x.first_tokens, |x| x.ttft_sum),
             mean(&b, m, |x| x.first_tokens, |x| x.ttft_sum),
-        ) && cur >= d.drift_factor * base
-            && base > 0.0
+        ) && base > 0.0
+            && cur >= d.drift_factor * base
         {
             out.push(Finding {
-                pathology: "latency_drift",
-                severity: Severity::Warning,
-                backend: Arc::from(""),
-                tier: None,
-                model: Some(m.model.to_string()),
-                evidence: evidence(&[
-                    ("mean_ttft_seconds", round(cur, 3)),
-                    ("baseline_mean_ttft_seconds", round(base, 3)),
-                ]),
-                window_seconds: window.as_secs_f64(),
-                cause: "time to first token is far above its own recent baseline: more load than the fleet serves, longer prompts, or a degraded replica".into(),
-                action: "look at the replicas' queues and KV usage and the other findings; flow control sheds the lowest band when the fleet stays full".into(),
+                model,
+                ..Finding::warning(
+                    "latency_drift",
+                    Arc::from(""),
+                    evidence(&[
+                        ("mean_ttft_seconds", round(cur, 3)),
+                        ("baseline_mean_ttft_seconds", round(base, 3)),
+                    ]),
+                    secs,
+                    "time to first token is far above its own recent baseline: more load than the fleet serves, longer prompts, or a degraded replica",
+                    "look at the replicas' queues and KV usage and the other findings; flow control sheds the lowest band when the fleet stays full",
+                )
             });
         }
     }
 }
 
 /// A tier held at its limit: most of its requests refused over the window.
-fn tenants(
-    metrics: &Metrics,
-    d: &crate::config::DoctorConfig,
-    window: std::time::Duration,
-    now: Instant,
-    out: &mut Vec<Finding>,
-) {
-    let journal = metrics.journal.lock();
-    let recent: Vec<&crate::telemetry::metrics::Vitals> = journal
-        .iter()
-        .filter(|v| now.saturating_duration_since(v.at) <= window)
-        .collect();
-    let (Some(first), Some(last)) = (recent.first(), recent.last()) else {
-        return;
-    };
-    let secs = last.at.saturating_duration_since(first.at).as_secs_f64();
-    if secs <= 0.0 {
-        return;
-    }
-    for (tier, rejected, total) in &last.tiers {
-        let (r0, t0) = first
+fn tenants(span: &Span<'_>, d: &DoctorConfig, out: &mut Vec<Finding>) {
+    for (tier, rejected, total) in &span.last.tiers {
+        let (r0, t0) = span
+            .first
             .tiers
             .iter()
             .find(|(t, _, _)| t == tier)
@@ -606,21 +602,19 @@ fn tenants(
             continue;
         }
         out.push(Finding {
-            pathology: "tenant_at_limit",
-            severity: Severity::Warning,
-            backend: Arc::from(""),
             tier: Some(tier.to_string()),
-            model: None,
-            evidence: evidence(&[
-                ("rejected_share", round(rejected as f64 / total as f64, 3)),
-                ("rejected_per_second", round(rejected as f64 / secs, 2)),
-                ("requests_per_second", round(total as f64 / secs, 2)),
-            ]),
-            window_seconds: (secs * 10.0).round() / 10.0,
-            cause: format!(
-                "tier {tier} sends more than its limits allow: most of its requests get 429"
-            ),
-            action: "check which key (the access log's key_name) and whether its client backs off on Retry-After; raise the tier's limits or move the key to a larger tier".into(),
+            ..Finding::warning(
+                "tenant_at_limit",
+                Arc::from(""),
+                evidence(&[
+                    ("rejected_share", round(rejected as f64 / total as f64, 3)),
+                    ("rejected_per_second", round(rejected as f64 / span.secs, 2)),
+                    ("requests_per_second", round(total as f64 / span.secs, 2)),
+                ]),
+                span.secs,
+                format!("tier {tier} sends more than its limits allow: most of its requests get 429"),
+                "check which key (the access log's key_name) and whether its client backs off on Retry-After; raise the tier's limits or move the key to a larger tier",
+            )
         });
     }
 }
@@ -652,21 +646,13 @@ mod tests {
 
     fn sample(at: Instant, preemptions: f64) -> LoadSample {
         LoadSample {
-            engine: crate::vocab::EngineKind::Vllm,
             kv_usage: Some(0.97),
             waiting: Some(0.0),
             running: Some(8.0),
             block_size: Some(16),
             num_blocks: Some(1000),
-            prefix_hit_rate: None,
             preemptions: Some(preemptions),
-            swapped: None,
-            cpu_kv_usage: None,
-            prefix_hits: None,
-            prefix_queries: None,
-            cached_predicted: None,
-            cached_actual: None,
-            at,
+            ..LoadSample::empty(crate::vocab::EngineKind::Vllm, at)
         }
     }
 

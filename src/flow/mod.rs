@@ -436,8 +436,9 @@ impl Gate {
     /// [`Gate::free`] over these replicas of the model.
     fn free_on(&self, replicas: &[Arc<Replica>], rules: &Rules) -> Free {
         let (mut top, mut rest, mut seats) = (0u32, 0u32, 0u32);
+        let now = std::time::Instant::now();
         for r in replicas {
-            match rules.room(r) {
+            match rules.room(r, now) {
                 Room::Open => return Free::OPEN,
                 Room::Seats {
                     top: t,

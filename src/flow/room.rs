@@ -4,9 +4,10 @@
 //! or above `routing.prefix_kv.kv_high` or `queue_high` requests waiting
 //! (the thresholds routing spills at). Otherwise, when its seats are known
 //! (`backends[].max_concurrency`, or learned from its scrapes by the pool),
-//! the room is the seats less what occupies them: this gateway's requests in
-//! flight there (live) and other gateways' (seen at the last scrape), less
-//! the streams about to end. Seats unknown and no pressure: open.
+//! the room is the seats less what occupies them (`Replica::busy`: this
+//! gateway's requests in flight there, live, and other gateways', seen at the
+//! last scrape), less the streams about to end. Seats unknown and no
+//! pressure: open.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -107,11 +108,10 @@ impl Rules {
             .unwrap_or_else(|| Arc::from(band.to_string().as_str()))
     }
 
-    /// The room on `r` now. Streams about to end leave seats only to the top
-    /// band: a lower band sent there would queue in the engine, ahead of
-    /// whatever comes next, for the few steps those streams have left.
-    pub(crate) fn room(&self, r: &Replica) -> Room {
-        let now = Instant::now();
+    /// The room on `r` at `now`. Streams about to end leave seats only to
+    /// the top band: a lower band sent there would queue in the engine, ahead
+    /// of whatever comes next, for the few steps those streams have left.
+    pub(crate) fn room(&self, r: &Replica, now: Instant) -> Room {
         let fresh = self.stale_after.and_then(|max_age| {
             r.load()
                 .filter(|s| now.saturating_duration_since(s.at) <= max_age)
@@ -129,8 +129,7 @@ impl Rules {
         let Some(seats) = r.seats() else {
             return Room::Open;
         };
-        let others = if fresh.is_some() { r.others() } else { 0 };
-        let busy = r.in_flight() + others;
+        let busy = r.busy();
         Room::Seats {
             top: seats.saturating_sub(busy.saturating_sub(r.leaving())),
             rest: seats.saturating_sub(busy),

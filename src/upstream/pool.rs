@@ -256,6 +256,12 @@ impl Replica {
         self.others.load(Relaxed)
     }
 
+    /// Requests occupying its seats: this gateway's in flight (live) and
+    /// other gateways' (at the last scrape).
+    pub fn busy(&self) -> u32 {
+        self.in_flight() + self.others()
+    }
+
     /// Streams here about to finish (their `max_tokens` nearly reached).
     pub fn leaving(&self) -> u32 {
         self.leaving.load(Relaxed)

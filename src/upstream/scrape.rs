@@ -47,7 +47,8 @@ fn sum(a: Option<f64>, v: f64) -> Option<f64> {
 }
 
 /// The value of `label` in a `{a="x",b="y"}` label block.
-fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+/// The value of label `name` in a series' `{...}` label text.
+pub(crate) fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
     let at = labels.find(&format!("{name}=\""))?;
     let rest = &labels[at + name.len() + 2..];
     rest.split('"').next()

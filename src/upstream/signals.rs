@@ -34,3 +34,27 @@ pub struct LoadSample {
     pub cached_actual: Option<f64>,
     pub at: Instant,
 }
+
+impl LoadSample {
+    /// A sample taken at `at` that knows nothing yet (fields are filled in
+    /// with struct update syntax: `LoadSample { waiting: Some(2.0), ..LoadSample::empty(e, at) }`).
+    pub fn empty(engine: EngineKind, at: Instant) -> Self {
+        Self {
+            engine,
+            kv_usage: None,
+            waiting: None,
+            running: None,
+            block_size: None,
+            num_blocks: None,
+            prefix_hit_rate: None,
+            preemptions: None,
+            swapped: None,
+            cpu_kv_usage: None,
+            prefix_hits: None,
+            prefix_queries: None,
+            cached_predicted: None,
+            cached_actual: None,
+            at,
+        }
+    }
+}

@@ -102,25 +102,24 @@ async fn open_loop_shared_prefix_load_hits_the_prefix_cache() {
     assert!(hits / queries > 0.8, "hit rate {}", hits / queries);
 }
 
-#[tokio::test]
-async fn demo_runs_briefly_serves_requests_and_exits_cleanly() {
-    let out = tokio::time::timeout(
+/// `sluice demo ARGS` on ports of its own, run to its end (at most a minute).
+async fn demo(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(
         Duration::from_secs(60),
         Command::new(BIN)
-            .args([
-                "demo",
-                "--duration",
-                "3s",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-            ])
+            .arg("demo")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .output(),
     )
     .await
     .expect("demo did not end on its own")
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn demo_runs_briefly_serves_requests_and_exits_cleanly() {
+    let out = demo(&["--duration", "3s"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -150,25 +149,7 @@ async fn demo_runs_briefly_serves_requests_and_exits_cleanly() {
 
 #[tokio::test]
 async fn a_demo_scenario_shows_its_pathology_named() {
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        Command::new(BIN)
-            .args([
-                "demo",
-                "--scenario",
-                "slow-replica",
-                "--duration",
-                "6s",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-            ])
-            .output(),
-    )
-    .await
-    .expect("demo did not end on its own")
-    .unwrap();
+    let out = demo(&["--scenario", "slow-replica", "--duration", "6s"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("Scenario: the third replica"), "{stdout}");

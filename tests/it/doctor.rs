@@ -10,6 +10,7 @@ use sluice::server::Gateway;
 use sluice::sim::{MetricsMode, SimConfig, SimHandle};
 
 use crate::common::*;
+use crate::routing::start_routed;
 
 fn doctor_config(urls: &[String]) -> Config {
     let mut c = config_for(urls);
@@ -66,21 +67,6 @@ async fn until_healthy(gw: &Gateway) {
     .await;
 }
 
-async fn scraped(gw: &Gateway, n: usize) {
-    let pool = gw.state().pool.clone();
-    wait_until("replicas scraped", Duration::from_secs(5), || {
-        let pool = pool.clone();
-        async move {
-            pool.replicas()
-                .iter()
-                .filter(|r| r.load().is_some())
-                .count()
-                >= n
-        }
-    })
-    .await;
-}
-
 /// Streamed requests (their token timing is what the doctor compares).
 async fn traffic(gw: &Gateway, n: usize) {
     for _ in 0..n {
@@ -118,8 +104,7 @@ async fn pathologies_are_named_on_their_replica_and_cleared() {
     };
     let sims = [start_sim(even()).await, start_sim(even()).await];
     let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
-    let gw = start_gateway(doctor_config(&urls), 2).await;
-    scraped(&gw, 2).await;
+    let gw = start_routed(doctor_config(&urls), 2).await;
     traffic(&gw, 10).await;
     // A healthy fleet under traffic: nothing, and healthy zeros in /metrics.
     assert!(findings(&gw).await.is_empty());
@@ -176,8 +161,7 @@ async fn a_replica_much_slower_than_its_peers_is_named() {
     let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
     let mut c = doctor_config(&urls);
     c.routing.policy = sluice::config::PolicyKind::RoundRobin;
-    let gw = start_gateway(c, 2).await;
-    scraped(&gw, 2).await;
+    let gw = start_routed(c, 2).await;
     traffic(&gw, 8).await;
     let found = findings(&gw).await;
     assert_eq!(
@@ -212,8 +196,7 @@ async fn kv_thrashing_is_critical_and_the_cli_says_so() {
     }
     cfg.output_tokens = 400;
     let sim = start_sim(cfg).await;
-    let gw = start_gateway(doctor_config(&[sim.url()]), 1).await;
-    scraped(&gw, 1).await;
+    let gw = start_routed(doctor_config(&[sim.url()]), 1).await;
     let load: Vec<_> = (0..12)
         .map(|_| {
             let url = format!("{}/v1/chat/completions", api(&gw));
@@ -249,8 +232,7 @@ async fn prefix_cache_misses_are_named_when_the_cache_is_too_small() {
         p.num_blocks = 80;
     }
     let sim = start_sim(cfg).await;
-    let gw = start_gateway(doctor_config(&[sim.url()]), 1).await;
-    scraped(&gw, 1).await;
+    let gw = start_routed(doctor_config(&[sim.url()]), 1).await;
     let prompt = |i: usize| {
         let system: String = (0..450).map(|w| format!("p{i}w{w} ")).collect();
         serde_json::json!({
@@ -299,8 +281,7 @@ async fn a_tier_held_at_its_limit_is_named() {
             ..TierConfig::default()
         },
     );
-    let gw = start_gateway(c, 1).await;
-    scraped(&gw, 1).await;
+    let gw = start_routed(c, 1).await;
     let mut limited = 0;
     for _ in 0..20 {
         let resp = client()
@@ -338,8 +319,7 @@ async fn a_replica_failing_its_attempts_is_named_with_the_kinds() {
     let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
     let mut c = doctor_config(&urls);
     c.routing.policy = sluice::config::PolicyKind::RoundRobin;
-    let gw = start_gateway(c, 2).await;
-    scraped(&gw, 2).await;
+    let gw = start_routed(c, 2).await;
     // Replica 1 answers half of its requests with 500: of the ~30 it gets,
     // fewer than 5 failing (error_min) has a probability below 1e-4.
     let mut ctl = sims[1].state.control();
@@ -378,8 +358,7 @@ async fn a_replica_whose_streams_stall_is_named() {
     let mut c = doctor_config(&urls);
     c.routing.policy = sluice::config::PolicyKind::RoundRobin;
     c.telemetry.stall_threshold = Duration::from_millis(100);
-    let gw = start_gateway(c, 2).await;
-    scraped(&gw, 2).await;
+    let gw = start_routed(c, 2).await;
     // Replica 1's streams go silent for 300 ms after their second token.
     let mut ctl = sims[1].state.control();
     ctl.faults = sluice::sim::faults::Faults::parse("stall=2:300ms").unwrap();
@@ -413,8 +392,7 @@ async fn a_replica_whose_streams_stall_is_named() {
 #[tokio::test]
 async fn output_length_far_from_its_baseline_is_named_on_the_model() {
     let sim = start_sim(fast_sim()).await;
-    let gw = start_gateway(doctor_config(&[sim.url()]), 1).await;
-    scraped(&gw, 1).await;
+    let gw = start_routed(doctor_config(&[sim.url()]), 1).await;
     // The baseline: answers of 8 tokens.
     traffic(&gw, 25).await;
     assert!(findings(&gw).await.is_empty());

@@ -110,21 +110,10 @@ async fn in_flight_is_counted_while_a_guard_lives() {
 
 fn sample(waiting: f64, running: f64) -> LoadSample {
     LoadSample {
-        engine: crate::vocab::EngineKind::Vllm,
         kv_usage: Some(0.5),
         waiting: Some(waiting),
         running: Some(running),
-        block_size: None,
-        num_blocks: None,
-        prefix_hit_rate: None,
-        preemptions: None,
-        swapped: None,
-        cpu_kv_usage: None,
-        prefix_hits: None,
-        prefix_queries: None,
-        cached_predicted: None,
-        cached_actual: None,
-        at: Instant::now(),
+        ..LoadSample::empty(crate::vocab::EngineKind::Vllm, Instant::now())
     }
 }
 
