@@ -180,6 +180,10 @@ pub struct BenchArgs {
     /// /v1/messages) or responses (OpenAI /v1/responses). Not with agentic.
     #[arg(long, value_enum, default_value = "chat")]
     pub api: crate::bench::Api,
+    /// Ask for whole answers (`"stream": false`) instead of streams: the
+    /// time to the first token is then the whole request's. Not with agentic.
+    #[arg(long)]
+    pub no_stream: bool,
     /// Prompt length in tokens (about 4 characters each).
     #[arg(long, default_value_t = 200)]
     pub prompt_tokens: u32,

@@ -166,6 +166,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         json: None,
         progress: false,
         api: bench::Api::Chat,
+        stream: true,
     }));
     // The free tenant, over its limit: its 429s show in the tenants' view.
     let free_tenant = tokio::spawn(bench::run(BenchConfig {
@@ -188,6 +189,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         json: None,
         progress: false,
         api: bench::Api::Chat,
+        stream: true,
     }));
 
     let started = Instant::now();

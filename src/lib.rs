@@ -159,6 +159,10 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 args.api == bench::Api::Chat || args.workload != bench::workload::Workload::Agentic,
                 "--workload agentic speaks chat only (--api chat)"
             );
+            anyhow::ensure!(
+                !args.no_stream || args.workload != bench::workload::Workload::Agentic,
+                "--workload agentic streams (no --no-stream)"
+            );
             let arrival = match (args.workload, args.rate) {
                 (bench::workload::Workload::Burst, _) => bench::Arrival::Burst {
                     size: args
@@ -197,6 +201,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                     think: args.think_time,
                     session_header: !args.no_session_id,
                 }),
+                stream: !args.no_stream,
                 seed: args.seed,
                 api_key: args.api_key,
                 json: args.json.clone(),

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use axum::extract::FromRequestParts;
 use http::request::Parts;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::flow::Flow;
 use crate::limits::Limiter;
 use crate::routing::{self, Affinity, RoutingPolicy};
+use crate::stream::signal::Signal;
 use crate::telemetry::Telemetry;
 use crate::telemetry::access_log::AccessLog;
 use crate::telemetry::metrics::Metrics;
@@ -33,7 +33,7 @@ pub struct AppState {
     pub affinity: Arc<Affinity>,
     /// Cancelled when the drain deadline passes at shutdown: every stream
     /// still open then ends with an error event. Shared by every state.
-    pub cut: CancellationToken,
+    pub(crate) cut: Signal,
     /// Flow control: requests wait here while every replica is full.
     pub flow: Arc<Flow>,
     /// API keys and tier limits; `None` when the gateway is open.
@@ -95,7 +95,7 @@ impl AppState {
             _ => Affinity::new(capacity, tables.0, tables.1),
         };
         let policy = routing::build(&config.routing, affinity.clone());
-        let cut = previous.map_or_else(CancellationToken::new, |p| p.cut.clone());
+        let cut = previous.map_or_else(Signal::default, |p| p.cut.clone());
         // Waiters and fairness carry over a reload, under the new rules.
         let flow = Arc::new(match previous {
             Some(p) => p.flow.reconfigured(&config),

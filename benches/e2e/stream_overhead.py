@@ -36,10 +36,15 @@ BIN = os.path.join(ROOT, "target", "release", "sluice")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 SCENARIOS = [
-    # name, concurrency, tokens, token delay, requests
-    ("1 stream x 16 tokens @ 20 ms/token (no load)", 1, 16, "20ms", 100),
-    ("128 streams x 64 tokens @ 20 ms/token", 128, 64, "20ms", 1536),
-    ("64 streams x 128 tokens @ no delay", 64, 128, "0ms", 3072),
+    # name, concurrency, tokens, token delay, requests, streamed
+    ("1 stream x 16 tokens @ 20 ms/token (no load)", 1, 16, "20ms", 100, True),
+    ("128 streams x 64 tokens @ 20 ms/token", 128, 64, "20ms", 1536, True),
+    # The replica writes bursts of 16 tokens: several events per upstream read.
+    ("64 streams x 128 tokens @ no delay", 64, 128, "0ms", 3072, True),
+    # Every token in a write of its own.
+    ("64 streams x 128 tokens @ 1 ms/token (one write per token)", 64, 128, "1ms", 1536, True),
+    # Whole answers: requests per second with the proxy on one core (--pin).
+    ("non-streamed, 64 concurrent, 32 tokens", 64, 32, "0ms", 16384, False),
 ]
 
 NGINX_CONF = """
@@ -141,20 +146,30 @@ def on_cpu(cpu):
     return lambda: os.sched_setaffinity(0, {cpu})
 
 
-def bench(url, concurrency, tokens, requests, cpu=None):
+def bench(url, concurrency, tokens, requests, cpu=None, streamed=True):
     out = subprocess.run(
         [BIN, "bench", "--url", url, "--model", "sim-model", "--concurrency", str(concurrency),
          "--requests", str(requests), "--max-tokens", str(tokens), "--workload", "fixed", "--prompt-tokens", "50",
-         "--json", "-", "--quiet"],
+         "--json", "-", "--quiet"] + ([] if streamed else ["--no-stream"]),
         capture_output=True, text=True, check=True, preexec_fn=on_cpu(cpu),
     ).stdout
     return json.loads(out)
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply request counts (e.g. 0.1 for a smoke run)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="measure each proxy this many times per scenario, alternating which goes first; "
+                         "the tables show medians, the JSON every round")
+    ap.add_argument("--only", help="run only the scenarios whose name contains this")
     ap.add_argument("--pin", action="store_true",
                     help="client and replica on CPU 0, each proxy alone on CPU 1 (one nginx worker, one "
                          "Sluice worker thread): the added latency is the proxy's own, not contention "
@@ -173,7 +188,9 @@ def main():
     results = []
     tmp = tempfile.mkdtemp(prefix="sluice-bench-")
     try:
-        for name, conc, tokens, delay, requests in SCENARIOS:
+        for name, conc, tokens, delay, requests, streamed in SCENARIOS:
+            if args.only and args.only not in name:
+                continue
             requests = max(conc, 10, int(requests * args.scale))
             sim_port, gw_port, admin_port, ngx_port = (free_port() for _ in range(4))
             sim = subprocess.Popen(
@@ -204,18 +221,26 @@ def main():
             time.sleep(0.5)  # let nginx fork its workers
 
             row = {"scenario": name, "concurrency": conc, "tokens": tokens, "token_delay": delay,
-                   "requests": requests}
-            # Warm every path's connection pool once, then measure.
-            for label, url, pids in [
-                ("direct", f"http://127.0.0.1:{sim_port}", []),
-                ("sluice", f"http://127.0.0.1:{gw_port}", [gw.pid]),
-                ("nginx", f"http://127.0.0.1:{ngx_port}", [ngx.pid] + children(ngx.pid)),
-            ]:
-                bench(url, conc, tokens, conc, load_cpu)
-                admin_url = f"http://127.0.0.1:{admin_port}"
+                   "requests": requests, "streamed": streamed, "rounds": {}}
+            admin_url = f"http://127.0.0.1:{admin_port}"
+            paths = {
+                "direct": (f"http://127.0.0.1:{sim_port}", []),
+                "sluice": (f"http://127.0.0.1:{gw_port}", [gw.pid]),
+                "nginx": (f"http://127.0.0.1:{ngx_port}", [ngx.pid] + children(ngx.pid)),
+            }
+            # Warm every path's connection pool once, then measure: the direct
+            # path once, the proxies `--rounds` times each, alternating which
+            # goes first (the machine drifts; a fixed order would favour one).
+            for label, (url, _) in paths.items():
+                bench(url, conc, tokens, conc, load_cpu, streamed)
+            order = ["direct"]
+            for r in range(args.rounds):
+                order += ["sluice", "nginx"] if r % 2 == 0 else ["nginx", "sluice"]
+            for label in order:
+                url, pids = paths[label]
                 own_before = overhead_buckets(admin_url) if label == "sluice" else None
                 before = cpu_seconds(pids)
-                rep = bench(url, conc, tokens, requests, load_cpu)
+                rep = bench(url, conc, tokens, requests, load_cpu, streamed)
                 cpu = cpu_seconds(pids) - before
                 if own_before is not None:
                     own_after = overhead_buckets(admin_url)
@@ -223,7 +248,7 @@ def main():
                         "p50_at_most": bucket_quantile(own_before, own_after, 0.5) * 1e3,
                         "p99_at_most": bucket_quantile(own_before, own_after, 0.99) * 1e3,
                     }
-                row[label] = {
+                row["rounds"].setdefault(label, []).append({
                     "ok": rep["ok"], "errors": rep["errors"],
                     "ttft_p50_ms": rep["ttft_seconds"]["p50"] * 1e3,
                     "ttft_p99_ms": rep["ttft_seconds"]["p99"] * 1e3,
@@ -232,7 +257,16 @@ def main():
                     "e2e_p50_ms": rep["e2e_seconds"]["p50"] * 1e3,
                     "req_per_s": rep["requests_per_second"],
                     "cpu_s_per_1000": cpu / rep["requests"] * 1000 if pids else None,
-                }
+                })
+            for label, runs in row["rounds"].items():
+                row[label] = {k: (median([x[k] for x in runs]) if k != "errors" and runs[0][k] is not None
+                                  else runs[0][k] if k != "errors" else {e: n for x in runs for e, n in x[k].items()})
+                              for k in runs[0]}
+                row[label]["ok"] = sum(x["ok"] for x in runs)
+            if row["nginx"]["cpu_s_per_1000"]:
+                row["cpu_ratio_per_round"] = [
+                    s["cpu_s_per_1000"] / n["cpu_s_per_1000"]
+                    for s, n in zip(row["rounds"]["sluice"], row["rounds"]["nginx"])]
             results.append(row)
             for p in (ngx, gw, sim):
                 p.send_signal(signal.SIGTERM)
@@ -252,6 +286,7 @@ def main():
                               capture_output=True, text=True).stdout.strip(),
         "nginx": subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip(),
         "pinned": args.pin,
+        "rounds": args.rounds,
     }
     if args.json:
         with open(args.json, "w") as f:
@@ -278,8 +313,10 @@ def report(meta, results):
     lines = [f"Run {meta['date']} on {meta['machine']}, commit {meta['git']}, {meta['nginx']}.{pinned}", ""]
     for r in results:
         d, s, n = r["direct"], r["sluice"], r["nginx"]
+        rounds = len(r.get("rounds", {}).get("sluice", [])) or 1
         lines += [
-            f"**{r['scenario']}**, {r['requests']} requests per path",
+            f"**{r['scenario']}**, {r['requests']} requests per path and round, "
+            f"medians of {rounds} round{'s' if rounds > 1 else ''} (direct: one)",
             "",
             "| path | ok | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | req/s | proxy CPU-s / 1000 req |",
             "|---|---|---|---|---|---|---|---|",
@@ -295,7 +332,10 @@ def report(meta, results):
             f"p99 {s['ttft_p99_ms'] - d['ttft_p99_ms']:+.2f} ms, ITL p99 {s['itl_p99_ms'] - d['itl_p99_ms']:+.2f} ms; "
             f"nginx TTFT p50 {n['ttft_p50_ms'] - d['ttft_p50_ms']:+.2f} ms, p99 {n['ttft_p99_ms'] - d['ttft_p99_ms']:+.2f} ms, "
             f"ITL p99 {n['itl_p99_ms'] - d['itl_p99_ms']:+.2f} ms. "
-            f"CPU ratio Sluice/nginx: {s['cpu_s_per_1000'] / n['cpu_s_per_1000']:.2f}x.",
+            f"CPU ratio Sluice/nginx: {s['cpu_s_per_1000'] / n['cpu_s_per_1000']:.2f}x"
+            + (f" (per round: {', '.join(f'{x:.2f}' for x in r['cpu_ratio_per_round'])})"
+               if r.get("cpu_ratio_per_round") else "")
+            + f"; req/s ratio {s['req_per_s'] / n['req_per_s']:.2f}x.",
         ]
         own = r.get("sluice_own_overhead_ms")
         if own:

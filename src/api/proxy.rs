@@ -514,7 +514,7 @@ async fn respond(
             wire => Mode::Named(wire),
         };
         let idle = state.config.upstream.timeouts.idle;
-        let mut timed = TimedBody::new(up, mode, idle, deadline, state.cut.clone());
+        let mut timed = TimedBody::new(up, mode, idle, deadline, &state.cut);
         if is_sse {
             let first = match tokio::time::timeout_at(first_by, timed.first_chunk()).await {
                 Ok(r) => r,

@@ -50,6 +50,8 @@ pub(crate) struct BenchConfig {
     pub progress: bool,
     /// Which API the requests use.
     pub api: Api,
+    /// Streamed requests (else whole answers).
+    pub stream: bool,
 }
 
 /// The API a load's requests use (`--api`).
@@ -290,11 +292,23 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
             break;
         }
         let (messages, max_tokens) = generator.next(n);
-        let body = cfg.api.body(&model, messages, max_tokens);
+        let mut body = cfg.api.body(&model, messages, max_tokens);
+        if !cfg.stream {
+            body["stream"] = false.into();
+            if let Some(b) = body.as_object_mut() {
+                b.remove("stream_options");
+            }
+        }
         let (client, base, key) = (client.clone(), base.clone(), cfg.api_key.clone());
         let (done, failed, api) = (done.clone(), failed.clone(), cfg.api);
+        let stream = cfg.stream;
         tasks.spawn(async move {
-            let s = one(&client, &base, key.as_deref(), api, body.to_string(), until).await;
+            let body = body.to_string();
+            let s = if stream {
+                one(&client, &base, key.as_deref(), api, body, until).await
+            } else {
+                whole(&client, &base, key.as_deref(), api, body).await
+            };
             if s.error.is_some() {
                 failed.fetch_add(1, Relaxed);
             }
@@ -358,6 +372,68 @@ async fn one(
     until: Option<Instant>,
 ) -> Sample {
     one_with(client, base, key, api, body, until, &[], false).await
+}
+
+/// One request for a whole answer: its time to the first token is the
+/// whole request's; the usage is read from the answer.
+async fn whole(
+    client: &BenchClient,
+    base: &str,
+    key: Option<&str>,
+    api: Api,
+    body: String,
+) -> Sample {
+    let start = Instant::now();
+    let mut s = Sample::default();
+    let result = async {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{base}{}", api.path()))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        if let Some(k) = key
+            && let Ok(v) = format!("Bearer {k}").parse()
+        {
+            req.headers_mut().insert(header::AUTHORIZATION, v);
+        }
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|_| "connect".to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("http_{}", resp.status().as_u16()));
+        }
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|_| "body_broken".to_string())?
+            .to_bytes();
+        let (prompt, completion) = match api {
+            // The chunk reader reads a whole chat answer too (same fields).
+            Api::Chat => {
+                let info = crate::stream::event::chunk_info(&body)
+                    .ok_or_else(|| "malformed_body".to_string())?;
+                let u = info.usage.unwrap_or_default();
+                (u.prompt_tokens, u.completion_tokens)
+            }
+            Api::Messages | Api::Responses => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&body).map_err(|_| "malformed_body".to_string())?;
+                let n = |k: &str| v["usage"][k].as_u64().unwrap_or(0) as u32;
+                (n("input_tokens"), n("output_tokens"))
+            }
+        };
+        s.prompt_tokens = u64::from(prompt);
+        s.completion_tokens = u64::from(completion);
+        s.ttft = Some(start.elapsed());
+        Ok(())
+    }
+    .await;
+    s.e2e = start.elapsed();
+    s.error = result.err();
+    s
 }
 
 /// One streamed request in `api` with extra `headers`; `collect` keeps the

@@ -2,19 +2,21 @@
 
 mod parse_errors;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::app::{build_admin, build_app};
 use crate::config::Config;
 use crate::state::{AppState, Live};
+use crate::stream::signal::Signal;
 use crate::upstream::{discovery, health, scrape};
 
 /// A running gateway: its bound addresses and the handles to stop it.
@@ -22,7 +24,7 @@ pub struct Gateway {
     pub api_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     live: Arc<Live>,
-    stop: watch::Sender<bool>,
+    stop: Signal,
     servers: Vec<JoinHandle<()>>,
     /// To stop the listeners' tasks when the drain grace is over.
     aborts: Vec<tokio::task::AbortHandle>,
@@ -44,7 +46,7 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
             )
         })?;
     let state = AppState::new(config)?;
-    let (stop, stopped) = watch::channel(false);
+    let stop = Signal::default();
     let api_addr = api.local_addr()?;
     let admin_addr = admin.local_addr()?;
     let background = spawn_background(&state)?;
@@ -55,14 +57,14 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
             api,
             build_app(live.clone()),
             live.clone(),
-            stopped.clone(),
+            stop.clone(),
             header_timeout,
         )),
         tokio::spawn(serve(
             admin,
             build_admin(live.clone()),
             live.clone(),
-            stopped,
+            stop.clone(),
             header_timeout,
         )),
     ];
@@ -123,7 +125,7 @@ async fn serve(
     listener: TcpListener,
     app: axum::Router,
     live: Arc<Live>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: Signal,
     header_timeout: Duration,
 ) {
     use hyper::server::conn::http1;
@@ -142,12 +144,12 @@ async fn serve(
                     continue;
                 }
             },
-            () = stop_signal(&mut stopped) => break,
+            () = stopped.raised() => break,
         };
         // Every SSE event is a small write: disable Nagle so none waits for an ACK.
         let _ = tcp.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
-        let mut stop = stopped.clone();
+        let mut stop = stopped.watch();
         let io = parse_errors::ParseErrors::new(TokioIo::new(tcp), live.clone());
         conns.spawn(async move {
             let conn = http1::Builder::new()
@@ -155,22 +157,28 @@ async fn serve(
                 .header_read_timeout(header_timeout)
                 .serve_connection(io, service);
             tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => return,
-                () = stop_signal(&mut stop) => conn.as_mut().graceful_shutdown(),
+            // The connection, until it ends or the gateway stops (the stop
+            // is watched for the price of an atomic load per wake-up).
+            let stopping = std::future::poll_fn(|cx| {
+                if conn.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(false);
+                }
+                if stop.poll(cx) {
+                    Poll::Ready(true)
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            if stopping {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
             }
-            let _ = conn.await;
         });
         while conns.try_join_next().is_some() {}
     }
     drop(listener);
     while conns.join_next().await.is_some() {}
-}
-
-/// Resolves once the stop flag is set (the watch guard is dropped inside, so
-/// the futures that wait on it stay `Send`).
-async fn stop_signal(stopped: &mut watch::Receiver<bool>) {
-    let _ = stopped.wait_for(|s| *s).await;
 }
 
 impl Gateway {
@@ -258,7 +266,7 @@ impl Gateway {
     /// byte does (an error event, `[DONE]`, a clean end of the body), and the
     /// connections get [`CUT_GRACE`] to write that out before they are closed.
     pub async fn shutdown(self, drain: Duration) {
-        let _ = self.stop.send(true);
+        self.stop.raise();
         for t in self.background.lock().iter() {
             t.abort();
         }
@@ -280,7 +288,7 @@ impl Gateway {
             drain = %humantime::format_duration(drain),
             "drain deadline passed; ending the remaining streams with an error event"
         );
-        self.live.load().cut.cancel();
+        self.live.load().cut.raise();
         if tokio::time::timeout(CUT_GRACE, &mut waiting).await.is_err() {
             tracing::warn!("connections still open after the cut; closing them");
         }

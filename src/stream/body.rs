@@ -10,7 +10,6 @@
 //! over, which settles, reports and releases the request.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -19,10 +18,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::clock::Deadlines;
 use super::relay::{Mode, Relay};
+use super::signal::{Signal, SignalWatch};
 use crate::error::{GatewayError, UpstreamFault};
 use crate::request::RequestGuard;
 use crate::upstream::conn::Conn;
@@ -36,6 +35,10 @@ const MAX_BATCH_BYTES: usize = 64 << 10;
 pub(crate) trait Upstream: Send + Unpin + 'static {
     /// The next bytes of the body; `None` at its clean end.
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamFault>>>;
+    /// When the bytes `poll_data` last handed out arrived.
+    fn read_at(&self) -> Instant {
+        Instant::now()
+    }
     /// The body was read to its end: the connection may serve another request.
     fn reuse(self);
 }
@@ -49,6 +52,10 @@ pub(crate) struct ReplicaConn {
 impl Upstream for ReplicaConn {
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamFault>>> {
         self.conn.poll_data(cx)
+    }
+
+    fn read_at(&self) -> Instant {
+        self.conn.read_at()
     }
 
     fn reuse(self) {
@@ -77,7 +84,7 @@ pub(crate) struct TimedBody<U: Upstream = ReplicaConn> {
     /// The first chunk, read before the response headers were sent.
     primed: Option<Bytes>,
     /// Fires when the gateway's drain deadline passes.
-    cut: Pin<Box<WaitForCancellationFutureOwned>>,
+    cut: SignalWatch,
     state: State,
 }
 
@@ -89,7 +96,7 @@ impl<U: Upstream> TimedBody<U> {
         mode: Mode,
         idle: Duration,
         total: Instant,
-        cut: CancellationToken,
+        cut: &Signal,
     ) -> Self {
         Self {
             upstream: Some(upstream),
@@ -98,7 +105,7 @@ impl<U: Upstream> TimedBody<U> {
             clock: Deadlines::new(Instant::now(), idle, total),
             guard: None,
             primed: None,
-            cut: Box::pin(cut.cancelled_owned()),
+            cut: cut.watch(),
             state: State::Streaming,
         }
     }
@@ -119,7 +126,7 @@ impl<U: Upstream> TimedBody<U> {
             match ready!(up.poll_data(cx)) {
                 Some(Ok(data)) => {
                     if !data.is_empty() {
-                        self.clock.touch(Instant::now());
+                        self.clock.touch(up.read_at());
                         self.primed = Some(data);
                         return Poll::Ready(Ok(()));
                     }
@@ -252,7 +259,7 @@ impl<U: Upstream> Body for TimedBody<U> {
             };
             match up.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
-                    let now = Instant::now();
+                    let now = up.read_at();
                     this.clock.touch(now);
                     if this.raw {
                         return Poll::Ready(Some(Ok(Frame::data(data))));
@@ -269,7 +276,7 @@ impl<U: Upstream> Body for TimedBody<U> {
                         // Timers are checked on the next poll, after this write.
                         return Poll::Ready(Some(Ok(Frame::data(this.relay.take_out()))));
                     }
-                    if this.cut.as_mut().poll(cx).is_ready() {
+                    if this.cut.poll(cx) {
                         this.fail(&GatewayError::ShuttingDown, false);
                         continue;
                     }

@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Context;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
@@ -20,6 +20,9 @@ pub(crate) struct Deadlines {
     /// When the latest upstream chunk arrived.
     last: Instant,
     timer: Pin<Box<Sleep>>,
+    /// The waker the timer holds: while it is the task's and the timer has
+    /// not fired, there is nothing to poll (a stream is polled per token).
+    waker: Option<Waker>,
 }
 
 impl Deadlines {
@@ -29,6 +32,7 @@ impl Deadlines {
             total,
             last: now,
             timer: Box::pin(tokio::time::sleep_until(total.min(now + idle))),
+            waker: None,
         }
     }
 
@@ -45,6 +49,10 @@ impl Deadlines {
     /// Which deadline has passed, if one has; otherwise the timer is armed
     /// for the next one and wakes `cx`.
     pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<TimeoutPhase> {
+        if !self.timer.is_elapsed() && self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            return None;
+        }
         while self.timer.as_mut().poll(cx).is_ready() {
             let now = Instant::now();
             if now >= self.total {
@@ -57,6 +65,7 @@ impl Deadlines {
             // Not due yet (chunks kept coming): re-arm for the real deadline.
             self.timer.as_mut().reset(idle_at.min(self.total));
         }
+        self.waker = Some(cx.waker().clone());
         None
     }
 }

@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -28,10 +29,40 @@ pub enum Event {
 
 /// Classify one complete SSE event (as cut by the splitter).
 pub fn classify(event: &[u8]) -> Event {
-    match payload_of(event) {
-        Some(payload) => classify_payload(&payload),
-        None => Event::Other,
+    classify_spanned(event).0
+}
+
+/// [`classify`], and where in `event` the chunk's last non-empty output
+/// string lies (quotes included) when the fast scanner read it from the
+/// event's own bytes: what a stream's [`Shape`](super::shape::Shape) is
+/// learned from.
+pub(crate) fn classify_spanned(event: &[u8]) -> (Event, Option<Range<usize>>) {
+    let Some(payload) = payload_of(event) else {
+        return (Event::Other, None);
+    };
+    let trimmed = payload.trim_ascii();
+    if trimmed == b"[DONE]" {
+        return (Event::Done, None);
     }
+    if let Some((info, span)) = super::scan::scan_spanned(trimmed) {
+        let at = match payload {
+            Cow::Borrowed(_) => offset_in(event, trimmed),
+            Cow::Owned(_) => None,
+        };
+        let span = span.zip(at).map(|(s, at)| s.start + at..s.end + at);
+        return (Event::Chunk(info), span);
+    }
+    let event = match chunk_info_serde(trimmed) {
+        Some(c) => Event::Chunk(c),
+        None => Event::Malformed("the replica sent an SSE event that is not valid JSON"),
+    };
+    (event, None)
+}
+
+/// Where `part` starts inside `whole`, if it is a slice of it.
+fn offset_in(whole: &[u8], part: &[u8]) -> Option<usize> {
+    let at = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    (at + part.len() <= whole.len()).then_some(at)
 }
 
 /// The data of one complete SSE event: its `data:` lines joined with `\n`
@@ -72,17 +103,6 @@ pub(crate) fn payload_of(event: &[u8]) -> Option<Cow<'_, [u8]>> {
         return Some(Cow::Owned(joined));
     }
     Some(Cow::Borrowed(payload))
-}
-
-fn classify_payload(payload: &[u8]) -> Event {
-    let trimmed = payload.trim_ascii();
-    if trimmed == b"[DONE]" {
-        return Event::Done;
-    }
-    match chunk_info(trimmed) {
-        Some(c) => Event::Chunk(c),
-        None => Event::Malformed("the replica sent an SSE event that is not valid JSON"),
-    }
 }
 
 /// Read a chunk, or a whole non-streamed response (same fields), as [`ChunkInfo`]:

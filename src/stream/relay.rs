@@ -13,8 +13,9 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 use tokio::time::Instant;
 
-use super::event::{Event, classify, payload_of};
+use super::event::{Event, payload_of};
 use super::protocols::ProtoReader;
+use super::shape::Shape;
 use super::sse::SseSplitter;
 use crate::error::GatewayError;
 use crate::request::RequestGuard;
@@ -43,6 +44,8 @@ pub(crate) struct Relay {
     /// What goes to the client next, in order (usually one slice per chunk).
     out: VecDeque<Bytes>,
     strip_usage: bool,
+    /// What this stream's token events look like (chat and completions).
+    shape: Shape,
     /// The reader of a Messages or Responses stream.
     proto: Option<ProtoReader>,
     /// The stream's last event was seen (`data: [DONE]`, `message_stop`, a
@@ -59,6 +62,7 @@ impl Relay {
             splitter: SseSplitter::new(MAX_EVENT_BYTES),
             out: VecDeque::with_capacity(4),
             strip_usage: matches!(mode, Mode::OpenAi { strip_usage: true }),
+            shape: Shape::default(),
             proto: match mode {
                 Mode::Named(wire) => Some(ProtoReader::new(wire)),
                 _ => None,
@@ -130,7 +134,7 @@ impl Relay {
         if self.proto.is_some() {
             return self.on_named_event(ev, at, guard);
         }
-        match classify(&ev) {
+        match self.shape.classify(&ev) {
             Event::Done => {
                 self.done_seen = true;
                 guard.record.end = Some(at);

@@ -10,12 +10,26 @@
 //! (control characters, UTF-8): such an event is forwarded as sent and the
 //! client's JSON parser reports it. Cost: O(payload bytes), no allocation.
 
+use std::ops::Range;
+
 use super::chunk::ChunkInfo;
 use crate::vocab::{FinishReason, Usage};
 
 /// Read a chunk, or `None` to let the serde reader decide.
 pub(crate) fn scan(json: &[u8]) -> Option<ChunkInfo> {
-    let mut p = P { b: json, i: 0 };
+    scan_spanned(json).map(|(info, _)| info)
+}
+
+/// [`scan`], and where the last non-empty output string (a delta's
+/// `content`, `reasoning_content` or `reasoning`, a completion's `text`)
+/// lies in `json`, quotes included: what [`super::shape`] learns a stream's
+/// event shape from.
+pub(crate) fn scan_spanned(json: &[u8]) -> Option<(ChunkInfo, Option<Range<usize>>)> {
+    let mut p = P {
+        b: json,
+        i: 0,
+        span: None,
+    };
     let mut info = ChunkInfo::default();
     let mut seen = Seen::default();
     p.expect(b'{')?;
@@ -46,7 +60,7 @@ pub(crate) fn scan(json: &[u8]) -> Option<ChunkInfo> {
         }
     }
     p.ws();
-    (p.i == json.len()).then_some(info)
+    (p.i == json.len()).then_some((info, p.span))
 }
 
 /// Keys already read in one object: serde refuses duplicates of a struct's
@@ -68,6 +82,8 @@ impl Seen {
 struct P<'a> {
     b: &'a [u8],
     i: usize,
+    /// The last non-empty output string seen (see [`scan_spanned`]).
+    span: Option<Range<usize>>,
 }
 
 impl<'a> P<'a> {
@@ -215,6 +231,18 @@ impl<'a> P<'a> {
         }
     }
 
+    /// An output value: [`non_empty`](Self::non_empty), and a non-empty
+    /// string's place remembered.
+    fn output(&mut self) -> Option<bool> {
+        self.ws();
+        let start = self.i;
+        let out = self.non_empty()?;
+        if out && self.b.get(start) == Some(&b'"') {
+            self.span = Some(start..self.i);
+        }
+        Some(out)
+    }
+
     fn choices(&mut self, info: &mut ChunkInfo) -> Option<()> {
         if self.peek()? == b'n' {
             return self.null_or_skip().map(|_| ());
@@ -254,7 +282,7 @@ impl<'a> P<'a> {
                 }
                 b"text" => {
                     seen.first(1)?;
-                    info.has_output |= self.non_empty()?;
+                    info.has_output |= self.output()?;
                 }
                 b"finish_reason" => {
                     seen.first(2)?;
@@ -280,8 +308,10 @@ impl<'a> P<'a> {
         }
         loop {
             match self.key()? {
-                b"content" | b"reasoning_content" | b"reasoning" | b"tool_calls"
-                | b"function_call" => info.has_output |= self.non_empty()?,
+                b"content" | b"reasoning_content" | b"reasoning" => {
+                    info.has_output |= self.output()?;
+                }
+                b"tool_calls" | b"function_call" => info.has_output |= self.non_empty()?,
                 _ => self.skip_value()?,
             }
             match self.next()? {
@@ -411,7 +441,7 @@ impl<'a> P<'a> {
 }
 
 /// Length of a valid escape after its backslash (`n`, `"`, `u00e9`, ...).
-fn escape_len(rest: &[u8]) -> Option<usize> {
+pub(super) fn escape_len(rest: &[u8]) -> Option<usize> {
     match rest.first()? {
         b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(1),
         b'u' => rest

@@ -36,6 +36,14 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 const MAX_INTERIM: usize = 8;
 /// Read granularity: a burst of events fits, an idle stream does not hold much.
 const READ_BYTES: usize = 16 * 1024;
+/// An idle connection is peeked for a close (one `recv` syscall) only when
+/// it has been idle this long. Servers close idle keep-alive connections
+/// after seconds (uvicorn, vLLM's server: 5 s), so one idle for less was
+/// almost surely not closed on purpose; if it was (a replica going away),
+/// the send fails before any answer and is retried on another connection
+/// (`SendError::NotSent`). Under load, connections come back within
+/// milliseconds: one syscall saved per request.
+const PEEK_AFTER: Duration = Duration::from_millis(500);
 
 /// Idle connections to one replica.
 pub struct ConnPool {
@@ -63,6 +71,9 @@ pub(crate) struct Conn {
     keep_alive: bool,
     /// It served a request before (a failure to send on it is retryable).
     reused: bool,
+    /// When the latest bytes were read: the arrival time of everything
+    /// decoded from them (one clock read per socket read, not per chunk).
+    read_at: tokio::time::Instant,
 }
 
 /// Why a request got no response.
@@ -106,7 +117,8 @@ impl ConnPool {
     /// A live idle connection, or a new one.
     pub(crate) async fn checkout(&self) -> Result<Conn, GatewayError> {
         while let Some(c) = self.take_idle() {
-            if c.since.elapsed() < self.idle_timeout && c.conn.is_quiet() {
+            let idle = c.since.elapsed();
+            if idle < self.idle_timeout && (idle < PEEK_AFTER || c.conn.is_quiet()) {
                 return Ok(c.conn);
             }
         }
@@ -166,6 +178,7 @@ impl ConnPool {
             },
             keep_alive: false,
             reused: false,
+            read_at: tokio::time::Instant::now(),
         })
     }
 
@@ -286,6 +299,11 @@ impl Conn {
         ))
     }
 
+    /// When the bytes [`poll_data`](Self::poll_data) hands out were read.
+    pub(crate) fn read_at(&self) -> tokio::time::Instant {
+        self.read_at
+    }
+
     /// The next piece of the response body: `None` at its end.
     pub(crate) fn poll_data(
         &mut self,
@@ -362,7 +380,12 @@ impl Conn {
                 }
             });
             match (read, got) {
-                (_, Some(n)) => return Poll::Ready(Ok(n)),
+                (_, Some(n)) => {
+                    if n > 0 {
+                        self.read_at = tokio::time::Instant::now();
+                    }
+                    return Poll::Ready(Ok(n));
+                }
                 (Err(e), None) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     ready!(io.poll_read_ready(cx))?;
                 }

@@ -5,7 +5,7 @@
 //! for what can be handed on. Cost: one pass over each received byte (`memchr`
 //! for line ends), no copy of body bytes (they are split off the read buffer).
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 
 /// Largest chunk-size line (with extensions) or trailer line.
@@ -73,10 +73,9 @@ impl Wire {
                     return Ok(Some(self.rbuf.split().freeze()));
                 }
                 BodyState::Chunked(Chunk::Size) => {
-                    let Some(line) = self.line()? else {
+                    let Some(size) = self.line(chunk_size)? else {
                         return Ok(None);
                     };
-                    let size = chunk_size(&line)?;
                     self.body = BodyState::Chunked(if size == 0 {
                         Chunk::Trailers(0)
                     } else {
@@ -97,23 +96,24 @@ impl Wire {
                     return Ok(Some(self.rbuf.split_to(n).freeze()));
                 }
                 BodyState::Chunked(Chunk::DataEnd) => {
-                    let Some(line) = self.line()? else {
-                        return Ok(None);
+                    let blank = |line: &[u8]| match line {
+                        [] => Ok(()),
+                        _ => Err("chunk data longer than its declared size".to_string()),
                     };
-                    if !line.is_empty() {
-                        return Err("chunk data longer than its declared size".into());
+                    if self.line(blank)?.is_none() {
+                        return Ok(None);
                     }
                     self.body = BodyState::Chunked(Chunk::Size);
                 }
                 BodyState::Chunked(Chunk::Trailers(seen)) => {
-                    let Some(line) = self.line()? else {
+                    let Some(len) = self.line(|line| Ok(line.len()))? else {
                         return Ok(None);
                     };
-                    if line.is_empty() {
+                    if len == 0 {
                         self.body = BodyState::Done;
                         return Ok(None);
                     }
-                    let seen = seen + line.len() + 2;
+                    let seen = seen + len + 2;
                     if seen > MAX_TRAILER_BYTES {
                         return Err(format!("trailers larger than {MAX_TRAILER_BYTES} bytes"));
                     }
@@ -123,16 +123,19 @@ impl Wire {
         }
     }
 
-    /// One CRLF- (or LF-) terminated line from the buffer, without its ending.
-    fn line(&mut self) -> Result<Option<Bytes>, String> {
+    /// Read one CRLF- (or LF-) terminated line of the buffer with `read`
+    /// (given the line without its ending) and consume it; `None` until a
+    /// whole line is there. Read in place: no buffer split per line.
+    fn line<T>(
+        &mut self,
+        read: impl FnOnce(&[u8]) -> Result<T, String>,
+    ) -> Result<Option<T>, String> {
         match memchr::memchr(b'\n', &self.rbuf) {
             Some(i) => {
-                let mut line = self.rbuf.split_to(i + 1).freeze();
-                line.truncate(i);
-                if line.last() == Some(&b'\r') {
-                    line.truncate(i - 1);
-                }
-                Ok(Some(line))
+                let line = &self.rbuf[..i];
+                let out = read(line.strip_suffix(b"\r").unwrap_or(line))?;
+                self.rbuf.advance(i + 1);
+                Ok(Some(out))
             }
             None if self.rbuf.len() > MAX_LINE_BYTES => {
                 Err("chunk-size or trailer line too long".into())

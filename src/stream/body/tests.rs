@@ -12,6 +12,7 @@ use tokio::time::Sleep;
 
 use super::*;
 use crate::config::{BackendConfig, Config, UpstreamConfig};
+use crate::stream::signal::Signal;
 use crate::telemetry::Telemetry;
 use crate::telemetry::metrics::{Metrics, StatusLabel};
 use crate::telemetry::tracecontext::TraceCtx;
@@ -110,14 +111,14 @@ impl Rig {
 
     /// A body over `steps`: idle timeout 5 s, total 60 s.
     fn body(&self, steps: Vec<(u64, Step)>, strip_usage: bool) -> TimedBody<Script> {
-        self.body_with(steps, strip_usage, CancellationToken::new())
+        self.body_with(steps, strip_usage, Signal::default())
     }
 
     fn body_with(
         &self,
         steps: Vec<(u64, Step)>,
         strip_usage: bool,
-        cut: CancellationToken,
+        cut: Signal,
     ) -> TimedBody<Script> {
         let script = Script {
             steps: steps
@@ -132,7 +133,7 @@ impl Rig {
             Mode::OpenAi { strip_usage },
             Duration::from_secs(5),
             Instant::now() + Duration::from_secs(60),
-            cut,
+            &cut,
         )
         .with_guard(self.guard())
     }
@@ -357,7 +358,7 @@ async fn a_client_that_leaves_is_recorded_and_releases_the_replica() {
 #[tokio::test(start_paused = true)]
 async fn the_drain_deadline_ends_open_streams_with_an_error_event() {
     let rig = Rig::new();
-    let cut = CancellationToken::new();
+    let cut = Signal::default();
     let mut body = rig.body_with(
         vec![(1, Step::Data(TOKEN)), (30_000, Step::Data(TOKEN))],
         true,
@@ -368,7 +369,7 @@ async fn the_drain_deadline_ends_open_streams_with_an_error_event() {
     let c = cut.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        c.cancel();
+        c.raise();
     });
     let rest = text(&frames(&mut body).await);
     assert!(rest.contains("\"code\":\"shutdown\""), "{rest}");
