@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the per-event hot path, each beside its naive baseline:
-//! reading a chunk (fast scanner vs the serde reader vs a full `serde_json::Value`)
+//! reading a chunk (a stream's learned shape vs the fast scanner vs the serde
+//! reader vs a full `serde_json::Value`)
 //! and splitting a stream into events; and the metrics cost of one whole
 //! streamed request (64 output events, then every histogram and counter at its end).
 //!
@@ -10,6 +11,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use sluice::config::Config;
 use sluice::request::RequestGuard;
 use sluice::stream::event::{chunk_info, chunk_info_serde, classify};
+use sluice::stream::shape::Shape;
 use sluice::stream::sse::SseSplitter;
 use sluice::telemetry::Telemetry;
 use sluice::telemetry::metrics::Metrics;
@@ -48,6 +50,15 @@ fn chunk_reading(c: &mut Criterion) {
     let event = format!("data: {CHUNK}\n\n");
     g.bench_function("classify whole event", |b| {
         b.iter(|| classify(black_box(event.as_bytes())))
+    });
+    // The stream's learned shape (`stream/shape.rs`): learned from one
+    // token, then another token of the same stream is matched.
+    let mut shape = Shape::default();
+    shape.classify(event.as_bytes());
+    let next = event.replace("\" gateway\"", "\" router\"");
+    assert!(shape.fits(next.as_bytes()).is_some());
+    g.bench_function("classify whole event: the stream's learned shape", |b| {
+        b.iter(|| shape.classify(black_box(next.as_bytes())))
     });
     g.finish();
 }

@@ -44,7 +44,7 @@ SCENARIOS = [
     # Every token in a write of its own.
     ("64 streams x 128 tokens @ 1 ms/token (one write per token)", 64, 128, "1ms", 1536, True),
     # Whole answers: requests per second with the proxy on one core (--pin).
-    ("non-streamed, 64 concurrent, 32 tokens", 64, 32, "0ms", 16384, False),
+    ("non-streamed, 64 concurrent, 32 tokens", 64, 32, "0ms", 32768, False),
 ]
 
 NGINX_CONF = """

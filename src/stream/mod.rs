@@ -7,6 +7,6 @@ pub mod event;
 pub(crate) mod protocols;
 pub(crate) mod relay;
 pub(crate) mod scan;
-pub(crate) mod shape;
+pub mod shape;
 pub(crate) mod signal;
 pub mod sse;

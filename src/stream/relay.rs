@@ -99,46 +99,75 @@ impl Relay {
         at: Instant,
         guard: &mut RequestGuard,
     ) -> Result<(), GatewayError> {
-        if self.splitter.pending_len() == 0 && super::sse::is_single_event(&data) {
-            // One whole event, nothing carried over: no splitting, no bookkeeping.
-            if let Some(ev) = self.on_event(data, at, guard)? {
-                self.out.push_back(ev);
-            }
-            return Ok(());
-        }
-        let origin = data.clone();
-        self.splitter.push(data);
-        loop {
+        let data = if self.splitter.pending_len() == 0 {
+            data
+        } else {
+            // An event began in an earlier chunk: the splitter finishes it.
+            self.splitter.push(data);
             let ev = match self.splitter.next_event() {
                 Ok(Some(ev)) => ev,
                 Ok(None) => return Ok(()),
-                Err(_) => {
-                    return Err(GatewayError::UpstreamProtocol(
-                        format!("an SSE event exceeded {MAX_EVENT_BYTES} bytes").into(),
-                    ));
-                }
+                Err(_) => return Err(too_large()),
             };
-            if let Some(ev) = self.on_event(ev, at, guard)? {
-                self.enqueue(ev, &origin);
+            if self.on_event(&ev, at, guard)? {
+                self.out.push_back(ev);
             }
+            self.splitter.take_rest()
+        };
+        // The whole events side by side, each read in place; those forwarded
+        // leave as slices of `data`, one per run (usually all of it).
+        let (mut pos, mut run) = (0, 0);
+        while let Some(len) = super::sse::event_len(&data[pos..]) {
+            match self.on_event(&data[pos..pos + len], at, guard) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.forward(&data, run, pos);
+                    run = pos + len;
+                }
+                Err(e) => {
+                    self.forward(&data, run, pos);
+                    return Err(e);
+                }
+            }
+            pos += len;
+        }
+        if run == 0 && pos == data.len() {
+            self.out.push_back(data);
+            return Ok(());
+        }
+        self.forward(&data, run, pos);
+        if pos < data.len() {
+            // An event that ends in a later chunk: carried.
+            self.splitter.push(data.slice(pos..));
+            if self.splitter.next_event().is_err() {
+                return Err(too_large());
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue `data[from..to]` for the client, if anything.
+    fn forward(&mut self, data: &Bytes, from: usize, to: usize) {
+        if to > from {
+            self.out.push_back(data.slice(from..to));
         }
     }
 
-    /// Read one whole event: forward it (`Some`) or drop it.
+    /// Read one whole event: whether it goes to the client.
     fn on_event(
         &mut self,
-        ev: Bytes,
+        ev: &[u8],
         at: Instant,
         guard: &mut RequestGuard,
-    ) -> Result<Option<Bytes>, GatewayError> {
+    ) -> Result<bool, GatewayError> {
         if self.proto.is_some() {
             return self.on_named_event(ev, at, guard);
         }
-        match self.shape.classify(&ev) {
+        match self.shape.classify(ev) {
             Event::Done => {
                 self.done_seen = true;
                 guard.record.end = Some(at);
-                Ok(Some(ev))
+                Ok(true)
             }
             Event::Chunk(c) => {
                 if c.has_output {
@@ -156,12 +185,9 @@ impl Relay {
                     guard.record.fail(status, "upstream_stream_error");
                     guard.attempt_failed("upstream_stream_error", true);
                 }
-                if self.strip_usage && c.is_usage_only() {
-                    return Ok(None);
-                }
-                Ok(Some(ev))
+                Ok(!(self.strip_usage && c.is_usage_only()))
             }
-            Event::Other => Ok(Some(ev)),
+            Event::Other => Ok(true),
             Event::Malformed(why) => Err(GatewayError::UpstreamProtocol(why.into())),
         }
     }
@@ -169,13 +195,13 @@ impl Relay {
     /// Read one whole event of a Messages or Responses stream; all are forwarded.
     fn on_named_event(
         &mut self,
-        ev: Bytes,
+        ev: &[u8],
         at: Instant,
         guard: &mut RequestGuard,
-    ) -> Result<Option<Bytes>, GatewayError> {
-        let (Some(reader), Some(payload)) = (self.proto.as_mut(), payload_of(&ev)) else {
+    ) -> Result<bool, GatewayError> {
+        let (Some(reader), Some(payload)) = (self.proto.as_mut(), payload_of(ev)) else {
             // A comment or keep-alive.
-            return Ok(Some(ev));
+            return Ok(true);
         };
         let e = reader
             .read(&payload)
@@ -204,18 +230,7 @@ impl Relay {
             self.done_seen = true;
             guard.record.end = Some(at);
         }
-        Ok(Some(ev))
-    }
-
-    fn enqueue(&mut self, ev: Bytes, origin: &Bytes) {
-        if let Some(last) = self.out.back_mut()
-            && let Some(start) = offset_in(origin, last)
-            && offset_in(origin, &ev) == Some(start + last.len())
-        {
-            *last = origin.slice(start..start + last.len() + ev.len());
-            return;
-        }
-        self.out.push_back(ev);
+        Ok(true)
     }
 
     /// Bytes of an event that has not ended yet.
@@ -245,10 +260,8 @@ impl Relay {
     }
 }
 
-/// Where `part` starts inside `whole`, if it is a slice of it.
-fn offset_in(whole: &Bytes, part: &Bytes) -> Option<usize> {
-    let (w, p) = (whole.as_ptr() as usize, part.as_ptr() as usize);
-    (p >= w && p + part.len() <= w + whole.len()).then(|| p - w)
+fn too_large() -> GatewayError {
+    GatewayError::UpstreamProtocol(format!("an SSE event exceeded {MAX_EVENT_BYTES} bytes").into())
 }
 
 #[cfg(test)]

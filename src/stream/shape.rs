@@ -46,7 +46,7 @@ use super::scan::escape_len;
 
 /// What one stream's token events look like; empty until learned.
 #[derive(Debug, Default)]
-pub(crate) struct Shape {
+pub struct Shape {
     /// The head's bytes, then the tail's.
     frame: Vec<u8>,
     /// Where the head ends in `frame`.
@@ -58,7 +58,7 @@ pub(crate) struct Shape {
 impl Shape {
     /// Classify one complete SSE event (as cut by the splitter): by the
     /// learned shape when the event has it, else in full, learning from it.
-    pub(crate) fn classify(&mut self, event: &[u8]) -> Event {
+    pub fn classify(&mut self, event: &[u8]) -> Event {
         if let Some(info) = self.fits(event) {
             return Event::Chunk(info);
         }
@@ -70,7 +70,7 @@ impl Shape {
     }
 
     /// The answer for `event` if it has this shape.
-    pub(crate) fn fits(&self, event: &[u8]) -> Option<ChunkInfo> {
+    pub fn fits(&self, event: &[u8]) -> Option<ChunkInfo> {
         if self.frame.is_empty() {
             return None;
         }

@@ -67,6 +67,16 @@ impl SseSplitter {
         }
     }
 
+    /// What is left after [`next_event`](Self::next_event) returned an event:
+    /// the rest of the latest chunk, not yet split.
+    pub(crate) fn take_rest(&mut self) -> Bytes {
+        if self.carry.is_empty() {
+            std::mem::take(&mut self.frame)
+        } else {
+            self.carry.split().freeze()
+        }
+    }
+
     /// Bytes received but not yet part of a complete event.
     pub(crate) fn pending_len(&self) -> usize {
         self.carry.len() + self.frame.len()
@@ -81,9 +91,11 @@ impl SseSplitter {
     }
 }
 
-/// Whether `buf` is exactly one complete event (the common shape of a chunk).
-pub(crate) fn is_single_event(buf: &[u8]) -> bool {
-    event_end(buf, 0) == Some(buf.len())
+/// The length of the complete event at the start of `buf` (terminator
+/// included), as [`SseSplitter::next_event`] would cut it; `None` if it has
+/// not ended yet.
+pub(crate) fn event_len(buf: &[u8]) -> Option<usize> {
+    event_end(buf, 0)
 }
 
 /// Index just past the blank line that ends the first event in `buf[from..]`.

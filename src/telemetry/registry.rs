@@ -127,6 +127,38 @@ impl Histogram {
         self.observe(d.as_secs_f64());
     }
 
+    /// Observe several durations: the same counts and sum as one
+    /// [`observe_duration`](Self::observe_duration) each, with one atomic
+    /// add per run of values in one bucket instead of three per value (the
+    /// inter-token gaps of a stream mostly fall in one or two buckets).
+    pub(crate) fn observe_durations(&self, ds: &[std::time::Duration]) {
+        let (mut idx, mut run, mut sum) = (usize::MAX, 0u64, 0u64);
+        for d in ds {
+            let v = d.as_secs_f64();
+            if idx == usize::MAX || !self.holds(idx, v) {
+                if run > 0 {
+                    self.counts[idx].fetch_add(run, Relaxed);
+                }
+                idx = self.bounds.partition_point(|b| *b < v);
+                run = 0;
+            }
+            run += 1;
+            sum += (v.max(0.0) * self.scale) as u64;
+        }
+        if run > 0 {
+            self.counts[idx].fetch_add(run, Relaxed);
+            self.sum_scaled.fetch_add(sum, Relaxed);
+            self.count.fetch_add(ds.len() as u64, Relaxed);
+        }
+    }
+
+    /// Whether bucket `idx` is the one `observe` puts `v` in (the first
+    /// bound >= v).
+    #[inline]
+    fn holds(&self, idx: usize, v: f64) -> bool {
+        (idx == 0 || self.bounds[idx - 1] < v) && self.bounds.get(idx).is_none_or(|b| v <= *b)
+    }
+
     /// Attach a trace to the bucket `v` falls in (the value was observed already).
     pub(crate) fn exemplar(&self, v: f64, trace_id: &str) {
         let idx = self.bounds.partition_point(|b| *b < v);
@@ -553,6 +585,35 @@ mod tests {
             !plain.finish().contains("trace_id"),
             "no exemplars in the classic format"
         );
+    }
+
+    proptest::proptest! {
+        /// The batched observation against one `observe` per value: the
+        /// same rendered buckets, sum and count, bounds and zero included.
+        #[test]
+        fn batched_durations_land_where_single_ones_do(
+            ns in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just(0u64),
+                    proptest::strategy::Just(5_000_000u64),
+                    proptest::strategy::Just(10_000_000u64),
+                    0u64..3_000_000_000,
+                ],
+                0..40,
+            ),
+        ) {
+            let bounds: Arc<[f64]> = Arc::from(vec![0.001, 0.005, 0.01, 0.05, 1.0]);
+            let (one, batch) = (Histogram::seconds(bounds.clone()), Histogram::seconds(bounds));
+            let ds: Vec<std::time::Duration> = ns.iter().map(|n| std::time::Duration::from_nanos(*n)).collect();
+            for d in &ds {
+                one.observe_duration(*d);
+            }
+            batch.observe_durations(&ds);
+            let (mut a, mut b) = (String::new(), String::new());
+            one.render(&mut a, "x", "m=\"a\"", false);
+            batch.render(&mut b, "x", "m=\"a\"", false);
+            proptest::prop_assert_eq!(a, b);
+        }
     }
 
     #[test]

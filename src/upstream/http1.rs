@@ -49,8 +49,40 @@ pub(super) enum Chunk {
 }
 
 impl Wire {
-    /// Body bytes decodable from the buffer now, if any.
+    /// Body bytes decodable from the buffer now, if any: the first piece as
+    /// it lies in the read buffer (no copy) or, when more follow it (a
+    /// replica that writes events in a burst sends a chunk each), all of
+    /// them joined in one buffer. One copy of the burst instead of a buffer
+    /// split and a trip through the relay per chunk; the joined events then
+    /// leave in one write, as they would have anyway.
+    ///
+    /// An error after some bytes were joined is not consumed: it is the
+    /// answer to the next call.
     pub(super) fn decode(&mut self) -> Result<Option<Bytes>, String> {
+        let Some(n) = self.next_piece()? else {
+            return Ok(None);
+        };
+        let first = self.rbuf.split_to(n);
+        let Ok(Some(mut more)) = self.next_piece() else {
+            return Ok(Some(first.freeze()));
+        };
+        let mut joined = BytesMut::with_capacity(n + self.rbuf.len());
+        joined.extend_from_slice(&first);
+        loop {
+            joined.extend_from_slice(&self.rbuf[..more]);
+            self.rbuf.advance(more);
+            match self.next_piece() {
+                Ok(Some(m)) => more = m,
+                _ => return Ok(Some(joined.freeze())),
+            }
+        }
+    }
+
+    /// Step the body's state over framing (chunk-size lines, chunk ends,
+    /// trailers) to the next body bytes: how many lie at the front of the
+    /// buffer, counted as taken (the caller takes them). `None` when none
+    /// are there yet. An error leaves the state as it was.
+    fn next_piece(&mut self) -> Result<Option<usize>, String> {
         loop {
             match self.body {
                 BodyState::Idle | BodyState::Done => return Ok(None),
@@ -64,13 +96,13 @@ impl Wire {
                     }
                     let n = take(left, self.rbuf.len());
                     self.body = BodyState::Length(left - n as u64);
-                    return Ok(Some(self.rbuf.split_to(n).freeze()));
+                    return Ok(Some(n));
                 }
                 BodyState::UntilClose => {
                     if self.rbuf.is_empty() {
                         return Ok(None);
                     }
-                    return Ok(Some(self.rbuf.split().freeze()));
+                    return Ok(Some(self.rbuf.len()));
                 }
                 BodyState::Chunked(Chunk::Size) => {
                     let Some(size) = self.line(chunk_size)? else {
@@ -93,7 +125,7 @@ impl Wire {
                     } else {
                         Chunk::Data(rest)
                     });
-                    return Ok(Some(self.rbuf.split_to(n).freeze()));
+                    return Ok(Some(n));
                 }
                 BodyState::Chunked(Chunk::DataEnd) => {
                     let blank = |line: &[u8]| match line {

@@ -46,11 +46,15 @@ struct Seen {
     finish_reason: Option<&'static str>,
     outcome: &'static str,
     response_id: Option<String>,
-    /// The bytes forwarded (all of them: nothing is stripped).
+    /// The bytes forwarded.
     forwarded: Vec<u8>,
 }
 
 fn run(endpoint: Endpoint, stream: &[u8], cuts: &[usize]) -> Seen {
+    run_as(Mode::Named(endpoint.wire()), endpoint, stream, cuts)
+}
+
+fn run_as(mode: Mode, endpoint: Endpoint, stream: &[u8], cuts: &[usize]) -> Seen {
     let metrics = Arc::new(Metrics::new(&Config::default().telemetry.buckets));
     let b = BackendConfig::from_url("http://127.0.0.1:9".parse().unwrap());
     let replica = Arc::new(Replica::from_config(
@@ -76,7 +80,7 @@ fn run(endpoint: Endpoint, stream: &[u8], cuts: &[usize]) -> Seen {
     guard.set_model(Arc::from("m"));
     guard.start_attempt(replica, RouteReason::Affinity, start);
     guard.record.status = 200;
-    let mut relay = Relay::new(Mode::Named(endpoint.wire()));
+    let mut relay = Relay::new(mode);
     let mut forwarded = Vec::new();
     let mut failed = false;
     let mut from = 0;
@@ -216,4 +220,71 @@ fn a_wire_reads_only_its_own_streams() {
     );
     assert_eq!(seen.outcome, "failed");
     assert_eq!(Endpoint::Messages.wire(), Wire::Anthropic);
+}
+
+/// A chat stream as vLLM writes it: role, `n` tokens (some with escapes),
+/// the finish, the usage chunk the gateway asked for, `[DONE]`. Returns the
+/// stream and the same stream without the usage chunk (what the client gets).
+fn chat_stream(n: usize) -> (Vec<u8>, Vec<u8>) {
+    let chunk = |delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"chatcmpl-7\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let mut client = chunk(r#"{"role":"assistant","content":""}"#, "null");
+    for i in 0..n {
+        let word = ["the", " \\\"quoted\\\"", " caf\\u00e9", "\\n", " gateway"][i % 5];
+        client += &chunk(
+            &format!(r#"{{"content":"{word}"}}"#),
+            if i + 1 == n { "\"length\"" } else { "null" },
+        );
+    }
+    let usage = format!(
+        "data: {{\"id\":\"chatcmpl-7\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{{\"prompt_tokens\":9,\"total_tokens\":{},\"completion_tokens\":{n}}}}}\n\n",
+        9 + n
+    );
+    let stream = format!("{client}{usage}data: [DONE]\n\n");
+    (
+        stream.into_bytes(),
+        format!("{client}data: [DONE]\n\n").into_bytes(),
+    )
+}
+
+#[test]
+fn chat_streams_cut_anywhere_are_read_the_same_and_lose_only_the_usage_chunk() {
+    let mut rng = fastrand::Rng::with_seed(11);
+    for n in [1, 2, 17, 64] {
+        let (stream, client) = chat_stream(n);
+        let mut splits: Vec<Vec<usize>> = vec![vec![], (1..stream.len()).collect()];
+        for _ in 0..40 {
+            let mut cuts: Vec<usize> = (0..rng.usize(1..24))
+                .map(|_| rng.usize(0..=stream.len()))
+                .collect();
+            cuts.sort_unstable();
+            splits.push(cuts);
+        }
+        for cuts in &splits {
+            let seen = run_as(
+                Mode::OpenAi { strip_usage: true },
+                Endpoint::Chat,
+                &stream,
+                cuts,
+            );
+            let ctx = format!("{n} tokens cut at {cuts:?}");
+            assert_eq!(seen.outcome, "complete", "{ctx}");
+            assert_eq!(seen.output_events, n as u32, "{ctx}");
+            assert_eq!(seen.gaps, n as u64 - 1, "{ctx}");
+            assert_eq!(seen.finish_reason, Some("length"), "{ctx}");
+            assert_eq!(
+                seen.usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
+                Some((9, n as u32)),
+                "{ctx}"
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&seen.forwarded),
+                String::from_utf8_lossy(&client),
+                "{ctx}"
+            );
+        }
+    }
 }

@@ -73,10 +73,11 @@ proptest! {
     }
 
     #[test]
-    fn a_single_event_is_recognised_as_one(ev in event(), more in event()) {
-        prop_assert!(is_single_event(&ev));
-        let two = [ev, more].concat();
-        prop_assert!(!is_single_event(&two));
+    fn an_event_is_measured_as_the_splitter_cuts_it(ev in event(), more in event()) {
+        prop_assert_eq!(event_len(&ev), Some(ev.len()));
+        let two = [ev.clone(), more].concat();
+        prop_assert_eq!(event_len(&two), Some(ev.len()));
+        prop_assert_eq!(event_len(&ev[..ev.len() - 1]), None);
     }
 
     #[test]
