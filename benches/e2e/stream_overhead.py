@@ -2,8 +2,11 @@
 """Streaming overhead: direct to the simulator vs through Sluice vs through nginx.
 
 Runs, in one go, for each scenario: `sluice bench` straight at a `sluice sim`
-replica, then through the Sluice gateway, then through nginx (proxy_buffering
-off) as the pass-through floor. Reports the client-side TTFT and inter-token
+replica, then through the Sluice gateway and through nginx (proxy_buffering
+off) as the pass-through floor, `--rounds` times each (alternating which goes
+first; the tables show medians, the JSON every round). Scenarios: one idle
+stream, paced streams, a replica bursting tokens (several events per read),
+one write per token, and non-streamed requests (`sluice bench --no-stream`). Reports the client-side TTFT and inter-token
 percentiles of each path, the latency each proxy adds over the direct path, and
 the CPU-seconds each proxy process used per 1,000 streamed requests (from
 /proc/PID/stat, so only the proxy's own CPU counts).
@@ -12,6 +15,7 @@ the CPU-seconds each proxy process used per 1,000 streamed requests (from
     python3 benches/e2e/stream_overhead.py            # prints a Markdown table
     python3 benches/e2e/stream_overhead.py --json out.json
     python3 benches/e2e/stream_overhead.py --pin      # proxy alone on its own core
+    python3 benches/e2e/stream_overhead.py --pin --rounds 3 --only non-streamed
 
 Needs nginx on PATH (Debian: apt-get install nginx-light). Everything listens on
 127.0.0.1 only and every process is stopped at the end.
