@@ -120,8 +120,14 @@ def start_sims(procs, n, blocks):
     return urls
 
 
+# The admin URLs of the gateways started for the current run (their routing
+# decisions and session moves are read after it).
+ADMINS = []
+
+
 def start_sluice(procs, sims, extra=()):
     api, admin = free_port(), free_port()
+    ADMINS.append(f"http://127.0.0.1:{admin}")
     args = [BIN, "serve", "--listen", f"127.0.0.1:{api}", "--admin-listen", f"127.0.0.1:{admin}"]
     for s in sims:
         args += ["--backend", s]
@@ -171,6 +177,18 @@ def bench(url, args, no_id=False):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         return json.load(f)
+
+
+def gateway_counts(admins, names):
+    """Sum of each labelled series of `names` over the gateways: {"name{labels}": value}."""
+    out = {}
+    for u in admins:
+        with urllib.request.urlopen(u + "/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(tuple(n + "{" for n in names)):
+                    key, value = line.rsplit(" ", 1)
+                    out[key] = out.get(key, 0.0) + float(value)
+    return out
 
 
 def sim_counts(sims, name):
@@ -271,10 +289,12 @@ def main():
         procs = Procs()
         try:
             sims = start_sims(procs, 4, args.num_blocks)
+            ADMINS.clear()
+            extra = ["--config", args.sluice_config] if args.sluice_config else []
             if name == "sluice" or name == "sluice-no-id":
-                url = start_sluice(procs, sims)
+                url = start_sluice(procs, sims, extra)
             elif name == "sluice-3gw":
-                url = start_lb(procs, [start_sluice(procs, sims) for _ in range(3)])
+                url = start_lb(procs, [start_sluice(procs, sims, extra) for _ in range(3)])
             elif name == "sglang-cache_aware":
                 url = start_router(procs, args.routers_venv, "sglang", "cache_aware", sims)
             else:
@@ -283,6 +303,10 @@ def main():
             t0 = time.time()
             r = bench(url, args, no_id=(name == "sluice-no-id"))
             r["wall_seconds"] = round(time.time() - t0, 1)
+            if ADMINS:
+                # Why each request went where it did, and why sessions moved.
+                r["gateway"] = gateway_counts(
+                    ADMINS, ["sluice_routing_decisions_total", "sluice_routing_session_moves_total"])
             results[name] = r
             s, t = r["sessions"], r["ttft_seconds"]
             print(f"{name:22s} TTFT p50 {t['p50']*1e3:7.1f} p99 {t['p99']*1e3:8.1f} ms | "
