@@ -374,6 +374,45 @@ async fn one(
     one_with(client, base, key, api, body, until, &[], false).await
 }
 
+/// POST `body` to `api`'s path with the key and extra `headers`: the
+/// response if its status is a success, else the error's label.
+async fn send(
+    client: &BenchClient,
+    base: &str,
+    key: Option<&str>,
+    api: Api,
+    body: String,
+    headers: &[(&str, &str)],
+) -> Result<http::Response<hyper::body::Incoming>, String> {
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(format!("{base}{}", api.path()))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    if let Some(k) = key
+        && let Ok(v) = format!("Bearer {k}").parse()
+    {
+        req.headers_mut().insert(header::AUTHORIZATION, v);
+    }
+    for (name, value) in headers {
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_str(value),
+        ) {
+            req.headers_mut().insert(n, v);
+        }
+    }
+    let resp = client
+        .request(req)
+        .await
+        .map_err(|_| "connect".to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("http_{}", resp.status().as_u16()));
+    }
+    Ok(resp)
+}
+
 /// One request for a whole answer: its time to the first token is the
 /// whole request's; the usage is read from the answer.
 async fn whole(
@@ -386,24 +425,7 @@ async fn whole(
     let start = Instant::now();
     let mut s = Sample::default();
     let result = async {
-        let mut req = Request::builder()
-            .method(Method::POST)
-            .uri(format!("{base}{}", api.path()))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        if let Some(k) = key
-            && let Ok(v) = format!("Bearer {k}").parse()
-        {
-            req.headers_mut().insert(header::AUTHORIZATION, v);
-        }
-        let resp = client
-            .request(req)
-            .await
-            .map_err(|_| "connect".to_string())?;
-        if !resp.status().is_success() {
-            return Err(format!("http_{}", resp.status().as_u16()));
-        }
+        let resp = send(client, base, key, api, body, &[]).await?;
         let body = resp
             .into_body()
             .collect()
@@ -455,32 +477,7 @@ pub(crate) async fn one_with(
     let start = Instant::now();
     let mut s = Sample::default();
     let result = async {
-        let mut req = Request::builder()
-            .method(Method::POST)
-            .uri(format!("{base}{}", api.path()))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        if let Some(k) = key
-            && let Ok(v) = format!("Bearer {k}").parse()
-        {
-            req.headers_mut().insert(header::AUTHORIZATION, v);
-        }
-        for (name, value) in headers {
-            if let (Ok(n), Ok(v)) = (
-                http::HeaderName::from_bytes(name.as_bytes()),
-                http::HeaderValue::from_str(value),
-            ) {
-                req.headers_mut().insert(n, v);
-            }
-        }
-        let resp = client
-            .request(req)
-            .await
-            .map_err(|_| "connect".to_string())?;
-        if !resp.status().is_success() {
-            return Err(format!("http_{}", resp.status().as_u16()));
-        }
+        let resp = send(client, base, key, api, body, headers).await?;
         let mut body = resp.into_body();
         let mut splitter = SseSplitter::new(4 << 20);
         let mut last: Option<Instant> = None;

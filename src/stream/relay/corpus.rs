@@ -120,6 +120,20 @@ fn run_as(mode: Mode, endpoint: Endpoint, stream: &[u8], cuts: &[usize]) -> Seen
     Seen { gaps, ..seen }
 }
 
+/// Ways to cut a stream of `len` bytes into reads: whole, one byte at a
+/// time, and `times` random sets of fewer than `most` cuts.
+fn splits(rng: &mut fastrand::Rng, len: usize, times: usize, most: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = vec![vec![], (1..len).collect()];
+    for _ in 0..times {
+        let mut cuts: Vec<usize> = (0..rng.usize(1..most))
+            .map(|_| rng.usize(0..=len))
+            .collect();
+        cuts.sort_unstable();
+        out.push(cuts);
+    }
+    out
+}
+
 fn corpus(dir: &str) -> Vec<(PathBuf, Vec<u8>, Expect)> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/corpus")
@@ -145,16 +159,7 @@ fn check(dir: &str, endpoint: Endpoint) {
     let mut rng = fastrand::Rng::with_seed(7);
     for (path, stream, want) in &streams {
         let name = path.file_name().unwrap().to_string_lossy();
-        // Whole, one byte at a time, and at random places (several times).
-        let mut splits: Vec<Vec<usize>> = vec![vec![], (1..stream.len()).collect()];
-        for _ in 0..8 {
-            let mut cuts: Vec<usize> = (0..rng.usize(1..12))
-                .map(|_| rng.usize(0..=stream.len()))
-                .collect();
-            cuts.sort_unstable();
-            splits.push(cuts);
-        }
-        for cuts in &splits {
+        for cuts in &splits(&mut rng, stream.len(), 8, 12) {
             let seen = run(endpoint, stream, cuts);
             let ctx = format!("{dir}/{name} cut at {} places", cuts.len());
             assert_eq!(seen.outcome, want.outcome, "{ctx}: outcome");
@@ -255,15 +260,7 @@ fn chat_streams_cut_anywhere_are_read_the_same_and_lose_only_the_usage_chunk() {
     let mut rng = fastrand::Rng::with_seed(11);
     for n in [1, 2, 17, 64] {
         let (stream, client) = chat_stream(n);
-        let mut splits: Vec<Vec<usize>> = vec![vec![], (1..stream.len()).collect()];
-        for _ in 0..40 {
-            let mut cuts: Vec<usize> = (0..rng.usize(1..24))
-                .map(|_| rng.usize(0..=stream.len()))
-                .collect();
-            cuts.sort_unstable();
-            splits.push(cuts);
-        }
-        for cuts in &splits {
+        for cuts in &splits(&mut rng, stream.len(), 40, 24) {
             let seen = run_as(
                 Mode::OpenAi { strip_usage: true },
                 Endpoint::Chat,
