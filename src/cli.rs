@@ -214,6 +214,10 @@ pub struct BenchArgs {
     /// agentic: send no `x-session-id` (routers only have the prompt to go by).
     #[arg(long)]
     pub no_session_id: bool,
+    /// agentic: heavy-tailed session lengths (Pareto, same mean, at most 8x):
+    /// a few long sessions carry much of the work.
+    #[arg(long)]
+    pub heavy_sessions: bool,
     /// burst: requests per burst (default: --concurrency).
     #[arg(long)]
     pub burst_size: Option<u32>,

@@ -200,6 +200,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                     max_tokens: args.max_tokens,
                     think: args.think_time,
                     session_header: !args.no_session_id,
+                    heavy_sessions: args.heavy_sessions,
                 }),
                 stream: !args.no_stream,
                 seed: args.seed,

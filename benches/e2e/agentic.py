@@ -174,6 +174,8 @@ def bench(url, args, no_id=False):
            "--think-time", args.think, "--seed", str(args.seed), "--quiet", "--json", out]
     if no_id:
         cmd.append("--no-session-id")
+    if args.heavy_sessions:
+        cmd.append("--heavy-sessions")
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         return json.load(f)
@@ -261,6 +263,8 @@ def main():
     ap.add_argument("--think", default="1s")
     ap.add_argument("--num-blocks", type=int, default=0, help="KV blocks per replica (0: the profile's)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--heavy-sessions", action="store_true",
+                    help="heavy-tailed session lengths (Pareto, about the same mean)")
     ap.add_argument("--scenario", choices=["agentic", "shared"], default="agentic")
     ap.add_argument("--rate", type=float, default=40.0, help="shared: requests per second")
     ap.add_argument("--duration", default="40s", help="shared: how long")

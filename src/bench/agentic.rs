@@ -30,8 +30,13 @@ use super::{BenchClient, BenchConfig, Sample, one_with};
 #[derive(Debug, Clone)]
 pub(crate) struct AgenticShape {
     pub sessions: u32,
-    /// Mean turns per session (uniform in [turns/2, 3 turns/2]).
+    /// Mean turns per session (uniform in [turns/2, 3 turns/2], or
+    /// heavy-tailed with `heavy_sessions`).
     pub turns: u32,
+    /// Session lengths from a Pareto distribution (shape 1.5, about the same mean,
+    /// at most 8x the mean): a few long sessions carry much of the work, as
+    /// with coding agents, where blind hashing piles them onto one replica.
+    pub heavy_sessions: bool,
     /// The shared system + tools prompt.
     pub shared_tokens: u32,
     /// A user message (and the task).
@@ -146,7 +151,11 @@ async fn session(
     done: &std::sync::atomic::AtomicU64,
 ) -> Vec<Turn> {
     let mut rng = fastrand::Rng::with_seed(seed ^ (u64::from(s) << 20) ^ 0xa9e7);
-    let n = rng.u32(shape.turns / 2..=shape.turns * 3 / 2).max(1);
+    let n = if shape.heavy_sessions {
+        heavy_turns(&mut rng, shape.turns)
+    } else {
+        rng.u32(shape.turns / 2..=shape.turns * 3 / 2).max(1)
+    };
     let mut messages = vec![
         serde_json::json!({"role": "system", "content": shared}),
         serde_json::json!({"role": "user", "content": tokens_of_text(shape.message_tokens, &format!("#session {s} task: "))}),
@@ -209,6 +218,16 @@ async fn session(
 }
 
 /// Tokens an engine with 16-token blocks can have cached of `prompt`.
+/// Turns of a heavy-tailed session: Pareto with shape 1.5 and scale
+/// `mean / 3` (the untruncated mean is `mean`), at most 8x the mean, at least 1.
+fn heavy_turns(rng: &mut fastrand::Rng, mean: u32) -> u32 {
+    const SHAPE: f64 = 1.5;
+    let scale = f64::from(mean) * (SHAPE - 1.0) / SHAPE;
+    let u = 1.0 - rng.f64(); // (0, 1]
+    let n = scale / u.powf(1.0 / SHAPE);
+    (n.round() as u32).clamp(1, mean.saturating_mul(8).max(1))
+}
+
 fn block_floor(tokens: u64) -> u64 {
     tokens / 16 * 16
 }
@@ -281,5 +300,23 @@ fn stats(turns: &[Turn], shape: &AgenticShape) -> SessionStats {
         } else {
             0.0
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heavy_sessions_keep_about_the_mean_and_a_long_tail() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        let n: Vec<u32> = (0..100_000).map(|_| heavy_turns(&mut rng, 12)).collect();
+        let mean = n.iter().map(|&x| f64::from(x)).sum::<f64>() / n.len() as f64;
+        // Truncated at 8x the mean: a little under 12.
+        assert!((9.0..12.5).contains(&mean), "mean {mean}");
+        assert!(n.iter().all(|&x| (1..=96).contains(&x)));
+        // A tail: some sessions run over four times the mean (uniform never does).
+        let long = n.iter().filter(|&&x| x > 48).count() as f64 / n.len() as f64;
+        assert!(long > 0.01, "share over 48 turns: {long}");
     }
 }
