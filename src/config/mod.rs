@@ -198,6 +198,11 @@ pub struct BackendConfig {
     /// Pass each request's priority band to an engine that schedules by it.
     #[serde(default)]
     pub engine_priority: EnginePriority,
+    /// The replica's NVIDIA DCGM exporter (e.g. `http://gpu-node-0:9400/metrics`),
+    /// read with each scrape round: GPU utilisation for the diagnosis
+    /// (underutilisation) and the dashboard's GPU row.
+    #[serde(default)]
+    pub dcgm_url: Option<Url>,
 }
 
 impl BackendConfig {
@@ -209,6 +214,7 @@ impl BackendConfig {
             models: Vec::new(),
             max_concurrency: None,
             engine_priority: EnginePriority::Off,
+            dcgm_url: None,
         }
     }
 
@@ -507,6 +513,18 @@ pub struct DnsSource {
     /// As `backends[].engine_priority`.
     #[serde(default)]
     pub engine_priority: EnginePriority,
+    /// Each replica's DCGM exporter on the same address at this port
+    /// (`http://IP:PORT/metrics`), as `backends[].dcgm_url`.
+    #[serde(default)]
+    pub dcgm_port: Option<u16>,
+}
+
+impl DnsSource {
+    /// The DCGM exporter of the replica at `host` (an IP, bracketed for v6).
+    pub fn dcgm_url(&self, host: &str) -> Option<Url> {
+        let port = self.dcgm_port?;
+        format!("http://{host}:{port}/metrics").parse().ok()
+    }
 }
 
 fn default_dns_interval() -> Duration {

@@ -52,6 +52,7 @@ fn backends_of(src: &DnsSource, ips: &[IpAddr]) -> Vec<BackendConfig> {
                 models: src.models.clone(),
                 max_concurrency: src.max_concurrency,
                 engine_priority: src.engine_priority,
+                dcgm_url: src.dcgm_url(&host),
             })
         })
         .collect()

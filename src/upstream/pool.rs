@@ -468,8 +468,11 @@ impl Pool {
             let Some(i) = r.source.filter(|&i| same_dns(i)) else {
                 continue;
             };
-            let Ok(url) = r.base.parse() else { continue };
+            let Ok(url) = r.base.parse::<url::Url>() else {
+                continue;
+            };
             let src = &config.discovery.dns[i];
+            let dcgm_url = url.host_str().and_then(|h| src.dcgm_url(h));
             let b = BackendConfig {
                 url,
                 name: None,
@@ -477,6 +480,7 @@ impl Pool {
                 models: src.models.clone(),
                 max_concurrency: src.max_concurrency,
                 engine_priority: src.engine_priority,
+                dcgm_url,
             };
             replicas.push(place(&b, Some(i)));
         }
