@@ -111,6 +111,7 @@ fn request_metrics(c: &mut Criterion) {
         metrics: Arc::new(Metrics::new(&config.telemetry.buckets)),
         traces: None,
         access_log: None,
+        refusal: None,
     });
     let model: Arc<str> = Arc::from("meta-llama/Llama-3.1-8B-Instruct");
     let mut g = c.benchmark_group("metrics");

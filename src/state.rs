@@ -74,6 +74,9 @@ impl AppState {
             metrics: metrics.clone(),
             traces,
             access_log: AccessLog::open(&config.telemetry.access_log)?,
+            refusal: crate::telemetry::quality::Refusal::from_config(
+                &config.telemetry.quality.refusal,
+            ),
         });
         let pool = Arc::new(Pool::new(
             &config,

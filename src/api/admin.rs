@@ -49,7 +49,8 @@ pub(crate) async fn metrics(Current(state): Current, headers: http::HeaderMap) -
 /// What the doctor finds now (`sluice diagnose` prints it).
 #[derive(Serialize)]
 pub(crate) struct Diagnosis {
-    /// No finding at all.
+    /// No warning or critical finding (information, such as
+    /// underutilisation, costs money but hurts nobody).
     healthy: bool,
     /// The most severe finding's severity, if any.
     worst: Option<crate::doctor::Severity>,
@@ -71,7 +72,9 @@ fn diagnose_now(state: &crate::state::AppState) -> Vec<crate::doctor::Finding> {
 pub(crate) async fn diagnose(Current(state): Current) -> Json<Diagnosis> {
     let findings = diagnose_now(&state);
     Json(Diagnosis {
-        healthy: findings.is_empty(),
+        healthy: findings
+            .iter()
+            .all(|f| f.severity == crate::doctor::Severity::Info),
         worst: findings.iter().map(|f| f.severity).max(),
         findings,
     })

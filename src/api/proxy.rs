@@ -28,8 +28,8 @@ use crate::routing::{LoadView, ReplicaView, RouteCtx};
 use crate::state::AppState;
 use crate::stream::body::{ReplicaConn, TimedBody};
 use crate::stream::event::chunk_info;
-use crate::stream::protocols;
 use crate::stream::relay::Mode;
+use crate::stream::{protocols, quality};
 use crate::telemetry::record::FlowOutcome;
 use crate::telemetry::tracecontext::TraceCtx;
 use crate::upstream::client::{downstream_headers, upstream_headers};
@@ -514,7 +514,8 @@ async fn respond(
             wire => Mode::Named(wire),
         };
         let idle = state.config.upstream.timeouts.idle;
-        let mut timed = TimedBody::new(up, mode, idle, deadline, &state.cut);
+        let mut timed = TimedBody::new(up, mode, idle, deadline, &state.cut)
+            .with_refusal(state.telemetry.refusal.clone());
         if is_sse {
             let first = match tokio::time::timeout_at(first_by, timed.first_chunk()).await {
                 Ok(r) => r,
@@ -575,6 +576,10 @@ async fn respond(
                 guard.record.response_id = w.response_id;
             }
         }
+    }
+    if parts.status.is_success() {
+        guard.record.verdict =
+            quality::whole(endpoint.wire(), &bytes, state.telemetry.refusal.as_ref());
     }
     let now = Instant::now();
     guard.record.end = Some(now);

@@ -62,6 +62,14 @@ pub struct DoctorConfig {
     pub drift_factor: f64,
     /// ...each over at least this many requests.
     pub drift_min_requests: u64,
+    /// Underutilisation: over the whole window, the replica's median batch
+    /// (running requests) below this...
+    pub underused_batch: f64,
+    /// ...never more than this many waiting...
+    pub underused_queue: f64,
+    /// ...and, where its DCGM exporter is configured, mean GPU utilisation
+    /// below this (0..1).
+    pub underused_gpu: f64,
 }
 
 impl Default for DoctorConfig {
@@ -88,6 +96,9 @@ impl Default for DoctorConfig {
             stall_min: 3,
             drift_factor: 2.0,
             drift_min_requests: 20,
+            underused_batch: 8.0,
+            underused_queue: 5.0,
+            underused_gpu: 0.5,
         }
     }
 }

@@ -19,7 +19,8 @@ pub use limits::{
 };
 pub use load::{ConfigError, load_file, load_file_with, parse_str, parse_str_with};
 pub use telemetry::{
-    AccessLogConfig, LogTarget, OtlpProtocol, ResolvedTracing, SamplingConfig, TracingConfig,
+    AccessLogConfig, LogTarget, OtlpProtocol, QualityConfig, RefusalConfig, ResolvedTracing,
+    SamplingConfig, TracingConfig,
 };
 pub use types::{ByteSize, Secret};
 
@@ -540,6 +541,7 @@ pub struct TelemetryConfig {
     pub buckets: Buckets,
     pub tracing: TracingConfig,
     pub access_log: AccessLogConfig,
+    pub quality: QualityConfig,
 }
 
 impl Default for TelemetryConfig {
@@ -549,6 +551,7 @@ impl Default for TelemetryConfig {
             buckets: Buckets::default(),
             tracing: TracingConfig::default(),
             access_log: AccessLogConfig::default(),
+            quality: QualityConfig::default(),
         }
     }
 }

@@ -151,3 +151,41 @@ impl Default for AccessLogConfig {
         }
     }
 }
+
+/// Quality signals that read the answer's content (nothing of it is kept).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QualityConfig {
+    pub refusal: RefusalConfig,
+}
+
+/// The opt-in refusal detector: each answer's first `chars` characters,
+/// lowercased, are looked for `phrases` (`sluice_quality_refusals_total`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RefusalConfig {
+    pub enabled: bool,
+    pub chars: usize,
+    pub phrases: Vec<String>,
+}
+
+impl Default for RefusalConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            chars: 200,
+            phrases: [
+                "i cannot",
+                "i can't",
+                "i'm unable to",
+                "i am unable to",
+                "i won't",
+                "i will not",
+                "as an ai",
+                "as a language model",
+            ]
+            .map(String::from)
+            .to_vec(),
+        }
+    }
+}

@@ -33,11 +33,14 @@ pub const PATHOLOGIES: &[&str] = &[
     "prefix_cache_misses",
     "error_spike",
     "stalling_streams",
+    "underutilisation",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
+    /// Costs money, hurts nobody (underutilisation): no alert pages for it.
+    Info,
     Warning,
     Critical,
 }
@@ -385,9 +388,116 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
             }
         }
     }
+    underused(&patients, d, window, &mut out);
     from_journal(metrics, d, window, now, &mut out);
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
+}
+
+/// How little a replica did over the window.
+struct Underuse {
+    batch_p50: f64,
+    running_mean: f64,
+    waiting_max: f64,
+    gpu_util: Option<f64>,
+}
+
+/// Whether `p` ran small batches with no queue over the whole window (and
+/// an idle GPU, where its DCGM exporter says).
+fn underuse(p: &Patient<'_>, d: &DoctorConfig, window: std::time::Duration) -> Option<Underuse> {
+    // The whole window must be covered: a replica that just started, or a
+    // lull that just began, is not a trend.
+    if p.samples.len() < 3 || p.span() < 0.8 * window.as_secs_f64() {
+        return None;
+    }
+    let mut running = p
+        .samples
+        .iter()
+        .map(|s| s.running)
+        .collect::<Option<Vec<f64>>>()?;
+    let running_mean = running.iter().sum::<f64>() / running.len() as f64;
+    running.sort_by(f64::total_cmp);
+    let batch_p50 = running[running.len() / 2];
+    let waiting_max = p
+        .samples
+        .iter()
+        .filter_map(|s| s.waiting)
+        .fold(0.0, f64::max);
+    let gpus: Vec<f64> = p.samples.iter().filter_map(|s| s.gpu_util).collect();
+    let gpu_util = (!gpus.is_empty()).then(|| gpus.iter().sum::<f64>() / gpus.len() as f64);
+    (batch_p50 < d.underused_batch
+        && waiting_max < d.underused_queue
+        && gpu_util.is_none_or(|g| g < d.underused_gpu))
+    .then_some(Underuse {
+        batch_p50,
+        running_mean,
+        waiting_max,
+        gpu_util,
+    })
+}
+
+/// Underutilisation (information, not harm): replicas running small batches
+/// with nothing waiting over the whole window. The action counts how many
+/// replicas would carry the fleet's running sequences at the target batch.
+fn underused(
+    patients: &[Patient<'_>],
+    d: &DoctorConfig,
+    window: std::time::Duration,
+    out: &mut Vec<Finding>,
+) {
+    let found: Vec<(&Patient<'_>, Underuse)> = patients
+        .iter()
+        .filter_map(|p| underuse(p, d, window).map(|u| (p, u)))
+        .collect();
+    if found.is_empty() {
+        return;
+    }
+    let fleet_running: f64 = patients
+        .iter()
+        .filter_map(|p| {
+            let r: Vec<f64> = p.samples.iter().filter_map(|s| s.running).collect();
+            (!r.is_empty()).then(|| r.iter().sum::<f64>() / r.len() as f64)
+        })
+        .sum();
+    let needed = (fleet_running / d.underused_batch).ceil().max(1.0);
+    let all = found.len() == patients.len();
+    for (p, u) in found {
+        let mut ev = vec![
+            ("batch_p50", round(u.batch_p50, 1)),
+            ("running_mean", round(u.running_mean, 2)),
+            ("waiting_max", round(u.waiting_max, 0)),
+        ];
+        if let Some(g) = u.gpu_util {
+            ev.push(("gpu_utilization_mean", round(g, 3)));
+        }
+        ev.push(("fleet_running_mean", round(fleet_running, 1)));
+        let (cause, action) = if all {
+            (
+                "the whole fleet runs small batches with nothing waiting: traffic is low for its size".to_string(),
+                format!(
+                    "{needed:.0} of {} replicas would hold the fleet's {fleet_running:.1} running sequences at a batch of {:.0}: scale in; if clients are held back (429s, flow control waiting), raise the tier limits or max_concurrency instead",
+                    patients.len(),
+                    d.underused_batch
+                ),
+            )
+        } else {
+            (
+                "this replica runs small batches with nothing waiting while its peers are busier: routing sends it little (prefix or session homes elsewhere)".to_string(),
+                "compare the replicas' shares on the dashboard's routing row; routing.prefix_kv.load_factor bounds how much a hot prefix piles on its home".to_string(),
+            )
+        };
+        out.push(Finding {
+            severity: Severity::Info,
+            ..Finding::warning(
+                "underutilisation",
+                p.replica.name.clone(),
+                evidence(&ev),
+                p.span(),
+                cause,
+                action,
+            )
+        });
+    }
 }
 
 /// The journal's entries that the counter-based findings compare.

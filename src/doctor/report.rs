@@ -75,14 +75,19 @@ pub async fn run(admin: &Url, json: bool) -> anyhow::Result<()> {
 }
 
 fn text(d: &Diagnosis) -> String {
-    if d.healthy {
+    if d.findings.is_empty() {
         return "healthy: no pathology found".into();
     }
-    let mut out = format!("{} finding(s)\n", d.findings.len());
+    let mut out = if d.healthy {
+        format!("healthy: {} note(s) for information\n", d.findings.len())
+    } else {
+        format!("{} finding(s)\n", d.findings.len())
+    };
     for f in &d.findings {
         let sev = match f.severity {
             Severity::Critical => "CRITICAL",
             Severity::Warning => "warning",
+            Severity::Info => "info",
         };
         let on = match (&f.tier, &f.model) {
             (Some(t), _) => format!("tier {t}"),

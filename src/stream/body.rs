@@ -110,6 +110,17 @@ impl<U: Upstream> TimedBody<U> {
         }
     }
 
+    /// Read the answer's opening with the refusal detector, if one is on.
+    pub(crate) fn with_refusal(
+        mut self,
+        refusal: Option<std::sync::Arc<crate::telemetry::quality::Refusal>>,
+    ) -> Self {
+        if !self.raw {
+            self.relay.listen(refusal);
+        }
+        self
+    }
+
     /// Wait for the replica's first chunk, before any byte goes to the client:
     /// until then a failure is still an HTTP error (and retryable by policy).
     pub(crate) async fn first_chunk(&mut self) -> Result<(), GatewayError> {

@@ -14,6 +14,9 @@ pub struct ChunkInfo {
     pub usage: Option<Usage>,
     /// The payload is an error object (the engine failed mid-stream).
     pub is_error: bool,
+    /// Some choice's delta carries a tool call (`tool_calls`,
+    /// `function_call`): the quality inspector reads its arguments.
+    pub tool_call: bool,
 }
 
 impl ChunkInfo {

@@ -116,6 +116,7 @@ pub fn chunk_info_serde(json: &[u8]) -> Option<ChunkInfo> {
     let c = serde_json::from_slice::<ChunkLite<'_>>(json).ok()?;
     Some(ChunkInfo {
         has_output: c.choices.has_output,
+        tool_call: c.choices.tool_call,
         n_choices: c.choices.n,
         finish_reason: c.choices.finish_reason,
         usage: c.usage,
@@ -138,6 +139,7 @@ struct ChunkLite<'a> {
 struct Choices {
     n: u32,
     has_output: bool,
+    tool_call: bool,
     finish_reason: Option<FinishReason>,
 }
 
@@ -157,6 +159,7 @@ impl<'de> Deserialize<'de> for Choices {
                 while let Some(c) = seq.next_element::<ChoiceLite<'de>>()? {
                     out.n += 1;
                     out.has_output |= c.has_output();
+                    out.tool_call |= c.delta.as_ref().is_some_and(|d| d.tool_call);
                     if c.finish_reason.is_some() {
                         out.finish_reason = c.finish_reason;
                     }
@@ -189,6 +192,8 @@ impl ChoiceLite<'_> {
 /// / `reasoning`) or tool calls. The role-only first delta carries none.
 struct Delta {
     has_output: bool,
+    /// Of which a tool call.
+    tool_call: bool,
 }
 
 /// The delta keys that matter; any other key is skipped without allocating.
@@ -213,16 +218,22 @@ impl<'de> Deserialize<'de> for Delta {
                 f.write_str("a delta object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Delta, A::Error> {
-                let mut has_output = false;
+                let (mut has_output, mut tool_call) = (false, false);
                 while let Some(key) = map.next_key::<DeltaKey>()? {
                     if let DeltaKey::Other = key {
                         map.next_value::<IgnoredAny>()?;
                     } else {
                         let v: &'de RawValue = map.next_value()?;
-                        has_output |= non_empty(Some(v));
+                        let out = non_empty(Some(v));
+                        has_output |= out;
+                        tool_call |=
+                            out && matches!(key, DeltaKey::ToolCalls | DeltaKey::FunctionCall);
                     }
                 }
-                Ok(Delta { has_output })
+                Ok(Delta {
+                    has_output,
+                    tool_call,
+                })
             }
         }
         d.deserialize_map(V)

@@ -5,6 +5,7 @@ pub(crate) mod chunk;
 pub(crate) mod clock;
 pub mod event;
 pub(crate) mod protocols;
+pub(crate) mod quality;
 pub(crate) mod relay;
 pub(crate) mod scan;
 pub mod shape;

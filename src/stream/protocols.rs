@@ -40,6 +40,8 @@ pub(crate) struct ProtoEvent {
     pub is_error: bool,
     /// Responses: the response's id, when the event carries the response.
     pub response_id: Option<String>,
+    /// Starts or carries a tool call's input (the quality inspector reads it).
+    pub tool_input: bool,
 }
 
 /// One stream's reader: the event summaries, and what accumulates over the
@@ -102,8 +104,12 @@ impl ProtoReader {
                     self.usage.apply(&u);
                 }
             }
+            "content_block_start" => {
+                out.tool_input = e.content_block.is_some_and(|b| b.kind == "tool_use");
+            }
             "content_block_delta" => {
                 out.has_output = e.delta.as_ref().is_some_and(MessagesDelta::has_output);
+                out.tool_input = e.delta.as_ref().is_some_and(|d| non_empty(d.partial_json));
             }
             "message_delta" => {
                 if let Some(u) = &e.usage {
@@ -135,6 +141,7 @@ impl ProtoReader {
         };
         if kind.starts_with("response.function_call_arguments.") {
             self.tool_call = true;
+            out.tool_input = true;
         }
         let response = e.response.as_ref();
         if let Some(r) = response {
@@ -289,9 +296,18 @@ struct MessagesEvent<'a> {
     #[serde(default)]
     message: Option<MessagesStart>,
     #[serde(default, borrow)]
+    content_block: Option<BlockKind<'a>>,
+    #[serde(default, borrow)]
     delta: Option<MessagesDelta<'a>>,
     #[serde(default)]
     usage: Option<MessagesUsage>,
+}
+
+/// A `content_block_start`'s block, by its type only.
+#[derive(Deserialize)]
+struct BlockKind<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
 }
 
 #[derive(Deserialize)]

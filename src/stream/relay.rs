@@ -15,10 +15,12 @@ use tokio::time::Instant;
 
 use super::event::{Event, payload_of};
 use super::protocols::ProtoReader;
+use super::quality::Inspector;
 use super::shape::Shape;
 use super::sse::SseSplitter;
 use crate::error::GatewayError;
 use crate::request::RequestGuard;
+use crate::telemetry::quality::Refusal;
 use crate::vocab::Wire;
 
 /// Largest single SSE event accepted from a replica.
@@ -54,6 +56,11 @@ pub(crate) struct Relay {
     /// The replica reported an error in-band (Messages, Responses): the
     /// client has its error event, the stream may end without more.
     pub(crate) errored: bool,
+    /// Reads tool-call arguments and the answer's opening (quality
+    /// signals); boxed, as most streams never need one.
+    inspect: Option<Box<Inspector>>,
+    /// The refusal detector still wants the answer's text.
+    listening: bool,
 }
 
 impl Relay {
@@ -69,7 +76,42 @@ impl Relay {
             },
             done_seen: false,
             errored: false,
+            inspect: None,
+            listening: false,
         }
+    }
+
+    /// Read the answer's opening for refusal phrases (not a raw stream).
+    pub(crate) fn listen(&mut self, refusal: Option<std::sync::Arc<Refusal>>) {
+        if let Some(r) = refusal {
+            self.inspect = Some(Box::new(Inspector::new(self.wire(), Some(r))));
+            self.listening = true;
+        }
+    }
+
+    fn wire(&self) -> Wire {
+        self.proto.as_ref().map_or(Wire::OpenAi, ProtoReader::wire)
+    }
+
+    /// Hand one event to the quality inspector.
+    fn inspect(&mut self, ev: &[u8]) {
+        let Some(payload) = payload_of(ev) else {
+            return;
+        };
+        let wire = self.wire();
+        let i = self
+            .inspect
+            .get_or_insert_with(|| Box::new(Inspector::new(wire, None)));
+        i.event(&payload);
+        self.listening = i.listening();
+    }
+
+    /// The answer is over: what its content said goes on the record.
+    fn settle(&mut self, guard: &mut RequestGuard) {
+        if let Some(i) = self.inspect.take() {
+            guard.record.verdict = Some(i.finish());
+        }
+        self.listening = false;
     }
 
     /// Whether a stream that ends now ended properly: its last event came
@@ -167,9 +209,13 @@ impl Relay {
             Event::Done => {
                 self.done_seen = true;
                 guard.record.end = Some(at);
+                self.settle(guard);
                 Ok(true)
             }
             Event::Chunk(c) => {
+                if c.tool_call || (self.listening && c.has_output) {
+                    self.inspect(ev);
+                }
                 if c.has_output {
                     guard.on_output(at);
                 }
@@ -220,6 +266,9 @@ impl Relay {
         {
             guard.record.response_id = Some(id);
         }
+        if e.tool_input || (self.listening && e.has_output) {
+            self.inspect(ev);
+        }
         if e.is_error {
             self.errored = true;
             let status = guard.record.status;
@@ -229,6 +278,7 @@ impl Relay {
         if e.terminal {
             self.done_seen = true;
             guard.record.end = Some(at);
+            self.settle(guard);
         }
         Ok(true)
     }

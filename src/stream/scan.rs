@@ -311,7 +311,11 @@ impl<'a> P<'a> {
                 b"content" | b"reasoning_content" | b"reasoning" => {
                     info.has_output |= self.output()?;
                 }
-                b"tool_calls" | b"function_call" => info.has_output |= self.non_empty()?,
+                b"tool_calls" | b"function_call" => {
+                    let called = self.non_empty()?;
+                    info.has_output |= called;
+                    info.tool_call |= called;
+                }
                 _ => self.skip_value()?,
             }
             match self.next()? {

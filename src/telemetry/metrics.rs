@@ -37,6 +37,11 @@ pub struct ModelSeries {
     pub output_budget: Histogram,
     pub length_finishes: Counter,
     pub empty_completions: Counter,
+    /// Tool calls in answers, those whose arguments are not valid JSON, and
+    /// answers whose opening the refusal detector matched.
+    pub tool_calls: Counter,
+    pub invalid_tool_calls: Counter,
+    pub refusals: Counter,
 }
 
 /// The re-exported part of a replica's scrape.
@@ -46,6 +51,8 @@ pub(crate) struct ScrapedLoad {
     pub waiting: Option<f64>,
     pub running: Option<f64>,
     pub prefix_hit_rate: Option<f64>,
+    pub gpu_util: Option<f64>,
+    pub gpu_memory: Option<f64>,
 }
 
 pub struct BackendSeries {
@@ -66,6 +73,9 @@ pub struct BackendSeries {
     pub waiting: FloatGauge,
     pub running: FloatGauge,
     pub prefix_hit_rate: FloatGauge,
+    /// From the replica's DCGM exporter, where configured.
+    pub gpu_util: FloatGauge,
+    pub gpu_memory: FloatGauge,
     /// Nanoseconds since [`epoch`] of the last successful scrape (0: none yet).
     scraped_at: AtomicU64,
 }
@@ -91,6 +101,8 @@ impl BackendSeries {
             waiting: FloatGauge::default(),
             running: FloatGauge::default(),
             prefix_hit_rate: FloatGauge::default(),
+            gpu_util: FloatGauge::default(),
+            gpu_memory: FloatGauge::default(),
             scraped_at: AtomicU64::new(0),
         }
     }
@@ -103,6 +115,8 @@ impl BackendSeries {
         self.running.set(load.running.unwrap_or(f64::NAN));
         self.prefix_hit_rate
             .set(load.prefix_hit_rate.unwrap_or(f64::NAN));
+        self.gpu_util.set(load.gpu_util.unwrap_or(f64::NAN));
+        self.gpu_memory.set(load.gpu_memory.unwrap_or(f64::NAN));
         let ns = at.saturating_duration_since(epoch()).as_nanos();
         self.scraped_at
             .store(u64::try_from(ns).unwrap_or(u64::MAX).max(1), Relaxed);
@@ -359,6 +373,9 @@ impl Metrics {
                 output_budget: Histogram::counts_of(budget.clone()),
                 length_finishes: Counter::default(),
                 empty_completions: Counter::default(),
+                tool_calls: Counter::default(),
+                invalid_tool_calls: Counter::default(),
+                refusals: Counter::default(),
             }),
             requests: Family::new(
                 &["model", "endpoint", "tier", "status", "error_kind"],
@@ -508,6 +525,24 @@ impl Metrics {
             m,
             |s| &s.empty_completions,
         );
+        e.counters(
+            "sluice_quality_tool_calls_total",
+            "Tool calls in successful answers (streamed or not), read to the end of the answer.",
+            m,
+            |s| &s.tool_calls,
+        );
+        e.counters(
+            "sluice_quality_invalid_tool_calls_total",
+            "Tool calls whose arguments are not valid JSON (a client's json.loads would fail).",
+            m,
+            |s| &s.invalid_tool_calls,
+        );
+        e.counters(
+            "sluice_quality_refusals_total",
+            "Answers whose first telemetry.quality.refusal.chars characters contain a refusal phrase (opt-in; 0 while off).",
+            m,
+            |s| &s.refusals,
+        );
         e.gauges(
             "sluice_requests_in_flight",
             "Requests being served now.",
@@ -645,6 +680,18 @@ impl Metrics {
             "Prefix-cache hits over queries since the replica started, where the engine reports them.",
             &self.backends,
             |s| s.prefix_hit_rate.get(),
+        );
+        e.gauges(
+            "sluice_backend_gpu_utilization_ratio",
+            "GPU utilisation of the replica (0..1, mean over its GPUs), from its DCGM exporter (backends[].dcgm_url).",
+            &self.backends,
+            |s| s.gpu_util.get(),
+        );
+        e.gauges(
+            "sluice_backend_gpu_memory_usage_ratio",
+            "GPU framebuffer memory used (0..1 of used + free, over its GPUs), from its DCGM exporter.",
+            &self.backends,
+            |s| s.gpu_memory.get(),
         );
         e.gauges(
             "sluice_backend_metrics_age_seconds",

@@ -3,6 +3,7 @@
 pub(crate) mod access_log;
 pub(crate) mod ewma;
 pub mod metrics;
+pub mod quality;
 pub(crate) mod record;
 pub(crate) mod registry;
 pub mod tracecontext;
@@ -15,6 +16,8 @@ pub struct Telemetry {
     pub metrics: Arc<metrics::Metrics>,
     pub traces: Option<Arc<traces::Traces>>,
     pub access_log: Option<access_log::AccessLog>,
+    /// The opt-in refusal detector (`telemetry.quality.refusal`).
+    pub refusal: Option<Arc<quality::Refusal>>,
 }
 
 /// Human-readable logs on stderr; `SLUICE_LOG_FORMAT=json` for one JSON object

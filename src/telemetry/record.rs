@@ -76,6 +76,9 @@ pub struct RequestRecord {
     pub prompt_estimate: u32,
     /// `max_tokens` as sent upstream.
     pub max_tokens: Option<u32>,
+    /// What the answer's content said (tool calls and their validity, a
+    /// refusal), when it was read to the end.
+    pub verdict: Option<super::quality::Verdict>,
     /// `admitted`, `rejected_<limit>`, `admitted_store_down`, when limits apply.
     pub ratelimit: Option<&'static str>,
     /// Flow control: the band, how it passed (`immediate`, `waited`, or the
@@ -128,6 +131,7 @@ impl RequestRecord {
             key_name: None,
             prompt_estimate: 0,
             max_tokens: None,
+            verdict: None,
             ratelimit: None,
             flow: None,
             stall_events: Vec::new(),
@@ -333,6 +337,13 @@ fn quality(r: &RequestRecord, s: &ModelSeries) {
     };
     if nothing && r.finish_reason != Some(FinishReason::ToolCalls) {
         s.empty_completions.inc();
+    }
+    if let Some(v) = r.verdict {
+        s.tool_calls.add(u64::from(v.tool_calls));
+        s.invalid_tool_calls.add(u64::from(v.invalid_tool_calls));
+        if v.refusal {
+            s.refusals.inc();
+        }
     }
 }
 

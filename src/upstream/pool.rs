@@ -101,6 +101,9 @@ pub struct Replica {
     /// scrape: the engine's count beyond this gateway's in-flight then.
     others: AtomicU32,
     pub engine_priority: EnginePriority,
+    /// The replica's DCGM exporter (`backends[].dcgm_url`), read with each
+    /// scrape round.
+    pub dcgm: Option<String>,
 }
 
 impl Replica {
@@ -113,6 +116,7 @@ impl Replica {
             && self.static_models == other.static_models
             && self.configured_seats == other.configured_seats
             && self.engine_priority == other.engine_priority
+            && self.dcgm == other.dcgm
     }
 
     /// Start from what `old` (the same replica before a reload rebuilt it)
@@ -184,6 +188,7 @@ impl Replica {
             leaving: AtomicU32::new(0),
             others: AtomicU32::new(0),
             engine_priority: b.engine_priority,
+            dcgm: b.dcgm_url.as_ref().map(|u| u.to_string()),
         }
     }
 
@@ -222,6 +227,8 @@ impl Replica {
             waiting: s.waiting,
             running: s.running,
             prefix_hit_rate: s.prefix_hit_rate,
+            gpu_util: s.gpu_util,
+            gpu_memory: s.gpu_memory,
         };
         self.series.record_load(exported, s.at);
         {

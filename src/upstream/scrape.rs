@@ -171,8 +171,45 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
         prefix_queries: a.queries,
         cached_predicted: None,
         cached_actual: None,
+        gpu_util: None,
+        gpu_memory: None,
         at,
     }
+}
+
+/// GPU utilisation and memory from an NVIDIA dcgm-exporter page: the mean
+/// of `DCGM_FI_DEV_GPU_UTIL` (percent) over the GPUs listed, and framebuffer
+/// used over used + free summed over them. Either is `None` when absent.
+pub(crate) fn parse_dcgm(text: &str) -> (Option<f64>, Option<f64>) {
+    let (mut util, mut gpus) = (0.0, 0u32);
+    let (mut used, mut free) = (None, None);
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some(v) = value.trim().parse::<f64>().ok().filter(|v| v.is_finite()) else {
+            continue;
+        };
+        let name = series.split_once('{').map_or(series, |(n, _)| n).trim();
+        match name {
+            "DCGM_FI_DEV_GPU_UTIL" => {
+                util += v;
+                gpus += 1;
+            }
+            "DCGM_FI_DEV_FB_USED" => used = sum(used, v),
+            "DCGM_FI_DEV_FB_FREE" => free = sum(free, v),
+            _ => {}
+        }
+    }
+    let util = (gpus > 0).then(|| (util / f64::from(gpus) / 100.0).clamp(0.0, 1.0));
+    let memory = match (used, free) {
+        (Some(u), Some(f)) if u + f > 0.0 => Some((u / (u + f)).clamp(0.0, 1.0)),
+        _ => None,
+    };
+    (util, memory)
 }
 
 /// Scrape every replica once, concurrently.
@@ -186,9 +223,27 @@ pub(crate) async fn scrape_all(
     for r in pool.replicas().iter() {
         let (r, client) = (r.clone(), client.clone());
         tasks.spawn(async move {
-            match tokio::time::timeout(timeout, fetch(&r, &client)).await {
+            let gpu = async {
+                let url = r.dcgm.as_deref()?;
+                match tokio::time::timeout(timeout, fetch(&r, &client, url)).await {
+                    Ok(Ok(text)) => Some(parse_dcgm(&text)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(backend = %r.name, error = %e, "DCGM scrape failed");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::debug!(backend = %r.name, "DCGM scrape timed out");
+                        None
+                    }
+                }
+            };
+            let url = format!("{}/metrics", r.base);
+            let engine_page = tokio::time::timeout(timeout, fetch(&r, &client, &url));
+            let (page, gpu) = tokio::join!(engine_page, gpu);
+            match page {
                 Ok(Ok(text)) => {
-                    let s = parse(&text, engine, Instant::now());
+                    let mut s = parse(&text, engine, Instant::now());
+                    (s.gpu_util, s.gpu_memory) = gpu.unwrap_or_default();
                     r.set_load(s);
                 }
                 Ok(Err(e)) => {
@@ -224,10 +279,12 @@ pub(crate) async fn run(
     }
 }
 
-async fn fetch(r: &Replica, client: &HttpClient) -> Result<String, String> {
+/// GET `url` (the replica's `/metrics`, or its DCGM exporter) with the
+/// replica's key.
+async fn fetch(r: &Replica, client: &HttpClient, url: &str) -> Result<String, String> {
     let mut req = Request::builder()
         .method(Method::GET)
-        .uri(format!("{}/metrics", r.base))
+        .uri(url)
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
     if let Some(key) = &r.api_key {
@@ -235,7 +292,7 @@ async fn fetch(r: &Replica, client: &HttpClient) -> Result<String, String> {
     }
     let resp = client.request(req).await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
-        return Err(format!("/metrics answered {}", resp.status()));
+        return Err(format!("{url} answered {}", resp.status()));
     }
     let body = Limited::new(resp.into_body(), 8 << 20)
         .collect()
@@ -312,6 +369,21 @@ mod tests {
             (s.engine, s.waiting, s.running, s.kv_usage),
             (EngineKind::Tgi, Some(6.0), Some(24.0), None)
         );
+    }
+
+    #[test]
+    fn reads_gpu_utilisation_and_memory_from_dcgm() {
+        let page = "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n\
+            # TYPE DCGM_FI_DEV_GPU_UTIL gauge\n\
+            DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-a\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"n1\"} 30\n\
+            DCGM_FI_DEV_GPU_UTIL{gpu=\"1\",UUID=\"GPU-b\",device=\"nvidia1\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"n1\"} 50\n\
+            DCGM_FI_DEV_FB_USED{gpu=\"0\"} 60000\nDCGM_FI_DEV_FB_FREE{gpu=\"0\"} 20000\n\
+            DCGM_FI_DEV_FB_USED{gpu=\"1\"} 20000\nDCGM_FI_DEV_FB_FREE{gpu=\"1\"} 60000\n\
+            DCGM_FI_DEV_SM_CLOCK{gpu=\"0\"} 1980\n";
+        let (util, memory) = parse_dcgm(page);
+        assert_eq!(util, Some(0.4));
+        assert_eq!(memory, Some(0.5));
+        assert_eq!(parse_dcgm("vllm:num_requests_running 3\n"), (None, None));
     }
 
     #[test]

@@ -32,6 +32,11 @@ pub struct LoadSample {
     /// there, and those the engine reported cached, for the same requests.
     pub cached_predicted: Option<f64>,
     pub cached_actual: Option<f64>,
+    /// From the replica's DCGM exporter (`backends[].dcgm_url`): GPU
+    /// utilisation (0..1, mean over its GPUs) and framebuffer memory used
+    /// (0..1 of used + free, over its GPUs).
+    pub gpu_util: Option<f64>,
+    pub gpu_memory: Option<f64>,
     pub at: Instant,
 }
 
@@ -54,6 +59,8 @@ impl LoadSample {
             prefix_queries: None,
             cached_predicted: None,
             cached_actual: None,
+            gpu_util: None,
+            gpu_memory: None,
             at,
         }
     }

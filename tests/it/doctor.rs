@@ -18,6 +18,9 @@ fn doctor_config(urls: &[String]) -> Config {
     c.routing.metrics.stale_after = Duration::from_millis(1000);
     c.doctor.window = Duration::from_secs(3);
     c.doctor.leak_for = Duration::from_millis(500);
+    // Off (no median batch is below 0): these tests' light traffic would
+    // otherwise be named underutilised; its own test turns it on.
+    c.doctor.underused_batch = 0.0;
     c
 }
 
@@ -432,4 +435,73 @@ async fn output_length_far_from_its_baseline_is_named_on_the_model() {
         .unwrap();
     let now = f["evidence"]["mean_output_tokens"].as_f64().unwrap();
     assert!(base > 5.0 && now < 4.0 && base >= 2.0 * now, "{f}");
+}
+
+#[tokio::test]
+async fn small_batches_with_nothing_waiting_are_underutilisation_and_load_clears_it() {
+    // 20 ms per token, 200 tokens: a stream lasts about 4 s, longer than the
+    // 3 s window, so 24 of them at once hold the batch at 24 for all of it.
+    let sim = start_sim(SimConfig {
+        token_delay: Duration::from_millis(20),
+        output_tokens: 200,
+        ..fast_sim()
+    })
+    .await;
+    let mut c = doctor_config(&[sim.url()]);
+    c.doctor.underused_batch = 8.0;
+    let gw = start_routed(c, 1).await;
+    let body = |n: u32| {
+        serde_json::json!({
+            "model": "sim-model", "max_tokens": n, "stream": true,
+            "messages": [{"role": "user", "content": "hello"}],
+        })
+    };
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let resp = client().post(&url).json(&body(4)).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("[DONE]"));
+    // One light request, then a quiet window: named, as information only.
+    until_named(&gw, "underutilisation", &label(&sim)).await;
+    let (_, text) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["healthy"], true, "{v}");
+    assert_eq!(v["worst"], "info", "{v}");
+    let f = &v["findings"][0];
+    assert_eq!(f["evidence"]["waiting_max"], 0.0, "{f}");
+    assert!(f["evidence"]["batch_p50"].as_f64().unwrap() < 8.0, "{f}");
+    assert!(
+        f["action"].as_str().unwrap().contains("1 of 1 replicas"),
+        "{f}"
+    );
+    // The report: information, exit code 0.
+    let out = diagnose_cli(&gw).await;
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert!(report.contains("info  underutilisation"), "{report}");
+
+    // Load: 24 streams at once fill the batch; the finding clears.
+    let load: Vec<_> = (0..24)
+        .map(|_| {
+            let req = client().post(&url).json(&body(200));
+            tokio::spawn(async move { req.send().await?.text().await })
+        })
+        .collect();
+    let backend = label(&sim);
+    wait_until(
+        "underutilisation cleared under load",
+        Duration::from_secs(10),
+        || {
+            let (gw, backend) = (&gw, &backend);
+            async move {
+                !findings(gw)
+                    .await
+                    .iter()
+                    .any(|(p, b, _)| p == "underutilisation" && b == backend)
+            }
+        },
+    )
+    .await;
+    for l in load {
+        l.abort();
+    }
 }

@@ -66,3 +66,98 @@ async fn each_signal_is_counted_on_its_stream_and_never_on_clean_ones() {
     let (empty, length, _, _, _) = quality_of(stream(&[TOOL], "tool_calls", 3), 16).await;
     assert_eq!((empty, length), (0.0, 0.0));
 }
+
+/// A tool call's arguments in pieces, the way engines stream them.
+fn tool_piece(index: u32, part: &str) -> &'static str {
+    let tc = serde_json::json!([{"index": index, "function": {"arguments": part}}]);
+    let ev = serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": tc}}]});
+    Box::leak(format!("data: {ev}\n\n").into_boxed_str())
+}
+
+fn content(text: &str) -> &'static str {
+    let ev = serde_json::json!({"choices": [{"index": 0, "delta": {"content": text}}]});
+    Box::leak(format!("data: {ev}\n\n").into_boxed_str())
+}
+
+/// (tool calls, invalid tool calls, refusals) of one request through a
+/// gateway with the refusal detector on or off, and the metrics text.
+async fn content_signals(script: Script, refusal: bool) -> (f64, f64, f64, String) {
+    let stream = script.content_type == "text/event-stream";
+    let backend = scripted::start("m", script).await;
+    let mut c = config_for(&[backend.url()]);
+    c.telemetry.quality.refusal.enabled = refusal;
+    let gw = start_gateway(c, 1).await;
+    let body = serde_json::json!({
+        "model": "m", "stream": stream, "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hidden prompt"}],
+    });
+    let (status, _, text) = post(&format!("{}/v1/chat/completions", api(&gw)), &body).await;
+    assert_eq!(status, 200, "{text}");
+    let (_, metrics) = get_text(&format!("{}/metrics", admin(&gw))).await;
+    let m = |s: &str| metric(&metrics, s).unwrap_or(0.0);
+    (
+        m("sluice_quality_tool_calls_total{model=\"m\"}"),
+        m("sluice_quality_invalid_tool_calls_total{model=\"m\"}"),
+        m("sluice_quality_refusals_total{model=\"m\"}"),
+        metrics,
+    )
+}
+
+#[tokio::test]
+async fn invalid_tool_arguments_and_refusals_are_counted_exactly_and_never_on_clean_answers() {
+    // Two calls streamed in pieces: call 0 valid, call 1 cut short.
+    let (tools, invalid, refusals, _) = content_signals(
+        stream(
+            &[
+                tool_piece(0, "{\"city\": "),
+                tool_piece(1, "{\"q\": \"x"),
+                tool_piece(0, "\"Paris\"}"),
+            ],
+            "tool_calls",
+            9,
+        ),
+        false,
+    )
+    .await;
+    assert_eq!((tools, invalid, refusals), (2.0, 1.0, 0.0));
+    // Valid calls only: none invalid.
+    let (tools, invalid, _, _) = content_signals(
+        stream(&[tool_piece(0, "{\"a\": [1, 2]}")], "tool_calls", 5),
+        false,
+    )
+    .await;
+    assert_eq!((tools, invalid), (1.0, 0.0));
+    // A refusal in the opening, split across deltas and cased: counted
+    // with the detector on, not with it off; the words never appear.
+    let refusing = || {
+        stream(
+            &[content("I'm sorry, but I CAN"), content("'T do that.")],
+            "stop",
+            8,
+        )
+    };
+    let (_, _, on, metrics) = content_signals(refusing(), true).await;
+    let (_, _, off, _) = content_signals(refusing(), false).await;
+    assert_eq!((on, off), (1.0, 0.0));
+    assert!(!metrics.contains("sorry") && !metrics.contains("hidden"));
+    // A clean answer with the detector on: nothing.
+    let (tools, invalid, refusals, _) = content_signals(
+        stream(&[content("Sure, Paris is the capital.")], "stop", 6),
+        true,
+    )
+    .await;
+    assert_eq!((tools, invalid, refusals), (0.0, 0.0, 0.0));
+    // A non-streamed answer with an invalid call and a refusal.
+    let whole = Script {
+        status: 200,
+        content_type: "application/json",
+        chunks: vec![(
+            MS,
+            bytes::Bytes::from_static(
+                br#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"As an AI I will not guess.","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{\"a\":"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#,
+            ),
+        )],
+    };
+    let (tools, invalid, refusals, _) = content_signals(whole, true).await;
+    assert_eq!((tools, invalid, refusals), (1.0, 1.0, 1.0));
+}

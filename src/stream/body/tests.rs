@@ -85,6 +85,7 @@ impl Rig {
                 metrics,
                 traces: None,
                 access_log: None,
+                refusal: None,
             }),
             replica,
             reused: Arc::new(AtomicBool::new(false)),

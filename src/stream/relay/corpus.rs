@@ -67,6 +67,7 @@ fn run_as(mode: Mode, endpoint: Endpoint, stream: &[u8], cuts: &[usize]) -> Seen
         metrics: metrics.clone(),
         traces: None,
         access_log: None,
+        refusal: None,
     });
     let start = Instant::now();
     let mut guard = RequestGuard::new(

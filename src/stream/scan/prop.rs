@@ -225,6 +225,11 @@ fn oracle(v: &Value) -> ChunkInfo {
             });
             let text_out = c.get("text").is_some_and(non_empty);
             info.has_output |= delta_out || text_out;
+            info.tool_call |= c.get("delta").and_then(Value::as_object).is_some_and(|d| {
+                ["tool_calls", "function_call"]
+                    .iter()
+                    .any(|k| d.get(*k).is_some_and(non_empty))
+            });
             if let Some(f) = c.get("finish_reason").filter(|f| !f.is_null()) {
                 info.finish_reason = serde_json::from_value(f.clone()).ok();
             }

@@ -1,0 +1,456 @@
+//! The quality signals that need an answer's content, read without keeping
+//! it: whether each tool call's arguments are valid JSON, and (opt-in,
+//! `telemetry.quality.refusal`) whether the answer opens with a refusal.
+//!
+//! Nothing here runs per token. The relay hands an event to the
+//! [`Inspector`] only when its reader flagged a tool call (chat:
+//! `ChunkInfo::tool_call`; Messages and Responses: `ProtoEvent::tool_input`),
+//! or while the refusal detector still listens to the answer's first
+//! `chars` characters. Arguments are held only until the answer ends (each
+//! call's at most [`MAX_ARGS`] bytes: past that it is not judged), the
+//! opening only until the phrases are checked; neither reaches any output.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
+
+use crate::telemetry::quality::{Refusal, Verdict};
+use crate::vocab::Wire;
+
+/// Arguments longer than this are not judged (nor held).
+pub(crate) const MAX_ARGS: usize = 256 << 10;
+
+/// One tool call's arguments, as they arrive.
+#[derive(Debug)]
+struct Call {
+    /// Choice and call index (chat), block index (Messages), output index
+    /// (Responses).
+    key: (u64, u64),
+    args: String,
+    /// Past [`MAX_ARGS`]: not judged.
+    too_long: bool,
+    /// Messages: the block's starting `input`, which the first
+    /// `input_json_delta` replaces.
+    provisional: bool,
+}
+
+/// One answer's reader (the relay boxes one only once it is needed).
+#[derive(Debug)]
+pub(crate) struct Inspector {
+    wire: Wire,
+    calls: Vec<Call>,
+    refusal: Option<Arc<Refusal>>,
+    /// The opening so far, folded; characters in it.
+    opening: String,
+    opening_chars: usize,
+    /// Decided: the opening was long enough to be checked.
+    decided: Option<bool>,
+}
+
+impl Inspector {
+    pub(crate) fn new(wire: Wire, refusal: Option<Arc<Refusal>>) -> Self {
+        Self {
+            wire,
+            calls: Vec::new(),
+            refusal,
+            opening: String::new(),
+            opening_chars: 0,
+            decided: None,
+        }
+    }
+
+    /// Whether the refusal detector still wants the answer's text.
+    pub(crate) fn listening(&self) -> bool {
+        self.refusal.is_some() && self.decided.is_none()
+    }
+
+    /// Read one streamed event's JSON payload. Anything unreadable is left
+    /// to the stream's own reader to judge.
+    pub(crate) fn event(&mut self, payload: &[u8]) {
+        match self.wire {
+            Wire::OpenAi => {
+                let Ok(c) = serde_json::from_slice::<ChatChunk<'_>>(payload) else {
+                    return;
+                };
+                for choice in c.choices {
+                    let i = choice.index.unwrap_or(0);
+                    if let Some(d) = choice.delta {
+                        for (j, t) in d.tool_calls.into_iter().enumerate() {
+                            let args = t.function.and_then(|f| f.arguments).unwrap_or_default();
+                            let j = t.index.unwrap_or(j as u64);
+                            self.append((i, j), &args);
+                        }
+                        if let Some(f) = d.function_call {
+                            self.append((i, u64::MAX), &f.arguments.unwrap_or_default());
+                        }
+                        if i == 0
+                            && let Some(text) = d.content
+                        {
+                            self.text(&text);
+                        }
+                    }
+                    if i == 0
+                        && let Some(text) = choice.text
+                    {
+                        self.text(&text);
+                    }
+                }
+            }
+            Wire::Anthropic => {
+                let Ok(e) = serde_json::from_slice::<MessagesEvent<'_>>(payload) else {
+                    return;
+                };
+                let key = (0, e.index.unwrap_or(0));
+                match &*e.kind {
+                    "content_block_start" => {
+                        if let Some(b) = e.content_block
+                            && b.kind == "tool_use"
+                        {
+                            // The input the block starts with stands unless
+                            // `input_json_delta`s replace it (they always do
+                            // in practice, starting from nothing).
+                            let input = b.input.map_or("{}", RawValue::get);
+                            self.start(key, input);
+                        }
+                    }
+                    "content_block_delta" => match e.delta {
+                        Some(MessagesDelta {
+                            partial_json: Some(json),
+                            ..
+                        }) => self.append_delta(key, &json),
+                        Some(MessagesDelta { text: Some(t), .. }) => self.text(&t),
+                        _ => {}
+                    },
+                    _ => {}
+                }
+            }
+            Wire::Responses => {
+                let Ok(e) = serde_json::from_slice::<ResponsesEvent<'_>>(payload) else {
+                    return;
+                };
+                let key = (0, e.output_index.unwrap_or(0));
+                match &*e.kind {
+                    "response.function_call_arguments.delta" => {
+                        self.append(key, &e.delta.unwrap_or_default());
+                    }
+                    "response.function_call_arguments.done" => {
+                        if let Some(all) = e.arguments {
+                            self.replace(key, &all);
+                        }
+                    }
+                    "response.output_text.delta" => {
+                        if let Some(t) = e.delta {
+                            self.text(&t);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// The answer ended: judge what was read.
+    pub(crate) fn finish(mut self) -> Verdict {
+        let refusal = match (self.decided, &self.refusal) {
+            (Some(r), _) => r,
+            (None, Some(d)) => d.matches(&self.opening),
+            (None, None) => false,
+        };
+        self.opening.clear();
+        let mut v = Verdict {
+            refusal,
+            ..Verdict::default()
+        };
+        for c in &self.calls {
+            v.tool_calls += 1;
+            if !c.too_long && serde_json::from_str::<IgnoredAny>(&c.args).is_err() {
+                v.invalid_tool_calls += 1;
+            }
+        }
+        v
+    }
+
+    fn call(&mut self, key: (u64, u64)) -> &mut Call {
+        let at = match self.calls.iter().position(|c| c.key == key) {
+            Some(at) => at,
+            None => {
+                self.calls.push(Call {
+                    key,
+                    args: String::new(),
+                    too_long: false,
+                    provisional: false,
+                });
+                self.calls.len() - 1
+            }
+        };
+        &mut self.calls[at]
+    }
+
+    fn append(&mut self, key: (u64, u64), part: &str) {
+        let c = self.call(key);
+        if c.too_long {
+            return;
+        }
+        if c.args.len() + part.len() > MAX_ARGS {
+            c.too_long = true;
+            c.args = String::new();
+            return;
+        }
+        c.args.push_str(part);
+    }
+
+    /// Messages: a tool block starts with `input`, which the first
+    /// `input_json_delta` replaces.
+    fn start(&mut self, key: (u64, u64), input: &str) {
+        self.replace(key, input);
+        self.call(key).provisional = true;
+    }
+
+    fn append_delta(&mut self, key: (u64, u64), part: &str) {
+        let c = self.call(key);
+        if c.provisional {
+            c.provisional = false;
+            c.args.clear();
+            c.too_long = false;
+        }
+        self.append(key, part);
+    }
+
+    fn replace(&mut self, key: (u64, u64), all: &str) {
+        let c = self.call(key);
+        c.args.clear();
+        c.too_long = all.len() > MAX_ARGS;
+        if !c.too_long {
+            c.args.push_str(all);
+        }
+    }
+
+    fn text(&mut self, text: &str) {
+        let Some(d) = self.refusal.clone() else {
+            return;
+        };
+        if self.decided.is_some() {
+            return;
+        }
+        for c in text.chars().take(d.chars - self.opening_chars) {
+            self.opening.extend(c.to_lowercase());
+            if c == '\u{2019}' {
+                self.opening.pop();
+                self.opening.push('\'');
+            }
+            self.opening_chars += 1;
+        }
+        if self.opening_chars >= d.chars {
+            self.decided = Some(d.matches(&self.opening));
+            self.opening = String::new();
+        }
+    }
+}
+
+/// Read a whole (non-streamed) answer: `None` when there is nothing to
+/// judge (no tool call and no refusal detector).
+pub(crate) fn whole(wire: Wire, body: &[u8], refusal: Option<&Arc<Refusal>>) -> Option<Verdict> {
+    let called = [
+        b"\"tool_calls\"".as_slice(),
+        b"\"function_call\"",
+        b"\"tool_use\"",
+    ]
+    .iter()
+    .any(|k| memchr::memmem::find(body, k).is_some());
+    if !called && refusal.is_none() {
+        return None;
+    }
+    let mut i = Inspector::new(wire, refusal.cloned());
+    match wire {
+        Wire::OpenAi => {
+            let r: ChatWhole<'_> = serde_json::from_slice(body).ok()?;
+            for choice in r.choices {
+                let n = choice.index.unwrap_or(0);
+                if let Some(m) = choice.message {
+                    for (j, t) in m.tool_calls.into_iter().enumerate() {
+                        let args = t.function.and_then(|f| f.arguments).unwrap_or_default();
+                        i.replace((n, j as u64), &args);
+                    }
+                    if let Some(f) = m.function_call {
+                        i.replace((n, u64::MAX), &f.arguments.unwrap_or_default());
+                    }
+                    if n == 0
+                        && let Some(t) = m.content
+                    {
+                        i.text(&t);
+                    }
+                }
+                if n == 0
+                    && let Some(t) = choice.text
+                {
+                    i.text(&t);
+                }
+            }
+        }
+        Wire::Anthropic => {
+            let m: MessagesWhole<'_> = serde_json::from_slice(body).ok()?;
+            for (n, b) in m.content.into_iter().enumerate() {
+                match &*b.kind {
+                    "tool_use" => i.replace((0, n as u64), b.input.map_or("{}", RawValue::get)),
+                    "text" => i.text(&b.text.unwrap_or_default()),
+                    _ => {}
+                }
+            }
+        }
+        Wire::Responses => {
+            let r: ResponsesWhole<'_> = serde_json::from_slice(body).ok()?;
+            for (n, item) in r.output.into_iter().enumerate() {
+                match &*item.kind {
+                    "function_call" => {
+                        i.replace((0, n as u64), &item.arguments.unwrap_or_default())
+                    }
+                    "message" => {
+                        for c in item.content {
+                            if c.kind == "output_text" {
+                                i.text(&c.text.unwrap_or_default());
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Some(i.finish())
+}
+
+#[derive(Deserialize)]
+struct ChatChunk<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<ChatChoice<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ChatChoice<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    delta: Option<ChatMessage<'a>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+/// A chat delta, or a whole answer's message.
+#[derive(Deserialize)]
+struct ChatMessage<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Vec<ToolCall<'a>>,
+    #[serde(default, borrow)]
+    function_call: Option<Function<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCall<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    function: Option<Function<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Function<'a> {
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ChatWhole<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<ChatWholeChoice<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ChatWholeChoice<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    message: Option<ChatMessage<'a>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct MessagesEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    content_block: Option<Block<'a>>,
+    #[serde(default, borrow)]
+    delta: Option<MessagesDelta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct MessagesDelta<'a> {
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    partial_json: Option<Cow<'a, str>>,
+}
+
+/// A Messages content block (streamed start, or a whole answer's).
+#[derive(Deserialize)]
+struct Block<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default, borrow)]
+    input: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct MessagesWhole<'a> {
+    #[serde(default, borrow)]
+    content: Vec<Block<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesEvent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default)]
+    output_index: Option<u64>,
+    #[serde(default, borrow)]
+    delta: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesWhole<'a> {
+    #[serde(default, borrow)]
+    output: Vec<OutputItem<'a>>,
+}
+
+#[derive(Deserialize)]
+struct OutputItem<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    content: Vec<OutputContent<'a>>,
+}
+
+#[derive(Deserialize)]
+struct OutputContent<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,158 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::config::RefusalConfig;
+
+fn detector() -> Arc<Refusal> {
+    Refusal::from_config(&RefusalConfig {
+        enabled: true,
+        ..RefusalConfig::default()
+    })
+    .unwrap()
+}
+
+fn chat(delta: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"choices": [{"index": 0, "delta": delta}]})).unwrap()
+}
+
+#[test]
+fn streamed_tool_arguments_are_judged_whole() {
+    let mut i = Inspector::new(Wire::OpenAi, None);
+    // Call 0 arrives in three pieces and is valid; call 1 is cut short.
+    for (idx, part) in [
+        (0, "{\"city\":"),
+        (1, "{\"q\": \"x"),
+        (0, " \"Paris\""),
+        (0, "}"),
+    ] {
+        let tc = serde_json::json!([{"index": idx, "function": {"arguments": part}}]);
+        i.event(&chat(serde_json::json!({"tool_calls": tc})));
+    }
+    let v = i.finish();
+    assert_eq!(
+        (v.tool_calls, v.invalid_tool_calls, v.refusal),
+        (2, 1, false)
+    );
+}
+
+#[test]
+fn messages_tool_input_replaces_the_start_and_responses_done_is_authoritative() {
+    let mut m = Inspector::new(Wire::Anthropic, None);
+    m.event(br#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}"#);
+    m.event(br#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\": [1,"}}"#);
+    m.event(br#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":" 2]}"}}"#);
+    m.event(br#"{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"u","name":"g","input":{}}}"#);
+    m.event(br#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"a\": "}}"#);
+    // A tool block whose input came whole in its start.
+    m.event(br#"{"type":"content_block_start","index":3,"content_block":{"type":"tool_use","id":"w","name":"h","input":{"k":1}}}"#);
+    assert_eq!(
+        m.finish(),
+        Verdict {
+            tool_calls: 3,
+            invalid_tool_calls: 1,
+            refusal: false
+        }
+    );
+
+    let mut r = Inspector::new(Wire::Responses, None);
+    r.event(
+        br#"{"type":"response.function_call_arguments.delta","output_index":0,"delta":"{\"x\""}"#,
+    );
+    r.event(br#"{"type":"response.function_call_arguments.done","output_index":0,"arguments":"{\"x\": 1}"}"#);
+    r.event(
+        br#"{"type":"response.function_call_arguments.delta","output_index":1,"delta":"not json"}"#,
+    );
+    assert_eq!(
+        r.finish(),
+        Verdict {
+            tool_calls: 2,
+            invalid_tool_calls: 1,
+            refusal: false
+        }
+    );
+}
+
+#[test]
+fn refusals_are_found_in_the_opening_only() {
+    let mut i = Inspector::new(Wire::OpenAi, Some(detector()));
+    for t in [
+        "I\u{2019}m sorry, but ",
+        "I CAN",
+        "\u{2019}T help with that.",
+    ] {
+        assert!(i.listening());
+        i.event(&chat(serde_json::json!({"content": t})));
+    }
+    assert!(i.finish().refusal);
+
+    // The phrase past the first 200 characters does not count, and the
+    // detector stops listening once it has them.
+    let mut late = Inspector::new(Wire::OpenAi, Some(detector()));
+    late.event(&chat(serde_json::json!({"content": "x".repeat(199)})));
+    assert!(late.listening());
+    late.event(&chat(serde_json::json!({"content": "y I cannot"})));
+    assert!(!late.listening());
+    assert!(!late.finish().refusal);
+
+    let mut clean = Inspector::new(Wire::Anthropic, Some(detector()));
+    clean.event(br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Sure, here it is."}}"#);
+    assert_eq!(clean.finish(), Verdict::default());
+}
+
+#[test]
+fn whole_answers_of_each_protocol() {
+    let chat = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}},{"id":"b","type":"function","function":{"name":"g","arguments":"{\"a\":"}}]},"finish_reason":"tool_calls"}]}"#;
+    assert_eq!(
+        whole(Wire::OpenAi, chat, None),
+        Some(Verdict {
+            tool_calls: 2,
+            invalid_tool_calls: 1,
+            refusal: false
+        })
+    );
+    let plain = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"As an AI, I will not."}}]}"#;
+    assert_eq!(whole(Wire::OpenAi, plain, None), None, "nothing to judge");
+    assert!(
+        whole(Wire::OpenAi, plain, Some(&detector()))
+            .unwrap()
+            .refusal
+    );
+    let messages = br#"{"content":[{"type":"text","text":"ok"},{"type":"tool_use","id":"t","name":"f","input":{"a":1}}]}"#;
+    assert_eq!(
+        whole(Wire::Anthropic, messages, None),
+        Some(Verdict {
+            tool_calls: 1,
+            invalid_tool_calls: 0,
+            refusal: false
+        })
+    );
+    let responses =
+        br#"{"output":[{"type":"function_call","call_id":"c","name":"f","arguments":"{oops"}]}"#;
+    assert_eq!(
+        whole(Wire::Responses, responses, None),
+        Some(Verdict {
+            tool_calls: 1,
+            invalid_tool_calls: 1,
+            refusal: false
+        })
+    );
+}
+
+#[test]
+fn arguments_past_the_bound_are_not_held_or_judged() {
+    let mut i = Inspector::new(Wire::OpenAi, None);
+    let big = "[".repeat(MAX_ARGS / 2);
+    for _ in 0..3 {
+        let tc = serde_json::json!([{"index": 0, "function": {"arguments": big}}]);
+        i.event(&chat(serde_json::json!({"tool_calls": tc})));
+    }
+    assert_eq!(i.calls[0].args.len(), 0);
+    assert_eq!(
+        i.finish(),
+        Verdict {
+            tool_calls: 1,
+            invalid_tool_calls: 0,
+            refusal: false
+        }
+    );
+}
