@@ -132,7 +132,7 @@ impl Flow {
         let max_wait = rules.max_wait(ask.tier.as_deref());
         let output = ask.max_tokens.map_or(DEFAULT_OUTPUT, f64::from);
         let cost = f64::from(ask.prompt_tokens) + rules.output_weight * output;
-        let gate = self.gate(&ask.model);
+        let gate = self.gate(&ask.model, &rules);
         let labels = (ask.model.clone(), rules.band_label(band));
         let m = &self.shared.metrics;
         let outcome = |o: &'static str, waited: Duration| {
@@ -245,11 +245,20 @@ impl Flow {
         }
     }
 
-    fn gate(&self, model: &Arc<str>) -> Arc<Gate> {
+    /// The model's gate, made on its first request (with a healthy zero
+    /// waiting in each band, so the gauge is there before anything waits).
+    fn gate(&self, model: &Arc<str>, rules: &Rules) -> Arc<Gate> {
         let mut gates = self.shared.gates.lock();
         gates
             .entry(model.clone())
             .or_insert_with(|| {
+                for &band in &rules.bands {
+                    self.shared
+                        .metrics
+                        .flow_waiting
+                        .get(&(model.clone(), rules.band_label(band)))
+                        .set(0);
+                }
                 Arc::new(Gate {
                     model: model.clone(),
                     state: Mutex::new(GateState::default()),

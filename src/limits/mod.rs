@@ -264,6 +264,8 @@ impl Limiter {
             StoreKind::Memory => "memory",
             StoreKind::Redis => "redis",
         };
+        // A healthy zero for the store in use, before any error.
+        metrics.ratelimit_store_errors.get(&(store_name,));
         let store = match previous {
             Some(p) if p.store_settings == store_settings => p.store.clone(),
             _ => Arc::new(match rl.store {
@@ -388,7 +390,14 @@ impl Limiter {
             ticket,
         };
         let verdict = match &*self.store {
-            Store::Memory(m) => Ok(m.admit(&ask)),
+            Store::Memory(m) => {
+                let t = std::time::Instant::now();
+                let v = m.admit(&ask);
+                self.metrics
+                    .ratelimit_store_seconds
+                    .observe_duration(t.elapsed());
+                Ok(v)
+            }
             Store::Redis(r) => r.admit(&ask).await.map(|(v, rtt)| {
                 self.metrics.ratelimit_store_seconds.observe_duration(rtt);
                 v

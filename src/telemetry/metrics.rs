@@ -53,6 +53,7 @@ pub(crate) struct ScrapedLoad {
     pub prefix_hit_rate: Option<f64>,
     pub gpu_util: Option<f64>,
     pub gpu_memory: Option<f64>,
+    pub preemptions: Option<f64>,
 }
 
 pub struct BackendSeries {
@@ -76,6 +77,8 @@ pub struct BackendSeries {
     /// From the replica's DCGM exporter, where configured.
     pub gpu_util: FloatGauge,
     pub gpu_memory: FloatGauge,
+    /// The engine's own preemption counter (vLLM `num_preemptions_total`).
+    pub preemptions: FloatGauge,
     /// Nanoseconds since [`epoch`] of the last successful scrape (0: none yet).
     scraped_at: AtomicU64,
 }
@@ -103,6 +106,7 @@ impl BackendSeries {
             prefix_hit_rate: FloatGauge::default(),
             gpu_util: FloatGauge::default(),
             gpu_memory: FloatGauge::default(),
+            preemptions: FloatGauge::new(f64::NAN),
             scraped_at: AtomicU64::new(0),
         }
     }
@@ -117,6 +121,7 @@ impl BackendSeries {
             .set(load.prefix_hit_rate.unwrap_or(f64::NAN));
         self.gpu_util.set(load.gpu_util.unwrap_or(f64::NAN));
         self.gpu_memory.set(load.gpu_memory.unwrap_or(f64::NAN));
+        self.preemptions.set(load.preemptions.unwrap_or(f64::NAN));
         let ns = at.saturating_duration_since(epoch()).as_nanos();
         self.scraped_at
             .store(u64::try_from(ns).unwrap_or(u64::MAX).max(1), Relaxed);
@@ -681,6 +686,12 @@ impl Metrics {
             &self.backends,
             |s| s.prefix_hit_rate.get(),
         );
+        e.float_counters(
+            "sluice_backend_engine_preemptions_total",
+            "Preemptions the replica's engine reports (vllm:num_preemptions_total), re-exported from its /metrics: its rate is the replica's preemption rate.",
+            &self.backends,
+            |s| s.preemptions.get(),
+        );
         e.gauges(
             "sluice_backend_gpu_utilization_ratio",
             "GPU utilisation of the replica (0..1, mean over its GPUs), from its DCGM exporter (backends[].dcgm_url).",
@@ -719,7 +730,7 @@ impl Metrics {
         );
         e.one_histogram(
             "sluice_ratelimit_store_seconds",
-            "Round trip of one rate-limit admission to the shared store (Redis).",
+            "Time of one rate-limit admission in its store: the round trip to Redis, or the in-process memory store's own time.",
             "",
             &self.ratelimit_store_seconds,
         );

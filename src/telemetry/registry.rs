@@ -56,6 +56,9 @@ impl Gauge {
 pub struct FloatGauge(AtomicU64);
 
 impl FloatGauge {
+    pub(crate) fn new(v: f64) -> Self {
+        Self(AtomicU64::new(v.to_bits()))
+    }
     pub(crate) fn set(&self, v: f64) {
         self.0.store(v.to_bits(), Relaxed);
     }
@@ -464,6 +467,24 @@ impl Encoder {
         self.header(name, help, Kind::Counter);
         for (labels, m) in fam.snapshot() {
             let _ = writeln!(self.out, "{name}{} {}", wrap(&labels), pick(&m).get());
+        }
+    }
+
+    /// A counter read from elsewhere as a float (an engine's own counter,
+    /// re-exported); series without a value yet are left out.
+    pub(crate) fn float_counters<K: LabelKey, M>(
+        &mut self,
+        name: &str,
+        help: &str,
+        fam: &Family<K, M>,
+        pick: impl Fn(&M) -> f64,
+    ) {
+        self.header(name, help, Kind::Counter);
+        for (labels, m) in fam.snapshot() {
+            let v = pick(&m);
+            if v.is_finite() {
+                let _ = writeln!(self.out, "{name}{} {}", wrap(&labels), fmt_value(v));
+            }
         }
     }
 

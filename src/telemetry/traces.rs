@@ -159,6 +159,18 @@ impl Traces {
                 .build(),
         );
         let (tx, rx) = mpsc::channel(QUEUE);
+        // Healthy zeros for every reason and decision, before the first.
+        for keep in [
+            Keep::Error,
+            Keep::SlowTtft,
+            Keep::SlowE2e,
+            Keep::Stall,
+            Keep::Sampled,
+        ] {
+            for decision in ["kept", "capped"] {
+                metrics.traces.get(&(keep.as_str(), decision));
+            }
+        }
         let spans = &metrics.trace_spans;
         let (exported, failed) = (spans.get(&("exported",)), spans.get(&("export_failed",)));
         // Detached: when the last `Traces` is dropped (a config reload that

@@ -229,6 +229,7 @@ impl Replica {
             prefix_hit_rate: s.prefix_hit_rate,
             gpu_util: s.gpu_util,
             gpu_memory: s.gpu_memory,
+            preemptions: s.preemptions,
         };
         self.series.record_load(exported, s.at);
         {
