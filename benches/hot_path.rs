@@ -2,7 +2,10 @@
 //! reading a chunk (a stream's learned shape vs the fast scanner vs the serde
 //! reader vs a full `serde_json::Value`)
 //! and splitting a stream into events; and the metrics cost of one whole
-//! streamed request (64 output events, then every histogram and counter at its end).
+//! streamed request (64 output events, then every histogram and counter at its end);
+//! and the relay of a whole 256-token stream with the content quality signals as
+//! shipped (tool calls only), with the opt-in refusal detector, and a tool-call
+//! stream (the arguments read and judged).
 //!
 //!     cargo bench --bench hot_path
 
@@ -146,5 +149,93 @@ fn request_metrics(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, chunk_reading, splitting, request_metrics);
+/// One chat stream through the relay, one event per chunk (a replica that
+/// flushes every token: the most reads per token).
+fn relay_stream(c: &mut Criterion) {
+    let config = Config::default();
+    let tele = Arc::new(Telemetry {
+        metrics: Arc::new(Metrics::new(&config.telemetry.buckets)),
+        traces: None,
+        access_log: None,
+        refusal: None,
+    });
+    let words = [
+        "Sure", ",", " here", " is", " the", " gateway", "'s", " answer", ".", "\n",
+    ];
+    let event = |delta: String| {
+        Bytes::from(format!(
+            "data: {{\"id\":\"chatcmpl-9f1c2d3e4b5a6978\",\"object\":\"chat.completion.chunk\",\"created\":1795299051,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+        ))
+    };
+    let end = Bytes::from_static(b"data: {\"id\":\"chatcmpl-9f1c2d3e4b5a6978\",\"object\":\"chat.completion.chunk\",\"created\":1795299051,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
+    let mut text: Vec<Bytes> = (0..256)
+        .map(|i| event(format!("{{\"content\":\"{}\"}}", words[i % words.len()])))
+        .collect();
+    text.push(end.clone());
+    let mut tools: Vec<Bytes> = (0..256)
+        .map(|i| {
+            let part = if i == 0 {
+                "{\\\"items\\\": ["
+            } else if i == 255 {
+                "0]}"
+            } else {
+                "1, "
+            };
+            event(format!(
+                "{{\"tool_calls\":[{{\"index\":0,\"function\":{{\"arguments\":\"{part}\"}}}}]}}"
+            ))
+        })
+        .collect();
+    tools.push(end);
+    let detector =
+        sluice::telemetry::quality::Refusal::from_config(&sluice::config::RefusalConfig {
+            enabled: true,
+            ..Default::default()
+        });
+    let guard = || {
+        let mut g = RequestGuard::new(
+            tele.clone(),
+            Endpoint::Chat,
+            Instant::now(),
+            String::new(),
+            TraceCtx::from_headers(&http::HeaderMap::new()),
+            Duration::from_secs(2),
+        );
+        g.record.stream = true;
+        g
+    };
+    // What is measured is what is counted: one valid call, one refusal-free text.
+    let mut check = guard();
+    sluice::stream::relay_for_bench(&tools, &mut check, None);
+    let v = check.record.verdict.expect("the tool call was read");
+    assert_eq!((v.tool_calls, v.invalid_tool_calls), (1, 0));
+    let mut check = guard();
+    sluice::stream::relay_for_bench(&text, &mut check, detector.clone());
+    assert_eq!(check.record.verdict.map(|v| v.refusal), Some(false));
+    let mut g = c.benchmark_group("relay_256_token_stream");
+    g.bench_function("text, quality as shipped (refusal detector off)", |b| {
+        b.iter(|| black_box(sluice::stream::relay_for_bench(&text, &mut guard(), None)))
+    });
+    g.bench_function("text, refusal detector on (first 200 characters)", |b| {
+        b.iter(|| {
+            black_box(sluice::stream::relay_for_bench(
+                &text,
+                &mut guard(),
+                detector.clone(),
+            ))
+        })
+    });
+    g.bench_function("tool call in 256 pieces (arguments judged)", |b| {
+        b.iter(|| black_box(sluice::stream::relay_for_bench(&tools, &mut guard(), None)))
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    chunk_reading,
+    splitting,
+    request_metrics,
+    relay_stream
+);
 criterion_main!(benches);

@@ -59,6 +59,7 @@ impl AppState {
             Some(p) => p.metrics.clone(),
             None => Arc::new(Metrics::new(&config.telemetry.buckets)),
         };
+        metrics.set_baseline(config.doctor.baseline);
         let limiter = Limiter::from_config(
             &config,
             metrics.clone(),

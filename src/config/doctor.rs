@@ -62,6 +62,11 @@ pub struct DoctorConfig {
     pub drift_factor: f64,
     /// ...each over at least this many requests.
     pub drift_min_requests: u64,
+    /// Throughput drift: a model's generated tokens per second over the
+    /// window against the same span this long ago (`drift_factor` times
+    /// fewer while its traffic held).
+    #[serde(with = "humantime_serde")]
+    pub baseline: Duration,
     /// Underutilisation: over the whole window, the replica's median batch
     /// (running requests) below this...
     pub underused_batch: f64,
@@ -96,6 +101,7 @@ impl Default for DoctorConfig {
             stall_min: 3,
             drift_factor: 2.0,
             drift_min_requests: 20,
+            baseline: Duration::from_secs(30 * 60),
             underused_batch: 8.0,
             underused_queue: 5.0,
             underused_gpu: 0.5,

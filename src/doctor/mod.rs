@@ -390,6 +390,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
     }
     underused(&patients, d, window, &mut out);
     from_journal(metrics, d, window, now, &mut out);
+    throughput(metrics, d, window, now, &mut out);
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
 }
@@ -695,6 +696,117 @@ fn drift(span: &Span<'_>, d: &DoctorConfig, window: std::time::Duration, out: &m
                 )
             });
         }
+    }
+}
+
+/// A model generating `drift_factor` times fewer tokens per second over the
+/// window than over the same span `doctor.baseline` ago, while its traffic
+/// held (requests ending at 80% of the rate then or more: less traffic is
+/// not a pathology). The evidence says which of the three it is: shorter
+/// answers, fewer requests completing, or slower generation.
+fn throughput(
+    metrics: &Metrics,
+    d: &DoctorConfig,
+    window: std::time::Duration,
+    now: Instant,
+    out: &mut Vec<Finding>,
+) {
+    let (then_start, then_end) = match (
+        now.checked_sub(d.baseline + window),
+        now.checked_sub(d.baseline),
+    ) {
+        (Some(a), Some(b)) => (a, b),
+        _ => return,
+    };
+    // The newest entry at or before `t`, and the first within the window.
+    let (now_pair, then_pair) = {
+        let h = metrics.history.lock();
+        let at_or_before = |t: Instant| h.iter().rev().find(|v| v.at <= t).cloned();
+        let j = metrics.journal.lock();
+        let first = j
+            .iter()
+            .find(|v| now.saturating_duration_since(v.at) <= window)
+            .cloned();
+        (
+            first.zip(j.back().cloned()),
+            at_or_before(then_start).zip(at_or_before(then_end)),
+        )
+    };
+    let (Some((n0, n1)), Some((t0, t1))) = (now_pair, then_pair) else {
+        return;
+    };
+    let (secs_now, secs_then) = (
+        n1.at.saturating_duration_since(n0.at).as_secs_f64(),
+        t1.at.saturating_duration_since(t0.at).as_secs_f64(),
+    );
+    // Half the window at least on each side: a baseline too thin says nothing.
+    let half = window.as_secs_f64() / 2.0;
+    if secs_now < half || secs_then < half {
+        return;
+    }
+    let find = |v: &Vitals, m: &str| {
+        v.models
+            .iter()
+            .find(|x| &*x.model == m)
+            .cloned()
+            .unwrap_or_default()
+    };
+    for m in &n1.models {
+        let (a, b) = (find(&t0, &m.model), find(&t1, &m.model));
+        let c = find(&n0, &m.model);
+        let (done_then, done_now) = (
+            b.generations.saturating_sub(a.generations),
+            m.generations.saturating_sub(c.generations),
+        );
+        let (asked_then, asked_now) = (
+            b.requests.saturating_sub(a.requests) as f64 / secs_then,
+            m.requests.saturating_sub(c.requests) as f64 / secs_now,
+        );
+        if done_then < d.drift_min_requests {
+            continue;
+        }
+        let tokens_then = (b.generated_tokens - a.generated_tokens) / secs_then;
+        let tokens_now = (m.generated_tokens - c.generated_tokens) / secs_now;
+        if tokens_then <= 0.0
+            || tokens_now * d.drift_factor > tokens_then
+            || asked_now < 0.8 * asked_then
+        {
+            continue;
+        }
+        let per_then = (b.generated_tokens - a.generated_tokens) / done_then as f64;
+        let per_now = (done_now > 0)
+            .then(|| (m.generated_tokens - c.generated_tokens) / done_now as f64)
+            .unwrap_or(0.0);
+        let completed_then = done_then as f64 / secs_then;
+        let completed_now = done_now as f64 / secs_now;
+        let cause = if completed_now * 1.5 < completed_then {
+            "the same traffic arrives but fewer requests complete: errors, refusals or timeouts (see the error and tenant findings and sluice_requests_total by status)"
+        } else if per_now * 1.5 < per_then {
+            "requests complete at the same rate but their answers are shorter: a changed client or prompt, or truncation (output_length_drift, the quality signals)"
+        } else {
+            "the same requests complete with fewer tokens each second: generation is slower or streams are cut (look at time per output token and stalls)"
+        };
+        out.push(Finding {
+            model: Some(m.model.to_string()),
+            ..Finding::warning(
+                "throughput_drift",
+                Arc::from(""),
+                evidence(&[
+                    ("generated_tokens_per_second", round(tokens_now, 1)),
+                    ("baseline_generated_tokens_per_second", round(tokens_then, 1)),
+                    ("requests_per_second", round(asked_now, 2)),
+                    ("baseline_requests_per_second", round(asked_then, 2)),
+                    ("completed_per_second", round(completed_now, 2)),
+                    ("baseline_completed_per_second", round(completed_then, 2)),
+                    ("tokens_per_answer", round(per_now, 1)),
+                    ("baseline_tokens_per_answer", round(per_then, 1)),
+                    ("baseline_age_seconds", round(d.baseline.as_secs_f64(), 0)),
+                ]),
+                window.as_secs_f64(),
+                cause,
+                "compare with the baseline on the dashboard (tokens per second, requests by status, finish reasons); the other findings usually name the replica",
+            )
+        });
     }
 }
 

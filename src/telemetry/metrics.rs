@@ -157,6 +157,8 @@ pub struct ModelVitals {
     /// First tokens, and the sum of their TTFT in seconds.
     pub first_tokens: u64,
     pub ttft_sum: f64,
+    /// Requests that ended, whatever their status (the traffic offered).
+    pub requests: u64,
 }
 
 /// One replica's counters in the journal.
@@ -176,6 +178,12 @@ const JOURNAL: std::time::Duration = std::time::Duration::from_secs(600);
 pub struct Metrics {
     /// Vitals noted at each scrape round, oldest first (for `/admin/diagnose`).
     pub journal: parking_lot::Mutex<std::collections::VecDeque<Vitals>>,
+    /// The same, thinned to one entry per 1/30 of `doctor.baseline` (at most
+    /// a minute apart) and kept that long plus the journal's span: the
+    /// baseline the doctor compares throughput with (about 40 entries).
+    pub history: parking_lot::Mutex<std::collections::VecDeque<Vitals>>,
+    /// `doctor.baseline` in nanoseconds (set with each config).
+    baseline_ns: AtomicU64,
     /// model, endpoint, tier ("" without keys; bounded by the configured tiers).
     pub models: Family<(Arc<str>, &'static str, Arc<str>), ModelSeries>,
     /// The tier label of requests without one (shared, not allocated per request).
@@ -322,6 +330,34 @@ impl Metrics {
             m.first_tokens += s.ttft.count();
             m.ttft_sum += s.ttft.sum();
         });
+        self.requests.for_each(|(model, ..), c| {
+            if let Some(m) = models.iter_mut().find(|m| m.model == *model) {
+                m.requests += c.get();
+            }
+        });
+        let vitals = Vitals {
+            at,
+            tiers,
+            backends,
+            models,
+        };
+        let baseline = std::time::Duration::from_nanos(self.baseline_ns.load(Relaxed));
+        let spacing = (baseline / 30).min(std::time::Duration::from_secs(60));
+        {
+            let mut h = self.history.lock();
+            let keep = baseline + JOURNAL + spacing;
+            while h
+                .front()
+                .is_some_and(|v| at.saturating_duration_since(v.at) > keep)
+            {
+                h.pop_front();
+            }
+            if h.back()
+                .is_none_or(|v| at.saturating_duration_since(v.at) >= spacing)
+            {
+                h.push_back(vitals.clone());
+            }
+        }
         let mut j = self.journal.lock();
         while j
             .front()
@@ -329,12 +365,13 @@ impl Metrics {
         {
             j.pop_front();
         }
-        j.push_back(Vitals {
-            at,
-            tiers,
-            backends,
-            models,
-        });
+        j.push_back(vitals);
+    }
+
+    /// How far back the doctor's throughput baseline lies (`doctor.baseline`).
+    pub(crate) fn set_baseline(&self, d: std::time::Duration) {
+        self.baseline_ns
+            .store(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     }
 
     pub fn new(b: &Buckets) -> Self {
@@ -359,6 +396,8 @@ impl Metrics {
         Self {
             no_tier: Arc::from(""),
             journal: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+            history: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+            baseline_ns: AtomicU64::new(30 * 60 * 1_000_000_000),
             models: Family::new(&["model", "endpoint", "tier"], move || ModelSeries {
                 ttft: Histogram::seconds(ttft.clone()),
                 inter_token: Histogram::seconds(itl.clone()),

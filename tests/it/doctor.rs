@@ -505,3 +505,88 @@ async fn small_batches_with_nothing_waiting_are_underutilisation_and_load_clears
         l.abort();
     }
 }
+
+/// (pathology, model, cause) of the findings about a model.
+async fn model_findings(gw: &Gateway) -> Vec<(String, String, String)> {
+    let (_, body) = get_text(&format!("{}/admin/diagnose", admin(gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| {
+            Some((
+                f["pathology"].as_str()?.to_string(),
+                f["model"].as_str()?.to_string(),
+                f["cause"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn throughput_far_below_its_baseline_while_traffic_holds_is_named_on_the_model() {
+    let sim = start_sim(SimConfig {
+        output_tokens: 32,
+        ..fast_sim()
+    })
+    .await;
+    let mut c = doctor_config(&[sim.url()]);
+    // The window (3 s) against the same span 4 s before it.
+    c.doctor.baseline = Duration::from_secs(4);
+    let gw = start_routed(c, 1).await;
+    // Open-loop traffic: a request every 40 ms, whatever becomes of them.
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let load = tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_millis(40));
+        loop {
+            every.tick().await;
+            let req = client().post(&url).json(&chat_body(true));
+            tokio::spawn(async move { req.send().await?.text().await });
+        }
+    });
+    // The baseline fills with answers of 32 tokens (100 requests: 4 s of
+    // this traffic), and nothing is named.
+    wait_until("a baseline of traffic", Duration::from_secs(15), || async {
+        gateway_metric(&gw, "sluice_requests_total{model=\"sim-model\",endpoint=\"chat\",tier=\"\",status=\"200\",error_kind=\"\"}").await >= 100.0
+    })
+    .await;
+    assert!(
+        model_findings(&gw)
+            .await
+            .iter()
+            .all(|(p, ..)| p != "throughput_drift")
+    );
+    // Then every request fails: the same traffic, no tokens.
+    let mut ctl = sim.state.control();
+    ctl.faults = sluice::sim::faults::Faults::parse("error=503").unwrap();
+    ctl.fault_rate = 1.0;
+    sim.state.set_control(ctl.clone());
+    wait_until(
+        "throughput_drift named on the model",
+        Duration::from_secs(15),
+        || async {
+            model_findings(&gw).await.iter().any(|(p, m, cause)| {
+                p == "throughput_drift"
+                    && m == "sim-model"
+                    && cause.contains("fewer requests complete")
+            })
+        },
+    )
+    .await;
+    // Healthy again, and the baseline moves on: it clears.
+    ctl.fault_rate = 0.0;
+    sim.state.set_control(ctl);
+    wait_until(
+        "throughput_drift cleared",
+        Duration::from_secs(20),
+        || async {
+            model_findings(&gw)
+                .await
+                .iter()
+                .all(|(p, ..)| p != "throughput_drift")
+        },
+    )
+    .await;
+    load.abort();
+}
