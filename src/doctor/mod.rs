@@ -774,9 +774,11 @@ fn throughput(
             continue;
         }
         let per_then = (b.generated_tokens - a.generated_tokens) / done_then as f64;
-        let per_now = (done_now > 0)
-            .then(|| (m.generated_tokens - c.generated_tokens) / done_now as f64)
-            .unwrap_or(0.0);
+        let per_now = if done_now > 0 {
+            (m.generated_tokens - c.generated_tokens) / done_now as f64
+        } else {
+            0.0
+        };
         let completed_then = done_then as f64 / secs_then;
         let completed_now = done_now as f64 / secs_now;
         let cause = if completed_now * 1.5 < completed_then {
