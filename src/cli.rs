@@ -145,7 +145,8 @@ pub struct SimArgs {
     /// Tokens generated per request (fewer if the request's max_tokens is lower).
     #[arg(long, default_value_t = 64)]
     pub output_tokens: u32,
-    /// Faults for this replica, e.g. `stall=10:30s` or `error=503`.
+    /// Faults for this replica, e.g. `stall=10:30s`, `error=503` or `leak`
+    /// (KV blocks never freed; `POST /sim/reset` frees them).
     #[arg(long, value_name = "SPEC")]
     pub fault: Option<String>,
     /// Share of requests the --fault applies to.

@@ -21,7 +21,7 @@ use std::task::Waker;
 use std::time::Duration;
 
 use atomic_waker::AtomicWaker;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::SimMetrics;
@@ -106,6 +106,9 @@ pub(crate) struct Request {
     pub arrival: Instant,
     /// Fault: after this many tokens, produce nothing for this long.
     pub stall: Option<(u32, Duration)>,
+    /// Fault: its KV blocks are never freed when it ends (finished or
+    /// aborted), as an engine whose exit path forgets to free them.
+    pub leak: bool,
 }
 
 struct Seq {
@@ -134,6 +137,9 @@ impl Seq {
 
 pub(crate) struct Engine {
     intake: parking_lot::Mutex<Vec<Seq>>,
+    /// Restarts asked for (`POST /sim/reset`), each answered with the
+    /// number of leaked blocks it freed.
+    resets: parking_lot::Mutex<Vec<oneshot::Sender<u32>>>,
     notify: Notify,
 }
 
@@ -146,6 +152,7 @@ impl Engine {
     ) -> (Arc<Engine>, tokio::task::JoinHandle<()>) {
         let engine = Arc::new(Engine {
             intake: parking_lot::Mutex::new(Vec::new()),
+            resets: parking_lot::Mutex::new(Vec::new()),
             notify: Notify::new(),
         });
         let task = tokio::spawn(run(engine.clone(), profile, speed, metrics));
@@ -168,6 +175,17 @@ impl Engine {
         self.intake.lock().push(seq);
         self.notify.notify_one();
     }
+
+    /// What an operator's restart of a drained engine does to leaked
+    /// memory: the blocks no request holds are freed. Requests in flight
+    /// keep running (a drained replica has none). Resolves, after the
+    /// engine's current step, with the number of blocks freed.
+    pub(crate) async fn reset(&self) -> u32 {
+        let (tx, rx) = oneshot::channel();
+        self.resets.lock().push(tx);
+        self.notify.notify_one();
+        rx.await.unwrap_or(0)
+    }
 }
 
 struct State {
@@ -175,6 +193,8 @@ struct State {
     pool: BlockPool,
     running: Vec<Seq>,
     waiting: VecDeque<Seq>,
+    /// Blocks of ended requests with the leak fault: allocated, owned by nobody.
+    leaked: Vec<u32>,
     metrics: Arc<SimMetrics>,
 }
 
@@ -184,6 +204,7 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
         pool: BlockPool::new(profile.num_blocks, profile.block_size),
         running: Vec::new(),
         waiting: VecDeque::new(),
+        leaked: Vec::new(),
         metrics,
     };
     let speed = if speed > 0.0 { speed } else { 1.0 };
@@ -191,6 +212,13 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
     loop {
         let arrived = std::mem::take(&mut *engine.intake.lock());
         st.waiting.extend(arrived);
+        let resets = std::mem::take(&mut *engine.resets.lock());
+        if !resets.is_empty() {
+            let freed = st.free_leaked();
+            for r in resets {
+                let _ = r.send(freed);
+            }
+        }
         if st.running.is_empty() && st.waiting.is_empty() {
             st.publish();
             engine.notify.notified().await;
@@ -227,11 +255,11 @@ impl State {
         let mut preempted = false;
         // Cancelled requests leave first.
         let metrics = &self.metrics;
-        let pool = &mut self.pool;
+        let (pool, leaked) = (&mut self.pool, &mut self.leaked);
         self.running.retain_mut(|s| {
             let keep = !s.slot.is_cancelled();
             if !keep {
-                pool.release(&s.blocks);
+                free_or_leak(pool, leaked, s);
                 metrics.finished("abort");
             }
             keep
@@ -375,17 +403,25 @@ impl State {
             }
         }
         let metrics = &self.metrics;
-        let pool = &mut self.pool;
+        let (pool, leaked) = (&mut self.pool, &mut self.leaked);
         self.running.retain_mut(|s| {
             if s.generated < s.req.output_tokens {
                 return true;
             }
-            pool.release(&s.blocks);
+            free_or_leak(pool, leaked, s);
             metrics.e2e.observe_duration(now - s.req.arrival);
             metrics.finished(s.req.finish_reason);
             s.slot.finish();
             false
         });
+    }
+
+    /// Free every leaked block; returns how many there were.
+    fn free_leaked(&mut self) -> u32 {
+        let n = self.leaked.len() as u32;
+        self.pool.release(&self.leaked);
+        self.leaked.clear();
+        n
     }
 
     /// Requests that can never fit (prompt larger than the whole cache) fail.
@@ -409,6 +445,16 @@ impl State {
         let intake_waiting = self.waiting.len() as i64;
         m.waiting.set(intake_waiting);
         m.kv_usage.set(self.pool.usage());
+    }
+}
+
+/// A request ended: its blocks go back to the pool, or, with the leak
+/// fault, to nobody.
+fn free_or_leak(pool: &mut BlockPool, leaked: &mut Vec<u32>, s: &mut Seq) {
+    if s.req.leak {
+        leaked.append(&mut s.blocks);
+    } else {
+        pool.release(&s.blocks);
     }
 }
 

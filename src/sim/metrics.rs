@@ -98,6 +98,11 @@ impl SimMetrics {
             .sum()
     }
 
+    /// The KV-cache usage the engine last published (0 to 1).
+    pub fn kv_usage(&self) -> f64 {
+        self.kv_usage.get()
+    }
+
     /// Share of prompt tokens served from the prefix cache so far.
     pub(crate) fn hit_rate(&self) -> f64 {
         let q = self.prefix_queries.get();

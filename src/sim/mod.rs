@@ -244,6 +244,7 @@ pub(crate) fn router(state: Arc<SimState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/sim/last_request", get(last_request))
         .route("/sim/control", get(get_control).put(put_control))
+        .route("/sim/reset", post(reset))
         .with_state(state)
 }
 
@@ -355,6 +356,17 @@ async fn put_control(State(s): State<Arc<SimState>>, body: axum::body::Bytes) ->
         }
         Err(e) => vllm_error(StatusCode::BAD_REQUEST, &format!("bad control: {e}")),
     }
+}
+
+/// `POST /sim/reset`: the engine restarted by an operator (after a drain):
+/// the KV blocks leaked by the `leak` fault are free again. Answers
+/// `{"freed_blocks": N}` once they are.
+async fn reset(State(s): State<Arc<SimState>>) -> Response {
+    let freed = match &s.engine {
+        Some(e) => e.reset().await,
+        None => 0,
+    };
+    axum::Json(json!({ "freed_blocks": freed })).into_response()
 }
 
 async fn last_request(State(s): State<Arc<SimState>>) -> Response {
@@ -651,6 +663,7 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
             finish_reason,
             arrival,
             stall: faults.stall,
+            leak: faults.leak,
         },
         faults.first_token,
     );

@@ -374,6 +374,7 @@ async fn dns_changes_are_picked_up() {
         models: vec![],
         max_concurrency: None,
         engine_priority: Default::default(),
+        dcgm_port: None,
     }];
     let gw = start_routed(config.clone(), 1).await;
     let sims = [a, b];

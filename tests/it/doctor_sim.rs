@@ -1,0 +1,160 @@
+//! The doctor against pathologies the simulator's engine really produces
+//! (not reported through `/sim/control`): a KV leak, CPU swapping, prefill
+//! starvation. Each is induced in `sluice sim` replicas behind the real
+//! gateway, named on its replica within a few scrape intervals, and cleared
+//! when it ends.
+
+use std::time::Duration;
+
+use sluice::config::{Config, PolicyKind};
+use sluice::server::Gateway;
+use sluice::sim::faults::Faults;
+use sluice::sim::{SimConfig, SimHandle};
+
+use crate::common::*;
+use crate::routing::start_routed;
+
+fn doctor_config(urls: &[String]) -> Config {
+    let mut c = config_for(urls);
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_millis(1000);
+    c.doctor.window = Duration::from_secs(3);
+    c.doctor.leak_for = Duration::from_millis(500);
+    c
+}
+
+fn label(sim: &SimHandle) -> String {
+    sim.url().trim_start_matches("http://").to_string()
+}
+
+/// (pathology, backend) of every finding.
+async fn findings(gw: &Gateway) -> Vec<(String, String)> {
+    let (status, body) = get_text(&format!("{}/admin/diagnose", admin(gw))).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["pathology"].as_str().unwrap().to_string(),
+                f["backend"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn named(found: &[(String, String)], pathology: &str, backend: &str) -> bool {
+    found.iter().any(|(p, b)| p == pathology && b == backend)
+}
+
+async fn until_named(gw: &Gateway, pathology: &str, backend: &str, limit: Duration) {
+    wait_until(
+        &format!("{pathology} named on {backend}"),
+        limit,
+        || async move { named(&findings(gw).await, pathology, backend) },
+    )
+    .await;
+}
+
+async fn until_cleared(gw: &Gateway, pathology: &str) {
+    wait_until(
+        &format!("{pathology} cleared"),
+        Duration::from_secs(15),
+        || async move { !findings(gw).await.iter().any(|(p, _)| p == pathology) },
+    )
+    .await;
+}
+
+/// A streamed chat request of about `words` x 2 prompt tokens, distinct per `i`
+/// (no shared prefix), asking for `max_tokens`.
+fn prompt(i: usize, words: usize, max_tokens: u32) -> serde_json::Value {
+    let text: String = (0..words).map(|w| format!("r{i}w{w} ")).collect();
+    serde_json::json!({
+        "model": "sim-model", "stream": true, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": text}],
+    })
+}
+
+async fn reset(sim: &SimHandle) -> u64 {
+    let resp = client()
+        .post(format!("{}/sim/reset", sim.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    v["freed_blocks"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn the_leak_fault_keeps_blocks_until_a_reset() {
+    // Per request, by header, straight to the replica.
+    let sim = start_sim(SimConfig::engine("tiny", 4.0).unwrap()).await;
+    let url = format!("{}/v1/chat/completions", sim.url());
+    let (status, _, body) = post_with(&url, &prompt(0, 100, 4), &[("x-sim-fault", "leak")]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("[DONE]"), "{body}");
+    let m = &sim.state.metrics;
+    // Nothing runs or waits, and its blocks are still in use.
+    let idle = || async { m.running.get() == 0 && m.waiting.get() == 0 };
+    wait_until("engine idle", Duration::from_secs(5), idle).await;
+    let leaked = m.kv_usage();
+    assert!(leaked > 0.0, "{leaked}");
+    // A request without the fault frees its own blocks only.
+    let (status, _, _) = post(&url, &prompt(1, 100, 4)).await;
+    assert_eq!(status, 200);
+    wait_until("engine idle", Duration::from_secs(5), idle).await;
+    assert_eq!(m.kv_usage(), leaked);
+    let freed = reset(&sim).await;
+    assert!(freed > 0);
+    // The engine published the freed cache with its answer to the reset.
+    wait_until("usage back to 0", Duration::from_secs(5), || async {
+        m.kv_usage() == 0.0
+    })
+    .await;
+    assert_eq!(reset(&sim).await, 0, "nothing left to free");
+}
+
+#[tokio::test]
+async fn leaked_kv_is_named_on_the_leaking_replica_and_cleared_by_a_reset() {
+    let sims = [
+        start_sim(SimConfig::engine("tiny", 4.0).unwrap()).await,
+        start_sim(SimConfig::engine("tiny", 4.0).unwrap()).await,
+    ];
+    // Replica 0's engine leaks the blocks of every request it serves.
+    let mut ctl = sims[0].state.control();
+    ctl.faults = Faults::parse("leak").unwrap();
+    sims[0].state.set_control(ctl);
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut c = doctor_config(&urls);
+    c.routing.policy = PolicyKind::RoundRobin;
+    let gw = start_routed(c, 2).await;
+    // 10 requests of ~500 prompt tokens (32 blocks each of the 256): the 5
+    // on replica 0 leave more than half of its cache allocated.
+    for i in 0..10 {
+        let (status, _, body) = post(
+            &format!("{}/v1/chat/completions", api(&gw)),
+            &prompt(i, 250, 4),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (m0, m1) = (&sims[0].state.metrics, &sims[1].state.metrics);
+    wait_until("both engines idle", Duration::from_secs(5), || async {
+        [m0, m1]
+            .iter()
+            .all(|m| m.running.get() == 0 && m.waiting.get() == 0)
+            && m1.kv_usage() == 0.0
+    })
+    .await;
+    assert!(m0.kv_usage() >= 0.4, "{}", m0.kv_usage());
+    let (a, b) = (label(&sims[0]), label(&sims[1]));
+    until_named(&gw, "leaked_kv", &a, Duration::from_secs(10)).await;
+    assert!(!named(&findings(&gw).await, "leaked_kv", &b));
+    // The operator restarts the engine: the blocks are free, the finding goes.
+    assert!(reset(&sims[0]).await > 0);
+    until_cleared(&gw, "leaked_kv").await;
+    assert!(m0.kv_usage() < 0.01, "{}", m0.kv_usage());
+}
