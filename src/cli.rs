@@ -47,8 +47,11 @@ pub enum Command {
         sluice sim --listen 127.0.0.1:8001 --profile a100-llama3-8b --speed 10\n  \
         sluice sim --listen 127.0.0.1:8001 --profile fixed --token-delay 5ms --output-tokens 256\n  \
         sluice sim --listen 127.0.0.1:8001 --dialect sglang\n  \
-        sluice sim --listen 127.0.0.1:8001 --fault stall=10:30s --fault-rate 0.1\n\
-        Per request, send the header `x-sim-fault: SPEC` (same syntax as --fault).")]
+        sluice sim --listen 127.0.0.1:8001 --fault stall=10:30s --fault-rate 0.1\n  \
+        sluice sim --listen 127.0.0.1:8001 --num-blocks 64 --swap-space 512\n  \
+        sluice sim --listen 127.0.0.1:8001 --no-chunked-prefill\n\
+        Per request, send the header `x-sim-fault: SPEC` (same syntax as --fault).\n\
+        POST /sim/reset frees the KV blocks leaked by the `leak` fault (a restart).")]
     Sim(SimArgs),
     /// Load-test any OpenAI-compatible endpoint and report TTFT/ITL/E2E percentiles.
     #[command(after_help = "Examples:\n  \
@@ -133,6 +136,17 @@ pub struct SimArgs {
     /// Turn automatic prefix caching off (every prompt computed from scratch).
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// CPU swap space, in KV blocks (vLLM V0's --swap-space, which is in GiB):
+    /// a sequence preempted for lack of GPU blocks is swapped out to CPU
+    /// memory while it fits (vllm:num_requests_swapped,
+    /// vllm:cpu_cache_usage_perc), instead of recomputed. Default 0: recompute.
+    #[arg(long, value_name = "BLOCKS", default_value_t = 0)]
+    pub swap_space: u32,
+    /// Prefill each prompt whole in one step, only when it fits in what the
+    /// running decodes leave of --max-num-batched-tokens (vLLM without
+    /// --enable-chunked-prefill): long prompts wait while decodes run.
+    #[arg(long)]
+    pub no_chunked_prefill: bool,
     /// Metric names of /metrics.
     #[arg(long, value_enum, default_value = "vllm")]
     pub dialect: crate::sim::Dialect,

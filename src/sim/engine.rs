@@ -125,6 +125,8 @@ struct Seq {
     admitted: bool,
     /// A stall fault in progress: not scheduled until then (keeps its blocks).
     paused_until: Option<Instant>,
+    /// Swapped out: the CPU blocks holding its KV (0 when on the GPU).
+    cpu_blocks: u32,
     last_token: Option<Instant>,
 }
 
@@ -170,6 +172,7 @@ impl Engine {
             scheduled: false,
             admitted: false,
             paused_until: None,
+            cpu_blocks: 0,
             last_token: None,
         };
         self.intake.lock().push(seq);
@@ -193,6 +196,12 @@ struct State {
     pool: BlockPool,
     running: Vec<Seq>,
     waiting: VecDeque<Seq>,
+    /// Preempted sequences whose KV sits in CPU memory, oldest arrival first.
+    swapped: VecDeque<Seq>,
+    /// CPU blocks in use by `swapped`.
+    cpu_used: u32,
+    /// Blocks copied between GPU and CPU in this step (either way).
+    swap_io: u32,
     /// Blocks of ended requests with the leak fault: allocated, owned by nobody.
     leaked: Vec<u32>,
     metrics: Arc<SimMetrics>,
@@ -204,6 +213,9 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
         pool: BlockPool::new(profile.num_blocks, profile.block_size),
         running: Vec::new(),
         waiting: VecDeque::new(),
+        swapped: VecDeque::new(),
+        cpu_used: 0,
+        swap_io: 0,
         leaked: Vec::new(),
         metrics,
     };
@@ -219,7 +231,7 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
                 let _ = r.send(freed);
             }
         }
-        if st.running.is_empty() && st.waiting.is_empty() {
+        if st.running.is_empty() && st.waiting.is_empty() && st.swapped.is_empty() {
             st.publish();
             engine.notify.notified().await;
             clock = Instant::now();
@@ -238,7 +250,8 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
             clock = Instant::now();
             continue;
         }
-        let step = st.profile.step_time(batch, prefill).div_f64(speed);
+        let copy = st.profile.per_swap_block * st.swap_io;
+        let step = (st.profile.step_time(batch, prefill) + copy).div_f64(speed);
         // Absolute deadlines: timer granularity does not accumulate into drift.
         clock = (clock + step).max(Instant::now() - Duration::from_millis(50));
         tokio::time::sleep_until(clock).await;
@@ -271,6 +284,16 @@ impl State {
             }
             keep
         });
+        let cpu_used = &mut self.cpu_used;
+        self.swapped.retain(|s| {
+            let keep = !s.slot.is_cancelled();
+            if !keep {
+                *cpu_used -= s.cpu_blocks;
+                metrics.finished("abort");
+            }
+            keep
+        });
+        self.swap_io = 0;
         for s in &mut self.running {
             s.scheduled = false;
         }
@@ -287,19 +310,15 @@ impl State {
             let want = self.pool.blocks_for(self.running[i].computed + n);
             let mut self_preempted = false;
             while want > self.running[i].blocks.len() as u32 + self.pool.num_free() {
-                // Out of blocks: preempt the most recent arrival (recompute later).
-                let Some(mut victim) = self.running.pop() else {
+                // Out of blocks: preempt the most recent arrival, to CPU
+                // memory if it fits there, else for recomputation later.
+                let Some(victim) = self.running.pop() else {
                     break;
                 };
-                self.pool.release(&victim.blocks);
-                victim.blocks.clear();
-                victim.computed = 0;
-                victim.registered = 0;
-                victim.scheduled = false;
                 self.metrics.preemptions.inc();
                 preempted = true;
                 let was_self = self.running.len() == i;
-                self.waiting.push_front(victim);
+                self.preempt(victim);
                 if was_self {
                     self_preempted = true;
                     break;
@@ -322,7 +341,41 @@ impl State {
             i += 1;
         }
 
+        // Swapped sequences come back before any new one is admitted (vLLM
+        // V0), oldest first, when the GPU has their blocks again.
         while !preempted && budget > 0 && (self.running.len() as u32) < self.profile.max_num_seqs {
+            let Some(s) = self.swapped.front() else {
+                break;
+            };
+            let n = (s.target() - s.computed).min(budget);
+            let want = self.pool.blocks_for(s.computed + n);
+            if want > self.pool.num_free() {
+                break;
+            }
+            let Some(mut s) = self.swapped.pop_front() else {
+                break;
+            };
+            if !self.pool.allocate(want, &mut s.blocks) {
+                self.swapped.push_front(s);
+                break;
+            }
+            self.cpu_used -= s.cpu_blocks;
+            self.swap_io += s.cpu_blocks;
+            s.cpu_blocks = 0;
+            if s.computed < s.req.prompt_tokens {
+                prefill += n.min(s.req.prompt_tokens - s.computed);
+            }
+            s.computed += n;
+            s.scheduled = true;
+            budget -= n;
+            self.running.push(s);
+        }
+
+        while !preempted
+            && self.swapped.is_empty()
+            && budget > 0
+            && (self.running.len() as u32) < self.profile.max_num_seqs
+        {
             let Some(mut s) = self.waiting.pop_front() else {
                 break;
             };
@@ -416,6 +469,26 @@ impl State {
         });
     }
 
+    /// Take a running sequence off the GPU: its blocks are copied to CPU
+    /// memory if the swap space holds them (it resumes where it was),
+    /// otherwise dropped (it is recomputed from its prompt later).
+    fn preempt(&mut self, mut victim: Seq) {
+        let n = victim.blocks.len() as u32;
+        self.pool.release(&victim.blocks);
+        victim.blocks.clear();
+        victim.registered = 0;
+        victim.scheduled = false;
+        if n > 0 && self.cpu_used + n <= self.profile.swap_blocks {
+            victim.cpu_blocks = n;
+            self.cpu_used += n;
+            self.swap_io += n;
+            self.swapped.push_front(victim);
+        } else {
+            victim.computed = 0;
+            self.waiting.push_front(victim);
+        }
+    }
+
     /// Free every leaked block; returns how many there were.
     fn free_leaked(&mut self) -> u32 {
         let n = self.leaked.len() as u32;
@@ -445,6 +518,12 @@ impl State {
         let intake_waiting = self.waiting.len() as i64;
         m.waiting.set(intake_waiting);
         m.kv_usage.set(self.pool.usage());
+        m.swapped.set(self.swapped.len() as i64);
+        let cpu = match self.profile.swap_blocks {
+            0 => 0.0,
+            n => f64::from(self.cpu_used) / f64::from(n),
+        };
+        m.cpu_kv_usage.set(cpu);
     }
 }
 

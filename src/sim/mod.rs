@@ -115,6 +115,7 @@ impl SimState {
         metrics::CacheInfo {
             block_size: p.map_or(16, |p| p.block_size),
             num_blocks: p.map_or(0, |p| p.num_blocks),
+            swap_blocks: p.map_or(0, |p| p.swap_blocks),
             prefix_caching: p.is_none_or(|p| p.prefix_caching),
         }
     }

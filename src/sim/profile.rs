@@ -11,6 +11,9 @@
 //! - `per_prefill_token` is 1 / prefill throughput (compute-bound).
 //! - `num_blocks` is the KV capacity in 16-token blocks: (GPU memory x 0.9 -
 //!   weights - activations) / (2 x layers x KV heads x head dim x 2 bytes) / 16.
+//! - `per_swap_block` is the time to copy one KV block between GPU and CPU
+//!   memory over PCIe (block bytes / ~25 GB/s effective on Gen5, ~16 GB/s on
+//!   Gen4), added to the step that swaps it.
 //!
 //! Sources:
 //! - Llama-3.1-8B on 1x H100 80GB: ~12,500 output tokens/s saturated (BF16,
@@ -47,6 +50,17 @@ pub struct Profile {
     /// Automatic prefix caching (`--enable-prefix-caching`); off, every prompt
     /// is computed from scratch.
     pub prefix_caching: bool,
+    /// CPU KV blocks for swapping (vLLM V0's `--swap-space`, here in blocks):
+    /// 0 preempts by recomputation only; otherwise a preempted sequence's
+    /// blocks are copied to CPU memory while they fit, and back later.
+    pub swap_blocks: u32,
+    /// Time to copy one KV block between GPU and CPU memory.
+    pub per_swap_block: Duration,
+    /// Chunked prefill (`--enable-chunked-prefill`, on by default): a prompt
+    /// is prefilled over several steps in what the step's token budget
+    /// leaves. Off, a prompt is prefilled whole in one step, and only when it
+    /// fits in what the running decodes leave of the budget (see `engine.rs`).
+    pub chunked_prefill: bool,
 }
 
 const fn us(n: u64) -> Duration {
@@ -72,6 +86,10 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_prefill_token: us(50),
         max_model_len: 131_072,
         prefix_caching: true,
+        swap_blocks: 0,
+        // 2 MiB per block (128 KiB per token) at ~25 GB/s (PCIe Gen5).
+        per_swap_block: us(80),
+        chunked_prefill: true,
     },
     Profile {
         name: "a100-llama3-8b",
@@ -88,6 +106,10 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_prefill_token: us(88),
         max_model_len: 131_072,
         prefix_caching: true,
+        swap_blocks: 0,
+        // 2 MiB per block at ~16 GB/s (PCIe Gen4).
+        per_swap_block: us(130),
+        chunked_prefill: true,
     },
     Profile {
         name: "h100x4-llama3-70b",
@@ -103,6 +125,10 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_prefill_token: us(125),
         max_model_len: 131_072,
         prefix_caching: true,
+        swap_blocks: 0,
+        // 5 MiB per block, a quarter on each GPU's own link.
+        per_swap_block: us(50),
+        chunked_prefill: true,
     },
     Profile {
         name: "tiny",
@@ -116,6 +142,9 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_prefill_token: ns(10_000),
         max_model_len: 4096,
         prefix_caching: true,
+        swap_blocks: 0,
+        per_swap_block: us(20),
+        chunked_prefill: true,
     },
 ];
 

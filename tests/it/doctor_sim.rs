@@ -158,3 +158,117 @@ async fn leaked_kv_is_named_on_the_leaking_replica_and_cleared_by_a_reset() {
     until_cleared(&gw, "leaked_kv").await;
     assert!(m0.kv_usage() < 0.01, "{}", m0.kv_usage());
 }
+
+/// `n` clients through the gateway, each sending `body(i)` again and again
+/// (streamed) until aborted; aborting drops the streams, which the gateway
+/// passes on to the replicas as disconnects.
+fn load(
+    gw: &Gateway,
+    n: usize,
+    body: impl Fn(usize) -> serde_json::Value,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|i| {
+            let url = format!("{}/v1/chat/completions", api(gw));
+            let body = body(i);
+            tokio::spawn(async move {
+                loop {
+                    if let Ok(r) = client().post(&url).json(&body).send().await {
+                        let _ = r.text().await;
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// The engine model with a KV cache of 32 blocks (512 tokens: one of the
+/// test's sequences at a time) and `swap` CPU blocks; answers as long as
+/// `max_tokens` asks.
+fn small_kv(swap: u32) -> SimConfig {
+    let mut cfg = SimConfig::engine("tiny", 1.0).unwrap();
+    if let Some(p) = cfg.profile.as_mut() {
+        p.num_blocks = 32;
+        p.swap_blocks = swap;
+    }
+    cfg.output_tokens = 1000;
+    cfg
+}
+
+#[tokio::test]
+async fn cpu_swapping_is_named_on_the_replica_with_swap_space_and_cleared() {
+    // Two replicas as short of KV as each other under the same load; only
+    // replica 0 has swap space: it swaps its preempted sequences out to CPU
+    // memory, replica 1 recomputes them.
+    let sims = [start_sim(small_kv(256)).await, start_sim(small_kv(0)).await];
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut c = doctor_config(&urls);
+    c.routing.policy = PolicyKind::RoundRobin;
+    // The engines take all of the load (the gateway would otherwise hold it
+    // back from a full KV cache).
+    c.flow_control.enabled = false;
+    let gw = start_routed(c, 2).await;
+    // ~90 prompt tokens and 400 generated: 31 blocks per sequence.
+    let clients = load(&gw, 8, |i| prompt(i, 50, 400));
+    let (a, b) = (label(&sims[0]), label(&sims[1]));
+    until_named(&gw, "cpu_swapping", &a, Duration::from_secs(10)).await;
+    // Replica 1 preempts too (by recomputation), and is not named.
+    wait_until("replica 1 preempts", Duration::from_secs(10), || async {
+        sim_metric(&sims[1], "vllm:num_preemptions_total").await > 0.0
+    })
+    .await;
+    let found = findings(&gw).await;
+    assert!(!named(&found, "cpu_swapping", &b), "{found:?}");
+    let (_, text) = get_text(&format!("{}/metrics", sims[1].url())).await;
+    assert!(!text.contains("vllm:num_requests_swapped"), "no swap space");
+    for l in clients {
+        l.abort();
+    }
+    // The streams are gone: swapped sequences are dropped, CPU blocks freed.
+    until_cleared(&gw, "cpu_swapping").await;
+    let (_, text) = get_text(&format!("{}/metrics", sims[0].url())).await;
+    let series = |n: &str| format!("{n}{{model_name=\"sim-model\"}}");
+    assert_eq!(
+        metric(&text, &series("vllm:num_requests_swapped")),
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(&text, &series("vllm:cpu_cache_usage_perc")),
+        Some(0.0)
+    );
+}
+
+/// A series of a replica's own /metrics (labelled with the model).
+async fn sim_metric(sim: &SimHandle, name: &str) -> f64 {
+    let (_, text) = get_text(&format!("{}/metrics", sim.url())).await;
+    metric(&text, &format!("{name}{{model_name=\"sim-model\"}}")).unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn swapped_sequences_come_back_and_finish() {
+    let sim = start_sim(small_kv(256)).await;
+    let url = format!("{}/v1/chat/completions", sim.url());
+    let sent: Vec<_> = (0..4)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move { post(&url, &prompt(i, 50, 300)).await })
+        })
+        .collect();
+    for s in sent {
+        let (status, _, body) = tokio::time::timeout(Duration::from_secs(20), s)
+            .await
+            .expect("every request finishes")
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+        // Every token of the 300, then the end of the stream.
+        assert_eq!(data_payloads(&body).len(), 300 + 2, "{body}");
+    }
+    assert!(sim_metric(&sim, "vllm:num_preemptions_total").await > 0.0);
+    let m = &sim.state.metrics;
+    wait_until("nothing left swapped", Duration::from_secs(5), || async {
+        sim_metric(&sim, "vllm:num_requests_swapped").await == 0.0
+            && sim_metric(&sim, "vllm:cpu_cache_usage_perc").await == 0.0
+            && m.kv_usage() == 0.0
+    })
+    .await;
+}
