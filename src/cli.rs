@@ -133,6 +133,10 @@ pub struct SimArgs {
     /// Override the profile's batch limit (vLLM --max-num-seqs).
     #[arg(long)]
     pub max_num_seqs: Option<u32>,
+    /// Override the profile's token budget of one step (vLLM
+    /// --max-num-batched-tokens): prompt tokens prefilled plus one per decode.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_num_batched_tokens: Option<u32>,
     /// Turn automatic prefix caching off (every prompt computed from scratch).
     #[arg(long)]
     pub no_prefix_caching: bool,

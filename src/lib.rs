@@ -136,6 +136,9 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 })?;
                 p.num_blocks = args.num_blocks.unwrap_or(p.num_blocks);
                 p.max_num_seqs = args.max_num_seqs.unwrap_or(p.max_num_seqs);
+                p.max_num_batched_tokens = args
+                    .max_num_batched_tokens
+                    .unwrap_or(p.max_num_batched_tokens);
                 p.prefix_caching &= !args.no_prefix_caching;
                 p.swap_blocks = args.swap_space;
                 p.chunked_prefill &= !args.no_chunked_prefill;

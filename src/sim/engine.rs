@@ -11,6 +11,19 @@
 //! `profile.step_time(batch, prefill tokens) / speed`, after which every
 //! sequence that caught up with its prompt emits one token.
 //!
+//! Without chunked prefill (`--no-chunked-prefill`, vLLM V1's scheduler with
+//! chunked prefill disabled) a prompt is prefilled whole in one step, and
+//! only in the token budget the running decodes left: the running sequences
+//! are scheduled first (one token each), so with `k` decodes running a
+//! prompt of `P` tokens waits until `k <= max_num_batched_tokens - P`, and
+//! the queue is served in order, so every request behind it waits too.
+//! Long decodes thus keep long prompts (and the queue behind them) out for
+//! as long as they run, while their own steps stay fast: the prefill
+//! starvation of the reference articles (high TTFT, normal inter-token
+//! latency, a growing queue). A prompt larger than the whole budget runs in
+//! a step of its own. Chunked prefill instead gives a prompt whatever the
+//! decodes leave, a chunk per step, so it always progresses.
+//!
 //! Cost per step: O(running + admitted) work and one timer; the HTTP streams
 //! are woken through their [`Slot`], never by a channel per token.
 
@@ -393,7 +406,23 @@ impl State {
                 s.registered = s.blocks.len();
             }
             let need = s.target() - s.computed;
-            let n = need.min(budget);
+            let alone = budget == self.profile.max_num_batched_tokens;
+            let n = if self.profile.chunked_prefill {
+                need.min(budget)
+            } else if need <= budget || alone {
+                // Whole, in this step (a prompt over the budget runs alone).
+                need
+            } else {
+                // No chunked prefill: the prompt does not fit in what the
+                // running decodes left of the budget. It waits at the head
+                // of the queue, and everything behind it waits too.
+                self.pool.release(&s.blocks);
+                s.blocks.clear();
+                s.computed = 0;
+                s.registered = 0;
+                self.waiting.push_front(s);
+                break;
+            };
             let want = self.pool.blocks_for(s.computed + n);
             let extra = want.saturating_sub(s.blocks.len() as u32);
             if !self.pool.allocate(extra, &mut s.blocks) {
@@ -419,7 +448,7 @@ impl State {
             }
             s.computed += n;
             s.scheduled = true;
-            budget -= n;
+            budget = budget.saturating_sub(n);
             self.running.push(s);
         }
         let batch = self.running.iter().filter(|s| s.scheduled).count() as u32;

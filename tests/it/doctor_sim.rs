@@ -272,3 +272,61 @@ async fn swapped_sequences_come_back_and_finish() {
     })
     .await;
 }
+
+/// The prompt tokens a replica counts for `body` (asked without streaming).
+async fn prompt_tokens(body: &serde_json::Value) -> u32 {
+    let probe = start_sim(fast_sim()).await;
+    let mut body = body.clone();
+    body["stream"] = false.into();
+    let (status, _, text) = post(&format!("{}/v1/chat/completions", probe.url()), &body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["usage"]["prompt_tokens"].as_u64().unwrap() as u32
+}
+
+#[tokio::test]
+async fn prefill_starvation_is_named_on_the_replica_without_chunked_prefill() {
+    // Long documents to read (a few answer tokens each) and long generations
+    // (short prompts), the same load on two replicas alike but for chunked
+    // prefill. A document takes the step's whole token budget but 4 tokens:
+    // without chunked prefill it starts only once at most 4 decodes run.
+    let document = |i: usize| prompt(1000 + i, 240, 4);
+    let budget = prompt_tokens(&document(0)).await + 4;
+    let engine = |chunked: bool| {
+        let mut cfg = SimConfig::engine("tiny", 1.0).unwrap();
+        if let Some(p) = cfg.profile.as_mut() {
+            p.num_blocks = 4096;
+            p.max_num_seqs = 32;
+            p.max_num_batched_tokens = budget;
+            p.chunked_prefill = chunked;
+        }
+        cfg.output_tokens = 2000;
+        cfg
+    };
+    let sims = [
+        start_sim(engine(false)).await,
+        start_sim(engine(true)).await,
+    ];
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut c = doctor_config(&urls);
+    c.routing.policy = PolicyKind::RoundRobin;
+    c.flow_control.enabled = false;
+    // The articles' thresholds scaled to this engine: first tokens over 1 s,
+    // tokens under 50 ms apart, 5 waiting.
+    c.doctor.starvation_ttft = Duration::from_secs(1);
+    c.doctor.starvation_itl = Duration::from_millis(50);
+    c.doctor.starvation_queue = 5.0;
+    let gw = start_routed(c, 2).await;
+    // 24 clients of long generations (~4 s each) and 16 of documents, sent
+    // round robin.
+    let mut clients = load(&gw, 24, |i| prompt(i, 4, 1000));
+    clients.extend(load(&gw, 16, document));
+    let (a, b) = (label(&sims[0]), label(&sims[1]));
+    until_named(&gw, "prefill_starvation", &a, Duration::from_secs(20)).await;
+    let found = findings(&gw).await;
+    assert!(!named(&found, "prefill_starvation", &b), "{found:?}");
+    for l in clients {
+        l.abort();
+    }
+    until_cleared(&gw, "prefill_starvation").await;
+}
