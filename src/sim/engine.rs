@@ -267,6 +267,7 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
         let step = (st.profile.step_time(batch, prefill) + copy).div_f64(speed);
         // Absolute deadlines: timer granularity does not accumulate into drift.
         clock = (clock + step).max(Instant::now() - Duration::from_millis(50));
+        st.metrics.busy.record(clock - step, clock);
         tokio::time::sleep_until(clock).await;
         st.complete_step();
     }

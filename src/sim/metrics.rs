@@ -62,6 +62,8 @@ pub struct SimMetrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub queue_time: Histogram,
+    /// The engine's recent steps (GPU utilisation of `/dcgm/metrics`).
+    pub(crate) busy: super::dcgm::Busy,
     finished: Family<(&'static str,), Counter>,
 }
 
@@ -84,6 +86,7 @@ impl SimMetrics {
             itl: Histogram::seconds(Arc::from(ITL)),
             e2e: Histogram::seconds(Arc::from(E2E)),
             queue_time: Histogram::seconds(Arc::from(E2E)),
+            busy: super::dcgm::Busy::default(),
             finished: Family::new(&["finished_reason"], Counter::default),
         }
     }

@@ -11,6 +11,7 @@
 //! completions, Anthropic Messages or OpenAI Responses (`protocols.rs`,
 //! which also keeps this replica's stored responses).
 
+mod dcgm;
 pub(crate) mod engine;
 pub mod faults;
 mod generation;
@@ -243,6 +244,7 @@ pub(crate) fn router(state: Arc<SimState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
+        .route("/dcgm/metrics", get(dcgm_metrics))
         .route("/sim/last_request", get(last_request))
         .route("/sim/control", get(get_control).put(put_control))
         .route("/sim/reset", post(reset))
@@ -291,6 +293,35 @@ async fn metrics(State(s): State<Arc<SimState>>) -> Response {
             waiting: c.waiting,
         },
     );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// `GET /dcgm/metrics`: the replica's GPUs as NVIDIA's dcgm-exporter shows
+/// them (`dcgm.rs`). The fixed-timing mode has no engine steps: it counts as
+/// fully busy while any request is in flight, on a GPU of the default profile.
+async fn dcgm_metrics(State(s): State<Arc<SimState>>) -> Response {
+    let now = Instant::now();
+    let (profile, utilisation) = match s.config.profile {
+        Some(p) => (p, s.metrics.busy.utilisation(now)),
+        None => (
+            profile::PROFILES[0],
+            if s.metrics.running.get() > 0 {
+                1.0
+            } else {
+                0.0
+            },
+        ),
+    };
+    let host = format!(
+        "sluice-sim-{}",
+        s.fingerprint.rsplit(':').next().unwrap_or("0")
+    );
+    let text = dcgm::render(&dcgm::Gpus {
+        profile: &profile,
+        kv_usage: s.metrics.kv_usage(),
+        utilisation,
+        host: &host,
+    });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

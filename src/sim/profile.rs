@@ -61,6 +61,18 @@ pub struct Profile {
     /// leaves. Off, a prompt is prefilled whole in one step, and only when it
     /// fits in what the running decodes leave of the budget (see `engine.rs`).
     pub chunked_prefill: bool,
+    /// The GPU, as dcgm-exporter's `modelName` shows it, and how many the
+    /// engine runs on (tensor parallelism).
+    pub gpu: &'static str,
+    pub gpus: u32,
+    /// Memory of one GPU, in MiB.
+    pub gpu_memory_mib: u32,
+    /// Memory of one GPU not in the KV pool: its share of the weights,
+    /// activations, CUDA graphs and context, in MiB.
+    pub fixed_mib: u32,
+    /// KV bytes one token takes on one GPU (2 x layers x KV heads x head dim
+    /// x 2 bytes, divided by the tensor-parallel degree).
+    pub kv_bytes_per_token: u32,
 }
 
 const fn us(n: u64) -> Duration {
@@ -90,6 +102,12 @@ pub(crate) const PROFILES: &[Profile] = &[
         // 2 MiB per block (128 KiB per token) at ~25 GB/s (PCIe Gen5).
         per_swap_block: us(80),
         chunked_prefill: true,
+        gpu: "NVIDIA H100 80GB HBM3",
+        gpus: 1,
+        gpu_memory_mib: 81_559,
+        // 16 GB of weights, ~1.5 GB of activations and context.
+        fixed_mib: 16_500,
+        kv_bytes_per_token: 131_072,
     },
     Profile {
         name: "a100-llama3-8b",
@@ -110,6 +128,11 @@ pub(crate) const PROFILES: &[Profile] = &[
         // 2 MiB per block at ~16 GB/s (PCIe Gen4).
         per_swap_block: us(130),
         chunked_prefill: true,
+        gpu: "NVIDIA A100-SXM4-40GB",
+        gpus: 1,
+        gpu_memory_mib: 40_960,
+        fixed_mib: 16_500,
+        kv_bytes_per_token: 131_072,
     },
     Profile {
         name: "h100x4-llama3-70b",
@@ -129,6 +152,12 @@ pub(crate) const PROFILES: &[Profile] = &[
         // 5 MiB per block, a quarter on each GPU's own link.
         per_swap_block: us(50),
         chunked_prefill: true,
+        gpu: "NVIDIA H100 80GB HBM3",
+        gpus: 4,
+        gpu_memory_mib: 81_559,
+        // A quarter of 140 GB of weights, ~2.5 GB of the rest.
+        fixed_mib: 36_000,
+        kv_bytes_per_token: 81_920,
     },
     Profile {
         name: "tiny",
@@ -145,6 +174,11 @@ pub(crate) const PROFILES: &[Profile] = &[
         swap_blocks: 0,
         per_swap_block: us(20),
         chunked_prefill: true,
+        gpu: "NVIDIA L4",
+        gpus: 1,
+        gpu_memory_mib: 23_034,
+        fixed_mib: 1_500,
+        kv_bytes_per_token: 65_536,
     },
 ];
 
