@@ -90,7 +90,10 @@ pub enum Command {
         frames: Option<u64>,
     },
     /// Simulated replicas, the gateway in front of them and a workload, with a live summary.
-    #[command(after_help = "Examples:\n  sluice demo\n  sluice demo --duration 20s")]
+    #[command(
+        after_help = "Examples:\n  sluice demo\n  sluice demo --duration 20s\n  \
+        sluice demo --scenario cpu-swapping"
+    )]
     Demo(DemoArgs),
 }
 
@@ -291,6 +294,13 @@ pub enum Scenario {
     UnevenQueues,
     /// The engines run without prefix caching: routing's shared prefixes miss.
     PrefixCacheMisses,
+    /// One replica's engine leaks the KV blocks of half its requests.
+    LeakedKv,
+    /// KV caches far too small, with CPU swap space: the engines swap.
+    CpuSwapping,
+    /// Engines without chunked prefill under long generations and long
+    /// documents: first tokens wait, queues grow.
+    PrefillStarvation,
 }
 
 /// `fixed` or a known engine profile, checked when the command line is parsed.
