@@ -47,8 +47,11 @@ pub enum Command {
         sluice sim --listen 127.0.0.1:8001 --profile a100-llama3-8b --speed 10\n  \
         sluice sim --listen 127.0.0.1:8001 --profile fixed --token-delay 5ms --output-tokens 256\n  \
         sluice sim --listen 127.0.0.1:8001 --dialect sglang\n  \
-        sluice sim --listen 127.0.0.1:8001 --fault stall=10:30s --fault-rate 0.1\n\
-        Per request, send the header `x-sim-fault: SPEC` (same syntax as --fault).")]
+        sluice sim --listen 127.0.0.1:8001 --fault stall=10:30s --fault-rate 0.1\n  \
+        sluice sim --listen 127.0.0.1:8001 --num-blocks 64 --swap-space 512\n  \
+        sluice sim --listen 127.0.0.1:8001 --no-chunked-prefill\n\
+        Per request, send the header `x-sim-fault: SPEC` (same syntax as --fault).\n\
+        POST /sim/reset frees the KV blocks leaked by the `leak` fault (a restart).")]
     Sim(SimArgs),
     /// Load-test any OpenAI-compatible endpoint and report TTFT/ITL/E2E percentiles.
     #[command(after_help = "Examples:\n  \
@@ -87,7 +90,10 @@ pub enum Command {
         frames: Option<u64>,
     },
     /// Simulated replicas, the gateway in front of them and a workload, with a live summary.
-    #[command(after_help = "Examples:\n  sluice demo\n  sluice demo --duration 20s")]
+    #[command(
+        after_help = "Examples:\n  sluice demo\n  sluice demo --duration 20s\n  \
+        sluice demo --scenario cpu-swapping"
+    )]
     Demo(DemoArgs),
 }
 
@@ -130,9 +136,24 @@ pub struct SimArgs {
     /// Override the profile's batch limit (vLLM --max-num-seqs).
     #[arg(long)]
     pub max_num_seqs: Option<u32>,
+    /// Override the profile's token budget of one step (vLLM
+    /// --max-num-batched-tokens): prompt tokens prefilled plus one per decode.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_num_batched_tokens: Option<u32>,
     /// Turn automatic prefix caching off (every prompt computed from scratch).
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// CPU swap space, in KV blocks (vLLM V0's --swap-space, which is in GiB):
+    /// a sequence preempted for lack of GPU blocks is swapped out to CPU
+    /// memory while it fits (vllm:num_requests_swapped,
+    /// vllm:cpu_cache_usage_perc), instead of recomputed. Default 0: recompute.
+    #[arg(long, value_name = "BLOCKS", default_value_t = 0)]
+    pub swap_space: u32,
+    /// Prefill each prompt whole in one step, only when it fits in what the
+    /// running decodes leave of --max-num-batched-tokens (vLLM without
+    /// --enable-chunked-prefill): long prompts wait while decodes run.
+    #[arg(long)]
+    pub no_chunked_prefill: bool,
     /// Metric names of /metrics.
     #[arg(long, value_enum, default_value = "vllm")]
     pub dialect: crate::sim::Dialect,
@@ -145,7 +166,8 @@ pub struct SimArgs {
     /// Tokens generated per request (fewer if the request's max_tokens is lower).
     #[arg(long, default_value_t = 64)]
     pub output_tokens: u32,
-    /// Faults for this replica, e.g. `stall=10:30s` or `error=503`.
+    /// Faults for this replica, e.g. `stall=10:30s`, `error=503` or `leak`
+    /// (KV blocks never freed; `POST /sim/reset` frees them).
     #[arg(long, value_name = "SPEC")]
     pub fault: Option<String>,
     /// Share of requests the --fault applies to.
@@ -272,6 +294,13 @@ pub enum Scenario {
     UnevenQueues,
     /// The engines run without prefix caching: routing's shared prefixes miss.
     PrefixCacheMisses,
+    /// One replica's engine leaks the KV blocks of half its requests.
+    LeakedKv,
+    /// KV caches far too small, with CPU swap space: the engines swap.
+    CpuSwapping,
+    /// Engines without chunked prefill under long generations and long
+    /// documents: first tokens wait, queues grow.
+    PrefillStarvation,
 }
 
 /// `fixed` or a known engine profile, checked when the command line is parsed.

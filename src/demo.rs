@@ -42,15 +42,31 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         let mut cfg = SimConfig::engine("h100-llama3-8b", speed).context("profile")?;
         if let Some(p) = cfg.profile.as_mut() {
             p.num_blocks = match scenario {
-                // ~2 of the workload's sequences fit: the engines preempt.
-                Scenario::KvThrashing => 160,
+                // ~2 of the workload's sequences fit: the engines preempt
+                // (by swapping to CPU memory, with swap space).
+                Scenario::KvThrashing | Scenario::CpuSwapping => 160,
+                // Room for the long generations: starvation, not KV pressure.
+                Scenario::PrefillStarvation => 8192,
                 _ => DEMO_BLOCKS,
             };
             // The engines started without --enable-prefix-caching.
             p.prefix_caching = scenario != Scenario::PrefixCacheMisses;
+            if scenario == Scenario::CpuSwapping {
+                // vLLM V0 with --swap-space: 4,096 blocks of CPU memory.
+                p.swap_blocks = 4096;
+            }
+            if scenario == Scenario::PrefillStarvation {
+                // No chunked prefill, and a step budget a long document
+                // exceeds: it is prefilled in a step of its own, once the
+                // running decodes are done (engine.rs).
+                p.chunked_prefill = false;
+                p.max_num_batched_tokens = 1024;
+            }
         }
         cfg.model = MODEL.into();
-        cfg.output_tokens = 128;
+        // Answers as long as asked (the workloads ask 128 tokens, the long
+        // generations of prefill-starvation 1,500).
+        cfg.output_tokens = 2000;
         sims.push(sim::start(listener, cfg).await?);
     }
     match scenario {
@@ -63,6 +79,14 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             let mut c = sims[0].state.control();
             c.waiting = Some(30.0);
             sims[0].state.set_control(c);
+        }
+        Scenario::LeakedKv => {
+            // Half of the second replica's requests end on an exit path that
+            // does not free their KV blocks.
+            let mut c = sims[1].state.control();
+            c.faults = sim::faults::Faults::parse("leak").map_err(anyhow::Error::msg)?;
+            c.fault_rate = 0.5;
+            sims[1].state.set_control(c);
         }
         _ => {}
     }
@@ -105,11 +129,22 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     config.upstream.health_check.interval = Duration::from_secs(1);
     // The demo prints its own summary; one JSON line per request would drown it.
     config.telemetry.access_log.enabled = false;
+    if scenario == Scenario::PrefillStarvation {
+        // As in front of a fleet without flow control: the engines queue the
+        // excess (with it, the gateway would hold it back at a queue of 8).
+        config.flow_control.enabled = false;
+    }
+    // Each replica's GPUs, as its DCGM exporter shows them.
     config.backends = sims
         .iter()
-        .filter_map(|s| s.url().parse().ok())
-        .map(BackendConfig::from_url)
-        .collect();
+        .map(|s| {
+            let url = s.url();
+            Ok(BackendConfig {
+                dcgm_url: Some(format!("{url}/dcgm/metrics").parse()?),
+                ..BackendConfig::from_url(url.parse()?)
+            })
+        })
+        .collect::<Result<_, url::ParseError>>()?;
     let gw = server::start(config).await.context(
         "starting the gateway (is 127.0.0.1:8080 or :9090 taken? use --listen / --admin-listen)",
     )?;
@@ -140,8 +175,14 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     if let Some((what, name)) = expectation(scenario) {
         println!(
-            "Scenario: {what}. Watch the diagnosis name `{name}` within a few seconds \
+            "Scenario: {what}. Watch the diagnosis name `{name}` \
              (also: sluice diagnose --admin {admin}).\n"
+        );
+    }
+    if scenario == Scenario::LeakedKv {
+        println!(
+            "End the leak as an operator would, by restarting that engine: curl -X POST {}/sim/reset\n",
+            sims[1].url()
         );
     }
 
@@ -192,6 +233,42 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         stream: true,
     }));
 
+    // Prefill starvation: long generations (short prompts, 1,500 tokens
+    // each) keep the engines decoding, while long documents (1,200-token
+    // prompts, short answers) wait for a step of their own, and everything
+    // queued behind them waits too.
+    let mut starving = Vec::new();
+    if scenario == Scenario::PrefillStarvation {
+        let shape = |prompt_tokens, max_tokens| bench::workload::Shape {
+            workload: bench::workload::Workload::Fixed,
+            prompt_tokens,
+            max_tokens,
+            prefixes: 1,
+            prefix_tokens: 0,
+        };
+        for (arrival, concurrency, shape, seed) in [
+            (bench::Arrival::Closed, 30, shape(50, 1500), 3),
+            (bench::Arrival::Poisson(3.0), 64, shape(1200, 16), 4),
+        ] {
+            starving.push(tokio::spawn(bench::run(BenchConfig {
+                url: api.clone(),
+                model: Some(MODEL.into()),
+                concurrency,
+                requests: None,
+                duration: Some(args.duration.unwrap_or(forever)),
+                arrival,
+                shape,
+                agentic: None,
+                seed,
+                api_key: Some(PREMIUM_KEY.into()),
+                json: None,
+                progress: false,
+                api: bench::Api::Chat,
+                stream: true,
+            })));
+        }
+    }
+
     let started = Instant::now();
     // On a terminal the demo shows `sluice top`'s view, redrawn in place;
     // otherwise (a pipe, a log) a summary line every 2 s.
@@ -206,6 +283,13 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     tick.tick().await;
     let stop = server::shutdown_signal();
     tokio::pin!(stop);
+    // The workload ends at --duration once its requests in flight are done;
+    // starved ones may take much longer, so they are cut a little after it.
+    let cut = tokio::time::sleep(
+        args.duration
+            .map_or(forever, |d| d + Duration::from_secs(5)),
+    );
+    tokio::pin!(cut);
     let report = loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -223,9 +307,17 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 workload.abort();
                 break None;
             }
+            () = &mut cut => {
+                println!("\nrequests still in flight 5 s after --duration: cut");
+                workload.abort();
+                break None;
+            }
         }
     };
     free_tenant.abort();
+    for t in starving {
+        t.abort();
+    }
     println!("\nFinal {}", summary(&gw, &sims, started));
     if let Some(r) = report {
         println!("\nAs the client saw it:\n{}", r.table());
@@ -269,6 +361,22 @@ fn expectation(s: Scenario) -> Option<(&'static str, &'static str)> {
         Scenario::PrefixCacheMisses => Some((
             "the engines run without prefix caching",
             "prefix_cache_misses",
+        )),
+        Scenario::LeakedKv => Some((
+            "half of the second replica's requests never free their KV blocks: it fills, \
+             routing passes it over, and it sits idle holding its cache (named after \
+             doctor.leak_for, 60 s, of idle scrapes; POST /sim/reset to its address ends it)",
+            "leaked_kv",
+        )),
+        Scenario::CpuSwapping => Some((
+            "KV caches far too small, with CPU swap space: preempted sequences are swapped out",
+            "cpu_swapping",
+        )),
+        Scenario::PrefillStarvation => Some((
+            "engines without chunked prefill, long generations and long documents: \
+             the documents wait for the decodes to finish, the queues grow \
+             (flow control off)",
+            "prefill_starvation",
         )),
     }
 }

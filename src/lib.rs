@@ -115,6 +115,15 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 Some(spec) => sim::faults::Faults::parse(spec).map_err(anyhow::Error::msg)?,
                 None => sim::faults::Faults::default(),
             };
+            let engine_only = [
+                (args.swap_space > 0, "--swap-space"),
+                (args.no_chunked_prefill, "--no-chunked-prefill"),
+            ];
+            if let Some((_, flag)) = engine_only.iter().find(|(set, _)| *set)
+                && args.profile == "fixed"
+            {
+                anyhow::bail!("{flag} needs an engine profile; --profile fixed has no scheduler");
+            }
             let profile = if args.profile == "fixed" {
                 None
             } else {
@@ -127,7 +136,12 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 })?;
                 p.num_blocks = args.num_blocks.unwrap_or(p.num_blocks);
                 p.max_num_seqs = args.max_num_seqs.unwrap_or(p.max_num_seqs);
+                p.max_num_batched_tokens = args
+                    .max_num_batched_tokens
+                    .unwrap_or(p.max_num_batched_tokens);
                 p.prefix_caching &= !args.no_prefix_caching;
+                p.swap_blocks = args.swap_space;
+                p.chunked_prefill &= !args.no_chunked_prefill;
                 Some(p)
             };
             anyhow::ensure!(args.speed > 0.0, "--speed must be positive");

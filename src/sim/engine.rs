@@ -11,6 +11,19 @@
 //! `profile.step_time(batch, prefill tokens) / speed`, after which every
 //! sequence that caught up with its prompt emits one token.
 //!
+//! Without chunked prefill (`--no-chunked-prefill`, vLLM V1's scheduler with
+//! chunked prefill disabled) a prompt is prefilled whole in one step, and
+//! only in the token budget the running decodes left: the running sequences
+//! are scheduled first (one token each), so with `k` decodes running a
+//! prompt of `P` tokens waits until `k <= max_num_batched_tokens - P`, and
+//! the queue is served in order, so every request behind it waits too.
+//! Long decodes thus keep long prompts (and the queue behind them) out for
+//! as long as they run, while their own steps stay fast: the prefill
+//! starvation of the reference articles (high TTFT, normal inter-token
+//! latency, a growing queue). A prompt larger than the whole budget runs in
+//! a step of its own. Chunked prefill instead gives a prompt whatever the
+//! decodes leave, a chunk per step, so it always progresses.
+//!
 //! Cost per step: O(running + admitted) work and one timer; the HTTP streams
 //! are woken through their [`Slot`], never by a channel per token.
 
@@ -21,7 +34,7 @@ use std::task::Waker;
 use std::time::Duration;
 
 use atomic_waker::AtomicWaker;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::SimMetrics;
@@ -106,6 +119,9 @@ pub(crate) struct Request {
     pub arrival: Instant,
     /// Fault: after this many tokens, produce nothing for this long.
     pub stall: Option<(u32, Duration)>,
+    /// Fault: its KV blocks are never freed when it ends (finished or
+    /// aborted), as an engine whose exit path forgets to free them.
+    pub leak: bool,
 }
 
 struct Seq {
@@ -122,6 +138,8 @@ struct Seq {
     admitted: bool,
     /// A stall fault in progress: not scheduled until then (keeps its blocks).
     paused_until: Option<Instant>,
+    /// Swapped out: the CPU blocks holding its KV (0 when on the GPU).
+    cpu_blocks: u32,
     last_token: Option<Instant>,
 }
 
@@ -134,6 +152,9 @@ impl Seq {
 
 pub(crate) struct Engine {
     intake: parking_lot::Mutex<Vec<Seq>>,
+    /// Restarts asked for (`POST /sim/reset`), each answered with the
+    /// number of leaked blocks it freed.
+    resets: parking_lot::Mutex<Vec<oneshot::Sender<u32>>>,
     notify: Notify,
 }
 
@@ -146,6 +167,7 @@ impl Engine {
     ) -> (Arc<Engine>, tokio::task::JoinHandle<()>) {
         let engine = Arc::new(Engine {
             intake: parking_lot::Mutex::new(Vec::new()),
+            resets: parking_lot::Mutex::new(Vec::new()),
             notify: Notify::new(),
         });
         let task = tokio::spawn(run(engine.clone(), profile, speed, metrics));
@@ -163,10 +185,22 @@ impl Engine {
             scheduled: false,
             admitted: false,
             paused_until: None,
+            cpu_blocks: 0,
             last_token: None,
         };
         self.intake.lock().push(seq);
         self.notify.notify_one();
+    }
+
+    /// What an operator's restart of a drained engine does to leaked
+    /// memory: the blocks no request holds are freed. Requests in flight
+    /// keep running (a drained replica has none). Resolves, after the
+    /// engine's current step, with the number of blocks freed.
+    pub(crate) async fn reset(&self) -> u32 {
+        let (tx, rx) = oneshot::channel();
+        self.resets.lock().push(tx);
+        self.notify.notify_one();
+        rx.await.unwrap_or(0)
     }
 }
 
@@ -175,6 +209,14 @@ struct State {
     pool: BlockPool,
     running: Vec<Seq>,
     waiting: VecDeque<Seq>,
+    /// Preempted sequences whose KV sits in CPU memory, oldest arrival first.
+    swapped: VecDeque<Seq>,
+    /// CPU blocks in use by `swapped`.
+    cpu_used: u32,
+    /// Blocks copied between GPU and CPU in this step (either way).
+    swap_io: u32,
+    /// Blocks of ended requests with the leak fault: allocated, owned by nobody.
+    leaked: Vec<u32>,
     metrics: Arc<SimMetrics>,
 }
 
@@ -184,6 +226,10 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
         pool: BlockPool::new(profile.num_blocks, profile.block_size),
         running: Vec::new(),
         waiting: VecDeque::new(),
+        swapped: VecDeque::new(),
+        cpu_used: 0,
+        swap_io: 0,
+        leaked: Vec::new(),
         metrics,
     };
     let speed = if speed > 0.0 { speed } else { 1.0 };
@@ -191,7 +237,14 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
     loop {
         let arrived = std::mem::take(&mut *engine.intake.lock());
         st.waiting.extend(arrived);
-        if st.running.is_empty() && st.waiting.is_empty() {
+        let resets = std::mem::take(&mut *engine.resets.lock());
+        if !resets.is_empty() {
+            let freed = st.free_leaked();
+            for r in resets {
+                let _ = r.send(freed);
+            }
+        }
+        if st.running.is_empty() && st.waiting.is_empty() && st.swapped.is_empty() {
             st.publish();
             engine.notify.notified().await;
             clock = Instant::now();
@@ -210,9 +263,11 @@ async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<Sim
             clock = Instant::now();
             continue;
         }
-        let step = st.profile.step_time(batch, prefill).div_f64(speed);
+        let copy = st.profile.per_swap_block * st.swap_io;
+        let step = (st.profile.step_time(batch, prefill) + copy).div_f64(speed);
         // Absolute deadlines: timer granularity does not accumulate into drift.
         clock = (clock + step).max(Instant::now() - Duration::from_millis(50));
+        st.metrics.busy.record(clock - step, clock);
         tokio::time::sleep_until(clock).await;
         st.complete_step();
     }
@@ -227,11 +282,11 @@ impl State {
         let mut preempted = false;
         // Cancelled requests leave first.
         let metrics = &self.metrics;
-        let pool = &mut self.pool;
+        let (pool, leaked) = (&mut self.pool, &mut self.leaked);
         self.running.retain_mut(|s| {
             let keep = !s.slot.is_cancelled();
             if !keep {
-                pool.release(&s.blocks);
+                free_or_leak(pool, leaked, s);
                 metrics.finished("abort");
             }
             keep
@@ -243,6 +298,16 @@ impl State {
             }
             keep
         });
+        let cpu_used = &mut self.cpu_used;
+        self.swapped.retain(|s| {
+            let keep = !s.slot.is_cancelled();
+            if !keep {
+                *cpu_used -= s.cpu_blocks;
+                metrics.finished("abort");
+            }
+            keep
+        });
+        self.swap_io = 0;
         for s in &mut self.running {
             s.scheduled = false;
         }
@@ -259,19 +324,15 @@ impl State {
             let want = self.pool.blocks_for(self.running[i].computed + n);
             let mut self_preempted = false;
             while want > self.running[i].blocks.len() as u32 + self.pool.num_free() {
-                // Out of blocks: preempt the most recent arrival (recompute later).
-                let Some(mut victim) = self.running.pop() else {
+                // Out of blocks: preempt the most recent arrival, to CPU
+                // memory if it fits there, else for recomputation later.
+                let Some(victim) = self.running.pop() else {
                     break;
                 };
-                self.pool.release(&victim.blocks);
-                victim.blocks.clear();
-                victim.computed = 0;
-                victim.registered = 0;
-                victim.scheduled = false;
                 self.metrics.preemptions.inc();
                 preempted = true;
                 let was_self = self.running.len() == i;
-                self.waiting.push_front(victim);
+                self.preempt(victim);
                 if was_self {
                     self_preempted = true;
                     break;
@@ -294,7 +355,41 @@ impl State {
             i += 1;
         }
 
+        // Swapped sequences come back before any new one is admitted (vLLM
+        // V0), oldest first, when the GPU has their blocks again.
         while !preempted && budget > 0 && (self.running.len() as u32) < self.profile.max_num_seqs {
+            let Some(s) = self.swapped.front() else {
+                break;
+            };
+            let n = (s.target() - s.computed).min(budget);
+            let want = self.pool.blocks_for(s.computed + n);
+            if want > self.pool.num_free() {
+                break;
+            }
+            let Some(mut s) = self.swapped.pop_front() else {
+                break;
+            };
+            if !self.pool.allocate(want, &mut s.blocks) {
+                self.swapped.push_front(s);
+                break;
+            }
+            self.cpu_used -= s.cpu_blocks;
+            self.swap_io += s.cpu_blocks;
+            s.cpu_blocks = 0;
+            if s.computed < s.req.prompt_tokens {
+                prefill += n.min(s.req.prompt_tokens - s.computed);
+            }
+            s.computed += n;
+            s.scheduled = true;
+            budget -= n;
+            self.running.push(s);
+        }
+
+        while !preempted
+            && self.swapped.is_empty()
+            && budget > 0
+            && (self.running.len() as u32) < self.profile.max_num_seqs
+        {
             let Some(mut s) = self.waiting.pop_front() else {
                 break;
             };
@@ -312,7 +407,23 @@ impl State {
                 s.registered = s.blocks.len();
             }
             let need = s.target() - s.computed;
-            let n = need.min(budget);
+            let alone = budget == self.profile.max_num_batched_tokens;
+            let n = if self.profile.chunked_prefill {
+                need.min(budget)
+            } else if need <= budget || alone {
+                // Whole, in this step (a prompt over the budget runs alone).
+                need
+            } else {
+                // No chunked prefill: the prompt does not fit in what the
+                // running decodes left of the budget. It waits at the head
+                // of the queue, and everything behind it waits too.
+                self.pool.release(&s.blocks);
+                s.blocks.clear();
+                s.computed = 0;
+                s.registered = 0;
+                self.waiting.push_front(s);
+                break;
+            };
             let want = self.pool.blocks_for(s.computed + n);
             let extra = want.saturating_sub(s.blocks.len() as u32);
             if !self.pool.allocate(extra, &mut s.blocks) {
@@ -338,7 +449,7 @@ impl State {
             }
             s.computed += n;
             s.scheduled = true;
-            budget -= n;
+            budget = budget.saturating_sub(n);
             self.running.push(s);
         }
         let batch = self.running.iter().filter(|s| s.scheduled).count() as u32;
@@ -375,17 +486,45 @@ impl State {
             }
         }
         let metrics = &self.metrics;
-        let pool = &mut self.pool;
+        let (pool, leaked) = (&mut self.pool, &mut self.leaked);
         self.running.retain_mut(|s| {
             if s.generated < s.req.output_tokens {
                 return true;
             }
-            pool.release(&s.blocks);
+            free_or_leak(pool, leaked, s);
             metrics.e2e.observe_duration(now - s.req.arrival);
             metrics.finished(s.req.finish_reason);
             s.slot.finish();
             false
         });
+    }
+
+    /// Take a running sequence off the GPU: its blocks are copied to CPU
+    /// memory if the swap space holds them (it resumes where it was),
+    /// otherwise dropped (it is recomputed from its prompt later).
+    fn preempt(&mut self, mut victim: Seq) {
+        let n = victim.blocks.len() as u32;
+        self.pool.release(&victim.blocks);
+        victim.blocks.clear();
+        victim.registered = 0;
+        victim.scheduled = false;
+        if n > 0 && self.cpu_used + n <= self.profile.swap_blocks {
+            victim.cpu_blocks = n;
+            self.cpu_used += n;
+            self.swap_io += n;
+            self.swapped.push_front(victim);
+        } else {
+            victim.computed = 0;
+            self.waiting.push_front(victim);
+        }
+    }
+
+    /// Free every leaked block; returns how many there were.
+    fn free_leaked(&mut self) -> u32 {
+        let n = self.leaked.len() as u32;
+        self.pool.release(&self.leaked);
+        self.leaked.clear();
+        n
     }
 
     /// Requests that can never fit (prompt larger than the whole cache) fail.
@@ -409,6 +548,22 @@ impl State {
         let intake_waiting = self.waiting.len() as i64;
         m.waiting.set(intake_waiting);
         m.kv_usage.set(self.pool.usage());
+        m.swapped.set(self.swapped.len() as i64);
+        let cpu = match self.profile.swap_blocks {
+            0 => 0.0,
+            n => f64::from(self.cpu_used) / f64::from(n),
+        };
+        m.cpu_kv_usage.set(cpu);
+    }
+}
+
+/// A request ended: its blocks go back to the pool, or, with the leak
+/// fault, to nobody.
+fn free_or_leak(pool: &mut BlockPool, leaked: &mut Vec<u32>, s: &mut Seq) {
+    if s.req.leak {
+        leaked.append(&mut s.blocks);
+    } else {
+        pool.release(&s.blocks);
     }
 }
 

@@ -9,6 +9,7 @@
 //! | `drop=5` | after 5 tokens, cut the connection (no terminating chunk) |
 //! | `malformed=5` | after 5 tokens, send an event that is not JSON |
 //! | `error_event=5` | after 5 tokens, send an in-band error event and end |
+//! | `leak` | the engine never frees the request's KV blocks when it ends (an engine bug on some exit path); `POST /sim/reset` frees them, as a restart would |
 
 use std::time::Duration;
 
@@ -20,6 +21,8 @@ pub struct Faults {
     pub drop_after: Option<u32>,
     pub malformed_after: Option<u32>,
     pub error_event_after: Option<u32>,
+    /// The request's KV blocks stay allocated after it ends (engine model only).
+    pub leak: bool,
 }
 
 pub(crate) const HEADER: &str = "x-sim-fault";
@@ -28,6 +31,10 @@ impl Faults {
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut f = Faults::default();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part == "leak" {
+                f.leak = true;
+                continue;
+            }
             let (key, val) = part
                 .split_once('=')
                 .ok_or_else(|| format!("fault `{part}` is not key=value"))?;
@@ -57,6 +64,7 @@ impl Faults {
                 "drop" => f.drop_after = Some(num(val)?),
                 "malformed" => f.malformed_after = Some(num(val)?),
                 "error_event" => f.error_event_after = Some(num(val)?),
+                "leak" => return Err("fault `leak` takes no value: write `leak`".into()),
                 other => return Err(format!("unknown fault `{other}`")),
             }
         }
@@ -88,6 +96,9 @@ impl Faults {
         if let Some(n) = self.error_event_after {
             parts.push(format!("error_event={n}"));
         }
+        if self.leak {
+            parts.push("leak".into());
+        }
         parts.join(",")
     }
 }
@@ -98,15 +109,18 @@ mod tests {
 
     #[test]
     fn parses_every_fault() {
-        let f =
-            Faults::parse("error=503, first_token=2s,stall=5:30s,drop=7,malformed=3,error_event=4")
-                .unwrap_or_default();
+        let f = Faults::parse(
+            "error=503, first_token=2s,stall=5:30s,drop=7,malformed=3,error_event=4,leak",
+        )
+        .unwrap_or_default();
         assert_eq!(f.error, Some(503));
         assert_eq!(f.first_token, Some(Duration::from_secs(2)));
         assert_eq!(f.stall, Some((5, Duration::from_secs(30))));
         assert_eq!(f.drop_after, Some(7));
         assert_eq!(f.malformed_after, Some(3));
         assert_eq!(f.error_event_after, Some(4));
+        assert!(f.leak);
+        assert_eq!(Faults::parse(&f.to_spec()), Ok(f));
     }
 
     #[test]
@@ -115,5 +129,7 @@ mod tests {
         assert!(Faults::parse("error=200").is_err());
         assert!(Faults::parse("stall=5").is_err());
         assert!(Faults::parse("drop").is_err());
+        assert!(Faults::parse("leak=1").is_err());
+        assert!(Faults::parse("leaky").is_err());
     }
 }

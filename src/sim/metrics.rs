@@ -45,6 +45,10 @@ pub struct SimMetrics {
     pub running: Gauge,
     pub waiting: Gauge,
     pub kv_usage: FloatGauge,
+    /// Sequences swapped out to CPU memory, and the share of the CPU KV
+    /// blocks they hold (vLLM V0, with swap space).
+    pub swapped: Gauge,
+    pub cpu_kv_usage: FloatGauge,
     pub prompt_tokens: Counter,
     pub generation_tokens: Counter,
     pub prefix_queries: Counter,
@@ -58,6 +62,8 @@ pub struct SimMetrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub queue_time: Histogram,
+    /// The engine's recent steps (GPU utilisation of `/dcgm/metrics`).
+    pub(crate) busy: super::dcgm::Busy,
     finished: Family<(&'static str,), Counter>,
 }
 
@@ -67,6 +73,8 @@ impl SimMetrics {
             running: Gauge::default(),
             waiting: Gauge::default(),
             kv_usage: FloatGauge::default(),
+            swapped: Gauge::default(),
+            cpu_kv_usage: FloatGauge::default(),
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
             prefix_queries: Counter::default(),
@@ -78,6 +86,7 @@ impl SimMetrics {
             itl: Histogram::seconds(Arc::from(ITL)),
             e2e: Histogram::seconds(Arc::from(E2E)),
             queue_time: Histogram::seconds(Arc::from(E2E)),
+            busy: super::dcgm::Busy::default(),
             finished: Family::new(&["finished_reason"], Counter::default),
         }
     }
@@ -96,6 +105,11 @@ impl SimMetrics {
             .iter()
             .map(|r| self.finished_count(r))
             .sum()
+    }
+
+    /// The KV-cache usage the engine last published (0 to 1).
+    pub fn kv_usage(&self) -> f64 {
+        self.kv_usage.get()
     }
 
     /// Share of prompt tokens served from the prefix cache so far.
@@ -168,6 +182,23 @@ impl SimMetrics {
             m,
             v.kv,
         );
+        if cache.swap_blocks > 0 {
+            // vLLM V0's swap gauges; V1 has no swap space and no such series.
+            e.one(
+                "vllm:num_requests_swapped",
+                "Number of requests swapped to CPU.",
+                G,
+                m,
+                self.swapped.get() as f64,
+            );
+            e.one(
+                "vllm:cpu_cache_usage_perc",
+                "CPU KV-cache usage. 1 means 100 percent usage.",
+                G,
+                m,
+                self.cpu_kv_usage.get(),
+            );
+        }
         e.one(
             "vllm:prefix_cache_queries_total",
             "Prefix cache queries, in tokens.",
@@ -260,9 +291,10 @@ impl SimMetrics {
             &self.queue_time,
         );
         let info = format!(
-            "block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"{}\",cache_dtype=\"auto\"",
+            "block_size=\"{}\",num_gpu_blocks=\"{}\",num_cpu_blocks=\"{}\",enable_prefix_caching=\"{}\",cache_dtype=\"auto\"",
             cache.block_size,
             cache.num_blocks,
+            cache.swap_blocks,
             if cache.prefix_caching {
                 "True"
             } else {
@@ -436,5 +468,7 @@ struct View {
 pub(crate) struct CacheInfo {
     pub block_size: u32,
     pub num_blocks: u32,
+    /// CPU blocks of swap space (0: none).
+    pub swap_blocks: u32,
     pub prefix_caching: bool,
 }

@@ -11,6 +11,7 @@
 //! completions, Anthropic Messages or OpenAI Responses (`protocols.rs`,
 //! which also keeps this replica's stored responses).
 
+mod dcgm;
 pub(crate) mod engine;
 pub mod faults;
 mod generation;
@@ -115,6 +116,7 @@ impl SimState {
         metrics::CacheInfo {
             block_size: p.map_or(16, |p| p.block_size),
             num_blocks: p.map_or(0, |p| p.num_blocks),
+            swap_blocks: p.map_or(0, |p| p.swap_blocks),
             prefix_caching: p.is_none_or(|p| p.prefix_caching),
         }
     }
@@ -242,8 +244,10 @@ pub(crate) fn router(state: Arc<SimState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
+        .route("/dcgm/metrics", get(dcgm_metrics))
         .route("/sim/last_request", get(last_request))
         .route("/sim/control", get(get_control).put(put_control))
+        .route("/sim/reset", post(reset))
         .with_state(state)
 }
 
@@ -289,6 +293,35 @@ async fn metrics(State(s): State<Arc<SimState>>) -> Response {
             waiting: c.waiting,
         },
     );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// `GET /dcgm/metrics`: the replica's GPUs as NVIDIA's dcgm-exporter shows
+/// them (`dcgm.rs`). The fixed-timing mode has no engine steps: it counts as
+/// fully busy while any request is in flight, on a GPU of the default profile.
+async fn dcgm_metrics(State(s): State<Arc<SimState>>) -> Response {
+    let now = Instant::now();
+    let (profile, utilisation) = match s.config.profile {
+        Some(p) => (p, s.metrics.busy.utilisation(now)),
+        None => (
+            profile::PROFILES[0],
+            if s.metrics.running.get() > 0 {
+                1.0
+            } else {
+                0.0
+            },
+        ),
+    };
+    let host = format!(
+        "sluice-sim-{}",
+        s.fingerprint.rsplit(':').next().unwrap_or("0")
+    );
+    let text = dcgm::render(&dcgm::Gpus {
+        profile: &profile,
+        kv_usage: s.metrics.kv_usage(),
+        utilisation,
+        host: &host,
+    });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -355,6 +388,17 @@ async fn put_control(State(s): State<Arc<SimState>>, body: axum::body::Bytes) ->
         }
         Err(e) => vllm_error(StatusCode::BAD_REQUEST, &format!("bad control: {e}")),
     }
+}
+
+/// `POST /sim/reset`: the engine restarted by an operator (after a drain):
+/// the KV blocks leaked by the `leak` fault are free again. Answers
+/// `{"freed_blocks": N}` once they are.
+async fn reset(State(s): State<Arc<SimState>>) -> Response {
+    let freed = match &s.engine {
+        Some(e) => e.reset().await,
+        None => 0,
+    };
+    axum::Json(json!({ "freed_blocks": freed })).into_response()
 }
 
 async fn last_request(State(s): State<Arc<SimState>>) -> Response {
@@ -651,6 +695,7 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
             finish_reason,
             arrival,
             stall: faults.stall,
+            leak: faults.leak,
         },
         faults.first_token,
     );

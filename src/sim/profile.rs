@@ -11,6 +11,9 @@
 //! - `per_prefill_token` is 1 / prefill throughput (compute-bound).
 //! - `num_blocks` is the KV capacity in 16-token blocks: (GPU memory x 0.9 -
 //!   weights - activations) / (2 x layers x KV heads x head dim x 2 bytes) / 16.
+//! - `per_swap_block` is the time to copy one KV block between GPU and CPU
+//!   memory over PCIe (block bytes / ~25 GB/s effective on Gen5, ~16 GB/s on
+//!   Gen4), added to the step that swaps it.
 //!
 //! Sources:
 //! - Llama-3.1-8B on 1x H100 80GB: ~12,500 output tokens/s saturated (BF16,
@@ -47,6 +50,29 @@ pub struct Profile {
     /// Automatic prefix caching (`--enable-prefix-caching`); off, every prompt
     /// is computed from scratch.
     pub prefix_caching: bool,
+    /// CPU KV blocks for swapping (vLLM V0's `--swap-space`, here in blocks):
+    /// 0 preempts by recomputation only; otherwise a preempted sequence's
+    /// blocks are copied to CPU memory while they fit, and back later.
+    pub swap_blocks: u32,
+    /// Time to copy one KV block between GPU and CPU memory.
+    pub per_swap_block: Duration,
+    /// Chunked prefill (`--enable-chunked-prefill`, on by default): a prompt
+    /// is prefilled over several steps in what the step's token budget
+    /// leaves. Off, a prompt is prefilled whole in one step, and only when it
+    /// fits in what the running decodes leave of the budget (see `engine.rs`).
+    pub chunked_prefill: bool,
+    /// The GPU, as dcgm-exporter's `modelName` shows it, and how many the
+    /// engine runs on (tensor parallelism).
+    pub gpu: &'static str,
+    pub gpus: u32,
+    /// Memory of one GPU, in MiB.
+    pub gpu_memory_mib: u32,
+    /// Memory of one GPU not in the KV pool: its share of the weights,
+    /// activations, CUDA graphs and context, in MiB.
+    pub fixed_mib: u32,
+    /// KV bytes one token takes on one GPU (2 x layers x KV heads x head dim
+    /// x 2 bytes, divided by the tensor-parallel degree).
+    pub kv_bytes_per_token: u32,
 }
 
 const fn us(n: u64) -> Duration {
@@ -72,6 +98,16 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_prefill_token: us(50),
         max_model_len: 131_072,
         prefix_caching: true,
+        swap_blocks: 0,
+        // 2 MiB per block (128 KiB per token) at ~25 GB/s (PCIe Gen5).
+        per_swap_block: us(80),
+        chunked_prefill: true,
+        gpu: "NVIDIA H100 80GB HBM3",
+        gpus: 1,
+        gpu_memory_mib: 81_559,
+        // 16 GB of weights, ~1.5 GB of activations and context.
+        fixed_mib: 16_500,
+        kv_bytes_per_token: 131_072,
     },
     Profile {
         name: "a100-llama3-8b",
@@ -88,6 +124,15 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_prefill_token: us(88),
         max_model_len: 131_072,
         prefix_caching: true,
+        swap_blocks: 0,
+        // 2 MiB per block at ~16 GB/s (PCIe Gen4).
+        per_swap_block: us(130),
+        chunked_prefill: true,
+        gpu: "NVIDIA A100-SXM4-40GB",
+        gpus: 1,
+        gpu_memory_mib: 40_960,
+        fixed_mib: 16_500,
+        kv_bytes_per_token: 131_072,
     },
     Profile {
         name: "h100x4-llama3-70b",
@@ -103,6 +148,16 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_prefill_token: us(125),
         max_model_len: 131_072,
         prefix_caching: true,
+        swap_blocks: 0,
+        // 5 MiB per block, a quarter on each GPU's own link.
+        per_swap_block: us(50),
+        chunked_prefill: true,
+        gpu: "NVIDIA H100 80GB HBM3",
+        gpus: 4,
+        gpu_memory_mib: 81_559,
+        // A quarter of 140 GB of weights, ~2.5 GB of the rest.
+        fixed_mib: 36_000,
+        kv_bytes_per_token: 81_920,
     },
     Profile {
         name: "tiny",
@@ -116,6 +171,14 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_prefill_token: ns(10_000),
         max_model_len: 4096,
         prefix_caching: true,
+        swap_blocks: 0,
+        per_swap_block: us(20),
+        chunked_prefill: true,
+        gpu: "NVIDIA L4",
+        gpus: 1,
+        gpu_memory_mib: 23_034,
+        fixed_mib: 1_500,
+        kv_bytes_per_token: 65_536,
     },
 ];
 

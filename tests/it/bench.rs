@@ -168,3 +168,20 @@ async fn a_demo_scenario_shows_its_pathology_named() {
         "{stdout}"
     );
 }
+
+#[tokio::test]
+async fn the_cpu_swapping_scenario_is_named() {
+    let out = demo(&["--scenario", "cpu-swapping", "--duration", "6s"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("Scenario: KV caches far too small, with CPU swap space"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("diagnosis: ") && l.contains("cpu_swapping on 127.0.0.1:")),
+        "{stdout}"
+    );
+}

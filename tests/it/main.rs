@@ -18,6 +18,7 @@ mod defects;
 mod deploy;
 mod deps;
 mod doctor;
+mod doctor_sim;
 mod errors;
 mod exposition;
 mod flow;

@@ -289,3 +289,70 @@ async fn dialects_use_each_engines_names() {
         assert!(!text.contains("vllm:"), "{dialect:?} must not speak vLLM");
     }
 }
+
+/// `GET /dcgm/metrics`: (family -> values of its series), checking the
+/// exposition's shape on the way.
+async fn dcgm(sim: &sluice::sim::SimHandle) -> std::collections::HashMap<String, Vec<f64>> {
+    let (status, text) = get_text(&format!("{}/dcgm/metrics", sim.url())).await;
+    assert_eq!(status, 200);
+    let mut out: std::collections::HashMap<String, Vec<f64>> = Default::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let (name, labels) = series.split_once('{').unwrap();
+        for l in [
+            "gpu=\"",
+            "UUID=\"GPU-",
+            "device=\"nvidia",
+            "modelName=\"NVIDIA ",
+            "Hostname=\"",
+        ] {
+            assert!(labels.contains(l), "{line}");
+        }
+        assert!(text.contains(&format!("# TYPE {name} gauge\n")), "{text}");
+        assert!(text.contains(&format!("# HELP {name} ")), "{text}");
+        out.entry(name.to_string())
+            .or_default()
+            .push(value.parse().unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn dcgm_exporter_shows_utilisation_and_memory() {
+    let mut cfg = SimConfig::engine("tiny", 1.0).unwrap();
+    cfg.output_tokens = 2000;
+    let sim = start_sim(cfg).await;
+    let idle = dcgm(&sim).await;
+    assert_eq!(idle["DCGM_FI_DEV_GPU_UTIL"], vec![0.0]);
+    // An L4's 23,034 MiB, of which the fixed part is used while idle.
+    let (used, free) = (
+        idle["DCGM_FI_DEV_FB_USED"][0],
+        idle["DCGM_FI_DEV_FB_FREE"][0],
+    );
+    assert_eq!(used + free, 23_034.0);
+    let load: Vec<_> = (0..8)
+        .map(|i| {
+            let url = sim.url();
+            tokio::spawn(async move {
+                stream_chat(&url, &format!("question {i} {}", "word ".repeat(200)), 1500).await
+            })
+        })
+        .collect();
+    wait_until(
+        "busy and using KV memory",
+        Duration::from_secs(10),
+        || async {
+            let m = dcgm(&sim).await;
+            m["DCGM_FI_DEV_GPU_UTIL"][0] > 0.0 && m["DCGM_FI_DEV_FB_USED"][0] > used
+        },
+    )
+    .await;
+    for l in load {
+        l.abort();
+    }
+    // Idle again: the last second holds no step.
+    wait_until("idle again", Duration::from_secs(10), || async {
+        dcgm(&sim).await["DCGM_FI_DEV_GPU_UTIL"][0] == 0.0
+    })
+    .await;
+}
