@@ -14,6 +14,7 @@ mod alerting;
 mod bench;
 mod cli;
 mod common;
+mod dashboard;
 mod defects;
 mod deploy;
 mod deps;

@@ -3,6 +3,8 @@
 //! gateway in front of them, a shared-prefix workload through it, and a live
 //! summary, all in one process.
 
+mod otlp;
+
 use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
@@ -91,13 +93,30 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         _ => {}
     }
     // An occasional fault on the third replica: 2% of its answers are 503
-    // (retried on another replica; seen in the upstream errors and retries).
-    {
-        let mut c = sims[2].state.control();
+    // (retried on another replica; seen in the upstream errors and retries),
+    // and once a minute it fails everything for 3 s: passive health ejects
+    // it after 5 failures in a row, and it comes back 10 s later.
+    let faulty = sims[2].state.clone();
+    let set_rate = move |rate: f64| -> anyhow::Result<()> {
+        let mut c = faulty.control();
         c.faults = sim::faults::Faults::parse("error=503").map_err(anyhow::Error::msg)?;
-        c.fault_rate = 0.02;
-        sims[2].state.set_control(c);
-    }
+        c.fault_rate = rate;
+        faulty.set_control(c);
+        Ok(())
+    };
+    set_rate(0.02)?;
+    let bursts = tokio::spawn(async move {
+        let mut every = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_secs(20),
+            Duration::from_secs(60),
+        );
+        loop {
+            every.tick().await;
+            let _ = set_rate(1.0);
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let _ = set_rate(0.02);
+        }
+    });
     let mut config = Config::default();
     // Two tenants: `premium` (the main workload, first when the fleet is
     // full) and `free`, limited to 20 requests a minute and sent more.
@@ -129,6 +148,19 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     config.upstream.health_check.interval = Duration::from_secs(1);
     // The demo prints its own summary; one JSON line per request would drown it.
     config.telemetry.access_log.enabled = false;
+    // Tracing on, exported to the demo's own OTLP sink: errors, slow first
+    // tokens and stalls kept, and 5% of the rest.
+    let (sink_url, sink) = otlp::start().await?;
+    config.telemetry.tracing = crate::config::TracingConfig {
+        enabled: Some(true),
+        endpoint: Some(sink_url.clone()),
+        protocol: Some(crate::config::OtlpProtocol::HttpProtobuf),
+        service_name: Some("sluice-demo".into()),
+        sampling: crate::config::SamplingConfig {
+            ratio: 0.05,
+            ..Default::default()
+        },
+    };
     if scenario == Scenario::PrefillStarvation {
         // As in front of a fleet without flow control: the engines queue the
         // excess (with it, the gateway would hold it back at a queue of 8).
@@ -157,7 +189,11 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     println!("  API (OpenAI base_url): {api}/v1");
     println!("  Metrics:               {admin}/metrics");
-    println!("  Replicas:              {admin}/admin/backends\n");
+    println!("  Replicas:              {admin}/admin/backends");
+    println!("  Diagnosis:             sluice diagnose --admin {admin}");
+    println!(
+        "  Traces:                OTLP/HTTP to the demo's own sink at {sink_url} (errors, slow first tokens, stalls, 5% of the rest)\n"
+    );
     println!("Try it while the workload runs (keys: {PREMIUM_KEY} or {FREE_KEY}):");
     println!(
         "  curl -N {api}/v1/chat/completions -H 'content-type: application/json' -H 'authorization: Bearer {PREMIUM_KEY}' \\\n    \
@@ -170,7 +206,8 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!(
         "Workload: shared-prefix chat (documents of 1,000 tokens, unique questions), {} in flight \
          for tier premium; tier free sends 5 requests/s against its limit of 20 a minute; \
-         2% of the third replica's answers fail with 503.\n",
+         2% of the third replica's answers fail with 503, and once a minute all of them for 3 s \
+         (retried elsewhere; passive health ejects it, then it comes back).\n",
         args.concurrency
     );
     if let Some((what, name)) = expectation(scenario) {
@@ -315,6 +352,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
     };
     free_tenant.abort();
+    bursts.abort();
     for t in starving {
         t.abort();
     }
@@ -323,6 +361,11 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
         println!("\nAs the client saw it:\n{}", r.table());
     }
     gw.shutdown(Duration::from_secs(5)).await;
+    println!(
+        "Traces: {} spans in {} exports reached the demo's OTLP sink.",
+        sink.spans.load(std::sync::atomic::Ordering::Relaxed),
+        sink.exports.load(std::sync::atomic::Ordering::Relaxed)
+    );
     Ok(())
 }
 
