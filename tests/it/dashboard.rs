@@ -151,6 +151,30 @@ async fn every_panel_shows_data_and_every_rule_evaluates_against_a_real_promethe
     assert!(spans("exported").await > Some(0.0), "no span exported");
     assert_eq!(spans("export_failed").await, Some(0.0));
 
+    // A minute of the healthy demo under load names only what the demo
+    // causes: its free tier held at its limit, and errors on the replica
+    // it makes fail (at most that one).
+    let d: serde_json::Value = client()
+        .get(format!("http://127.0.0.1:{admin_port}/admin/diagnose"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let findings = d["findings"].as_array().unwrap();
+    let mut erring = std::collections::BTreeSet::new();
+    for f in findings {
+        match f["pathology"].as_str().unwrap() {
+            "tenant_at_limit" => assert_eq!(f["tier"], "free", "{f}"),
+            "error_spike" => {
+                erring.insert(f["backend"].as_str().unwrap().to_string());
+            }
+            _ => panic!("the healthy demo named {f}"),
+        }
+    }
+    assert!(erring.len() <= 1, "errors named on {erring:?}");
+
     // Every alert rule has been evaluated, without error.
     let v = prom(&api, "/rules", &[]).await;
     let mut rules = 0;

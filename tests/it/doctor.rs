@@ -449,6 +449,8 @@ async fn small_batches_with_nothing_waiting_are_underutilisation_and_load_clears
     .await;
     let mut c = doctor_config(&[sim.url()]);
     c.doctor.underused_batch = 8.0;
+    // Its GPU, as the simulator's DCGM exporter shows it.
+    c.backends[0].dcgm_url = Some(format!("{}/dcgm/metrics", sim.url()).parse().unwrap());
     let gw = start_routed(c, 1).await;
     let body = |n: u32| {
         serde_json::json!({
@@ -469,6 +471,21 @@ async fn small_batches_with_nothing_waiting_are_underutilisation_and_load_clears
     let f = &v["findings"][0];
     assert_eq!(f["evidence"]["waiting_max"], 0.0, "{f}");
     assert!(f["evidence"]["batch_p50"].as_f64().unwrap() < 8.0, "{f}");
+    assert!(
+        f["evidence"]["gpu_utilization_mean"].as_f64().unwrap() < 0.5,
+        "{f}"
+    );
+    assert!(
+        gateway_metric(
+            &gw,
+            &format!(
+                "sluice_backend_gpu_utilization_ratio{{backend=\"{}\"}}",
+                label(&sim)
+            )
+        )
+        .await
+            < 0.5
+    );
     assert!(
         f["action"].as_str().unwrap().contains("1 of 1 replicas"),
         "{f}"
