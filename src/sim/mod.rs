@@ -20,6 +20,8 @@ pub(crate) mod kv;
 pub(crate) mod metrics;
 pub(crate) mod profile;
 mod protocols;
+#[cfg(test)]
+mod scheduling_tests;
 mod slot;
 mod stream;
 pub(crate) mod text;
