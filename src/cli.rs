@@ -49,9 +49,10 @@ pub enum Command {
         sluice sim --listen 127.0.0.1:8001 --dialect sglang\n  \
         sluice sim --listen 127.0.0.1:8001 --fault stall=10:30s --fault-rate 0.1\n  \
         sluice sim --listen 127.0.0.1:8001 --num-blocks 64 --swap-space 512\n  \
-        sluice sim --listen 127.0.0.1:8001 --no-chunked-prefill\n\
+        sluice sim --listen 127.0.0.1:8001 --no-chunked-prefill --max-num-batched-tokens 2048\n\
         Per request, send the header `x-sim-fault: SPEC` (same syntax as --fault).\n\
-        POST /sim/reset frees the KV blocks leaked by the `leak` fault (a restart).")]
+        POST /sim/reset frees the KV blocks leaked by the `leak` fault (a restart).\n\
+        GET /dcgm/metrics shows the replica's GPUs as NVIDIA's dcgm-exporter does.")]
     Sim(SimArgs),
     /// Load-test any OpenAI-compatible endpoint and report TTFT/ITL/E2E percentiles.
     #[command(after_help = "Examples:\n  \

@@ -66,9 +66,13 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
         }
         cfg.model = MODEL.into();
-        // Answers as long as asked (the workloads ask 128 tokens, the long
-        // generations of prefill-starvation 1,500).
-        cfg.output_tokens = 2000;
+        // Answers of 128 tokens at most (a request without max_tokens gets
+        // 128); prefill-starvation's long generations ask for 1,500.
+        cfg.output_tokens = if scenario == Scenario::PrefillStarvation {
+            2000
+        } else {
+            128
+        };
         sims.push(sim::start(listener, cfg).await?);
     }
     match scenario {

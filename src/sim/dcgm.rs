@@ -1,7 +1,7 @@
 //! The simulated replica's GPUs as NVIDIA's dcgm-exporter shows them
 //! (`GET /dcgm/metrics`): utilisation and framebuffer memory, one series per
-//! GPU of the profile, with dcgm-exporter's labels (`gpu`, `UUID`, `device`,
-//! `modelName`, `Hostname`).
+//! GPU of the profile, with dcgm-exporter's labels (`gpu`, `UUID`,
+//! `pci_bus_id`, `device`, `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`).
 //!
 //! - `DCGM_FI_DEV_GPU_UTIL` (percent) and `DCGM_FI_PROF_GR_ENGINE_ACTIVE`
 //!   (ratio): the share of the last second the engine spent running steps
@@ -25,6 +25,9 @@ use super::profile::Profile;
 /// Utilisation is measured over this much of the recent past (as
 /// dcgm-exporter's default 1 s sampling of `DCGM_FI_DEV_GPU_UTIL`).
 const SPAN: Duration = Duration::from_secs(1);
+
+/// The NVIDIA driver the exporter reports (a current datacenter branch).
+const DRIVER: &str = "550.127.08";
 
 /// The engine's recent steps, as (start, end) intervals; a step in progress
 /// is recorded with its planned end.
@@ -83,12 +86,13 @@ pub(crate) fn render(g: &Gpus<'_>) -> String {
             let h = super::text::mix(seed ^ u64::from(i));
             let h2 = super::text::mix(h);
             format!(
-                "gpu=\"{i}\",UUID=\"GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}\",device=\"nvidia{i}\",modelName=\"{}\",Hostname=\"{}\"",
+                "gpu=\"{i}\",UUID=\"GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}\",pci_bus_id=\"00000000:{:02X}:00.0\",device=\"nvidia{i}\",modelName=\"{}\",Hostname=\"{}\",DCGM_FI_DRIVER_VERSION=\"{DRIVER}\"",
                 h >> 32,
                 (h >> 16) & 0xffff,
                 h & 0xffff,
                 h2 >> 48,
                 h2 & 0xffff_ffff_ffff,
+                0x18 + i * 0x10,
                 p.gpu,
                 g.host.replace('"', "'"),
             )

@@ -3,13 +3,18 @@
 //!
 //! Each step: running sequences first (a prefill chunk or one decode token
 //! each, allocating KV blocks; when blocks run out the most recently admitted
-//! sequence is preempted, its blocks freed for recomputation later), then, if
-//! nothing was preempted, waiting sequences in arrival order while the batch
-//! has room (`max_num_seqs`), token budget (`max_num_batched_tokens`, chunked
-//! prefill) and blocks. A new sequence first takes its cached prefix blocks,
-//! so only uncached prompt tokens cost prefill time. The step then lasts
-//! `profile.step_time(batch, prefill tokens) / speed`, after which every
-//! sequence that caught up with its prompt emits one token.
+//! sequence is preempted: its blocks are copied to CPU swap space if the
+//! profile has room there (vLLM V0's `--swap-space`), else freed for
+//! recomputation later), then, if nothing was preempted, swapped sequences
+//! back onto the GPU, oldest first, and only when none is left swapped,
+//! waiting sequences in arrival order while the batch has room
+//! (`max_num_seqs`), token budget (`max_num_batched_tokens`, chunked prefill)
+//! and blocks. A new sequence first takes its cached prefix blocks, so only
+//! uncached prompt tokens cost prefill time. The step then lasts
+//! `profile.step_time(batch, prefill tokens) / speed` plus the copy time of
+//! the blocks swapped, after which every sequence that caught up with its
+//! prompt emits one token. A sequence with the `leak` fault hands its blocks
+//! to nobody when it ends; [`Engine::reset`] frees them.
 //!
 //! Without chunked prefill (`--no-chunked-prefill`, vLLM V1's scheduler with
 //! chunked prefill disabled) a prompt is prefilled whole in one step, and
@@ -29,100 +34,15 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
-use std::task::Waker;
 use std::time::Duration;
 
-use atomic_waker::AtomicWaker;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::SimMetrics;
 use super::kv::BlockPool;
 use super::profile::Profile;
-
-/// What one request shares with its HTTP stream: tokens produced so far and
-/// whether it is over. The engine writes, the stream reads and may cancel.
-#[derive(Default)]
-pub(crate) struct Slot {
-    produced: AtomicU32,
-    /// Prompt tokens served from the prefix cache when the request was
-    /// admitted (vLLM's `prompt_tokens_details.cached_tokens`).
-    cached: AtomicU32,
-    done: AtomicU8,
-    cancelled: AtomicBool,
-    /// The HTTP stream waiting for tokens.
-    waker: AtomicWaker,
-    /// A producer waiting on a timer, to learn of a cancel at once.
-    cancel_waker: AtomicWaker,
-}
-
-impl Slot {
-    pub(crate) fn cached(&self) -> u32 {
-        self.cached.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn produced(&self) -> u32 {
-        self.produced.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire) != 0
-    }
-
-    /// The client went away: the engine drops the request at its next step.
-    pub(crate) fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Release);
-        self.cancel_waker.wake();
-    }
-
-    /// Resolves once the request is cancelled.
-    pub(crate) async fn cancelled(&self) {
-        std::future::poll_fn(|cx| {
-            self.cancel_waker.register(cx.waker());
-            if self.is_cancelled() {
-                std::task::Poll::Ready(())
-            } else {
-                std::task::Poll::Pending
-            }
-        })
-        .await
-    }
-
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn register(&self, w: &Waker) {
-        self.waker.register(w);
-    }
-
-    fn push(&self, produced: u32) {
-        self.produced.store(produced, Ordering::Release);
-        self.waker.wake();
-    }
-
-    fn finish(&self) {
-        self.done.store(1, Ordering::Release);
-        self.waker.wake();
-    }
-}
-
-/// A request as the engine sees it.
-pub(crate) struct Request {
-    pub prompt_tokens: u32,
-    /// Chained hashes of the prompt's full blocks (for the prefix cache).
-    pub hashes: Vec<u64>,
-    pub output_tokens: u32,
-    /// `stop` or `length`, reported when it finishes.
-    pub finish_reason: &'static str,
-    pub arrival: Instant,
-    /// Fault: after this many tokens, produce nothing for this long.
-    pub stall: Option<(u32, Duration)>,
-    /// Fault: its KV blocks are never freed when it ends (finished or
-    /// aborted), as an engine whose exit path forgets to free them.
-    pub leak: bool,
-}
+use super::slot::{Request, Slot};
 
 struct Seq {
     req: Request,
@@ -442,7 +362,7 @@ impl State {
                 m.prompt_tokens.add(u64::from(s.req.prompt_tokens));
                 m.prefix_queries.add(u64::from(s.req.prompt_tokens));
                 m.prefix_hits.add(u64::from(s.computed));
-                s.slot.cached.store(s.computed, Ordering::Release);
+                s.slot.set_cached(s.computed);
             }
             if s.computed < s.req.prompt_tokens {
                 prefill += n.min(s.req.prompt_tokens - s.computed);
@@ -565,54 +485,4 @@ fn free_or_leak(pool: &mut BlockPool, leaked: &mut Vec<u32>, s: &mut Seq) {
     } else {
         pool.release(&s.blocks);
     }
-}
-
-/// The fixed-timing producer: first token at `first_at`, then one every
-/// `token_delay`, independent of load (the overhead benchmarks want this).
-pub(crate) fn spawn_fixed(
-    req: Request,
-    slot: Arc<Slot>,
-    first_at: Instant,
-    token_delay: Duration,
-    metrics: Arc<SimMetrics>,
-) {
-    metrics.running.inc();
-    metrics.prompt_tokens.add(u64::from(req.prompt_tokens));
-    tokio::spawn(async move {
-        let mut at = first_at;
-        let mut last: Option<Instant> = None;
-        for n in 1..=req.output_tokens {
-            tokio::select! {
-                _ = tokio::time::sleep_until(at) => {}
-                _ = slot.cancelled() => {}
-            }
-            if slot.is_cancelled() {
-                metrics.running.dec();
-                metrics.finished("abort");
-                return;
-            }
-            let now = Instant::now();
-            match last {
-                None => metrics.ttft.observe_duration(now - req.arrival),
-                Some(p) => metrics.itl.observe_duration(now - p),
-            }
-            last = Some(now);
-            metrics.generation_tokens.inc();
-            slot.push(n);
-            at += token_delay;
-            if let Some((after, d)) = req.stall
-                && after == n
-            {
-                at += d;
-            }
-            if token_delay.is_zero() && n.is_multiple_of(16) {
-                // As fast as possible, but let the streams run.
-                tokio::task::yield_now().await;
-            }
-        }
-        metrics.running.dec();
-        metrics.e2e.observe_duration(req.arrival.elapsed());
-        metrics.finished(req.finish_reason);
-        slot.finish();
-    });
 }

@@ -7,18 +7,22 @@
 //! do. The fixed-timing mode (`--profile fixed`) gives every request the same
 //! first-token delay and token gap regardless of load, for overhead
 //! benchmarks. Handlers hand a request to either and stream what its
-//! [`engine::Slot`] reports, in the request's protocol: OpenAI chat and
+//! [`slot::Slot`] reports, in the request's protocol: OpenAI chat and
 //! completions, Anthropic Messages or OpenAI Responses (`protocols.rs`,
 //! which also keeps this replica's stored responses).
 
 mod dcgm;
 pub(crate) mod engine;
 pub mod faults;
+mod fixed;
 mod generation;
 pub(crate) mod kv;
 pub(crate) mod metrics;
 pub(crate) mod profile;
 mod protocols;
+#[cfg(test)]
+mod scheduling_tests;
+mod slot;
 mod stream;
 pub(crate) mod text;
 
@@ -38,11 +42,12 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-use engine::{Engine, Slot};
+use engine::Engine;
 use faults::Faults;
 use generation::{Api, Generation};
 pub use metrics::{Dialect, SimMetrics};
 use profile::Profile;
+use slot::Slot;
 use stream::{Keep, SimStream};
 
 #[derive(Debug, Clone)]
@@ -123,7 +128,7 @@ impl SimState {
 
     /// Hand a request to the engine (or the fixed clock), after `delay` (the
     /// slow-first-token fault: the replica holds the request before starting).
-    fn submit(self: &Arc<Self>, req: engine::Request, delay: Option<Duration>) -> Arc<Slot> {
+    fn submit(self: &Arc<Self>, req: slot::Request, delay: Option<Duration>) -> Arc<Slot> {
         let slot = Arc::new(Slot::default());
         let Some(delay) = delay else {
             self.start(req, slot.clone());
@@ -146,13 +151,13 @@ impl SimState {
         out
     }
 
-    fn start(&self, req: engine::Request, slot: Arc<Slot>) {
+    fn start(&self, req: slot::Request, slot: Arc<Slot>) {
         match &self.engine {
             Some(e) => e.submit(req, slot),
             None => {
                 let first_at = Instant::now() + self.config.prefill_delay;
                 let (delay, m) = (self.config.token_delay, self.metrics.clone());
-                engine::spawn_fixed(req, slot, first_at, delay, m);
+                fixed::spawn(req, slot, first_at, delay, m);
             }
         }
     }
@@ -688,7 +693,7 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         _ => None,
     };
     let slot = s.submit(
-        engine::Request {
+        slot::Request {
             prompt_tokens,
             hashes,
             output_tokens,

@@ -12,10 +12,10 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame};
 
-use super::engine::Slot;
 use super::faults::Faults;
 use super::generation::{Api, Generation, sse};
 use super::protocols;
+use super::slot::Slot;
 use super::text::word;
 
 /// Error from the body: makes hyper cut the connection mid-stream.

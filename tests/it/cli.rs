@@ -297,3 +297,34 @@ async fn sighup_reloads_the_config_without_cutting_streams() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn sim_refuses_options_it_cannot_honour() {
+    for (args, says) in [
+        (
+            &["--profile", "fixed", "--swap-space", "64"][..],
+            "--swap-space needs an engine profile",
+        ),
+        (
+            &["--profile", "fixed", "--no-chunked-prefill"][..],
+            "--no-chunked-prefill needs an engine profile",
+        ),
+        (&["--swap-space", "lots"][..], "invalid value 'lots'"),
+        (&["--max-num-batched-tokens", "0"][..], "invalid value '0'"),
+        (&["--fault", "leak=1"][..], "fault `leak` takes no value"),
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(20),
+            Command::new(BIN)
+                .args(["sim", "--listen", "127.0.0.1:0"])
+                .args(args)
+                .output(),
+        )
+        .await
+        .expect("refused at once")
+        .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
