@@ -302,6 +302,9 @@ pub enum Scenario {
     /// Engines without chunked prefill under long generations and long
     /// documents: first tokens wait, queues grow.
     PrefillStarvation,
+    /// Two requests in flight over three replicas: small batches, idle GPUs
+    /// (the diagnosis's window shortened to a minute so that it shows).
+    Underutilisation,
 }
 
 /// `fixed` or a known engine profile, checked when the command line is parsed.

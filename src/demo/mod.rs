@@ -165,6 +165,16 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     };
+    if scenario == Scenario::Underutilisation {
+        // Underutilisation is judged over the whole window (5 minutes by
+        // default, and only once 80% of it is scraped): a minute here.
+        config.doctor.window = Duration::from_secs(60);
+    }
+    let concurrency = if scenario == Scenario::Underutilisation {
+        2
+    } else {
+        args.concurrency
+    };
     if scenario == Scenario::PrefillStarvation {
         // As in front of a fleet without flow control: the engines queue the
         // excess (with it, the gateway would hold it back at a queue of 8).
@@ -212,7 +222,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
          for tier premium; tier free sends 5 requests/s against its limit of 20 a minute; \
          2% of the third replica's answers fail with 503, and once a minute all of them for 3 s \
          (retried elsewhere; passive health ejects it, then it comes back).\n",
-        args.concurrency
+        concurrency
     );
     if let Some((what, name)) = expectation(scenario) {
         println!(
@@ -231,7 +241,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut workload = tokio::spawn(bench::run(BenchConfig {
         url: api.clone(),
         model: Some(MODEL.into()),
-        concurrency: args.concurrency,
+        concurrency,
         requests: None,
         duration: Some(args.duration.unwrap_or(forever)),
         arrival: bench::Arrival::Closed,
@@ -418,6 +428,11 @@ fn expectation(s: Scenario) -> Option<(&'static str, &'static str)> {
         Scenario::CpuSwapping => Some((
             "KV caches far too small, with CPU swap space: preempted sequences are swapped out",
             "cpu_swapping",
+        )),
+        Scenario::Underutilisation => Some((
+            "two requests in flight over three replicas: small batches, nothing waiting, GPUs \
+             mostly idle (named as information after ~50 s: doctor.window is a minute here)",
+            "underutilisation",
         )),
         Scenario::PrefillStarvation => Some((
             "engines without chunked prefill, long generations and long documents: \
