@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use crate::vocab::EngineKind;
 
 use super::client::HttpClient;
-use super::pool::{Pool, Replica};
+use super::pool::Pool;
 use super::signals::LoadSample;
 
 #[derive(Default)]
@@ -225,7 +225,8 @@ pub(crate) async fn scrape_all(
         tasks.spawn(async move {
             let gpu = async {
                 let url = r.dcgm.as_deref()?;
-                match tokio::time::timeout(timeout, fetch(&r, &client, url)).await {
+                // Not the replica's key: the exporter is another service.
+                match tokio::time::timeout(timeout, fetch(&client, url, None)).await {
                     Ok(Ok(text)) => Some(parse_dcgm(&text)),
                     Ok(Err(e)) => {
                         tracing::debug!(backend = %r.name, error = %e, "DCGM scrape failed");
@@ -238,7 +239,8 @@ pub(crate) async fn scrape_all(
                 }
             };
             let url = format!("{}/metrics", r.base);
-            let engine_page = tokio::time::timeout(timeout, fetch(&r, &client, &url));
+            let engine_page =
+                tokio::time::timeout(timeout, fetch(&client, &url, r.api_key.as_ref()));
             let (page, gpu) = tokio::join!(engine_page, gpu);
             match page {
                 Ok(Ok(text)) => {
@@ -279,15 +281,18 @@ pub(crate) async fn run(
     }
 }
 
-/// GET `url` (the replica's `/metrics`, or its DCGM exporter) with the
-/// replica's key.
-async fn fetch(r: &Replica, client: &HttpClient, url: &str) -> Result<String, String> {
+/// GET `url` (the replica's `/metrics` with its key, or its DCGM exporter).
+async fn fetch(
+    client: &HttpClient,
+    url: &str,
+    key: Option<&http::HeaderValue>,
+) -> Result<String, String> {
     let mut req = Request::builder()
         .method(Method::GET)
         .uri(url)
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
-    if let Some(key) = &r.api_key {
+    if let Some(key) = key {
         req.headers_mut().insert(header::AUTHORIZATION, key.clone());
     }
     let resp = client.request(req).await.map_err(|e| e.to_string())?;
