@@ -160,7 +160,7 @@ fn relay_stream(c: &mut Criterion) {
         refusal: None,
     });
     let words = [
-        "Sure", ",", " here", " is", " the", " gateway", "'s", " answer", ".", "\n",
+        "Sure", ",", " here", " is", " the", " gateway", "'s", " answer", ".", "\\n",
     ];
     let event = |delta: String| {
         Bytes::from(format!(
@@ -217,6 +217,16 @@ fn relay_stream(c: &mut Criterion) {
     let mut check = guard();
     sluice::stream::relay_for_bench(&text, &mut check, detector.clone());
     assert_eq!(check.record.verdict.map(|v| v.refusal), Some(false));
+    // Every byte reached the client (no event was refused on the way).
+    let total = |s: &[Bytes]| s.iter().map(Bytes::len).sum::<usize>();
+    assert_eq!(
+        sluice::stream::relay_for_bench(&text, &mut guard(), None),
+        total(&text)
+    );
+    assert_eq!(
+        sluice::stream::relay_for_bench(&tools, &mut guard(), None),
+        total(&tools)
+    );
     let mut g = c.benchmark_group("relay_256_token_stream");
     g.bench_function("text, quality as shipped (refusal detector off)", |b| {
         b.iter(|| black_box(sluice::stream::relay_for_bench(&text, &mut guard(), None)))
