@@ -6,7 +6,13 @@
 //! [`Inspector`] only when its reader flagged a tool call (chat:
 //! `ChunkInfo::tool_call`; Messages and Responses: `ProtoEvent::tool_input`),
 //! or while the refusal detector still listens to the answer's first
-//! `chars` characters. Arguments are held only until the answer ends (each
+//! `chars` characters. A chat stream's argument pieces, which an engine
+//! writes as the same bytes around a different string, are matched by the
+//! shape learned from the first one (as `shape.rs` does for tokens): the
+//! same head and tail around one valid JSON string are the same call with
+//! that string as its piece, so only the string is decoded (measured in
+//! docs/BENCHMARKS.md: 0.5 us per piece parsed whole, ARGS_SHAPE_COST
+//! learned). Arguments are held only until the answer ends (each
 //! call's at most [`MAX_ARGS`] bytes: past that it is not judged), the
 //! opening only until the phrases are checked; neither reaches any output.
 
@@ -37,11 +43,87 @@ struct Call {
     provisional: bool,
 }
 
+/// What a chat stream's tool-argument events look like: the bytes before
+/// the arguments string (`head` of `frame`) and after it, and the call they
+/// belong to.
+#[derive(Debug)]
+struct ArgShape {
+    frame: Vec<u8>,
+    head: usize,
+    key: (u64, u64),
+}
+
+impl ArgShape {
+    /// The arguments piece of `payload` if it has this shape (the JSON
+    /// string, quotes included).
+    fn fits<'a>(&self, payload: &'a [u8]) -> Option<&'a [u8]> {
+        let (head, tail) = self.frame.split_at(self.head);
+        let end = payload.len().checked_sub(tail.len())?;
+        let string = payload.get(head.len()..end)?;
+        (payload.starts_with(head)
+            && payload.ends_with(tail)
+            && super::shape::is_output_string(string))
+        .then_some(string)
+    }
+
+    /// Learn from `payload`, whose only content is call `key`'s piece
+    /// `piece` (as the full reader found it): where that string lies, if
+    /// `"arguments":` appears once and is followed by exactly it.
+    fn learn(payload: &[u8], key: (u64, u64), piece: &str) -> Option<Self> {
+        let marker = b"\"arguments\":";
+        let mut at = memchr::memmem::find_iter(payload, marker);
+        let start = at.next()? + marker.len();
+        if at.next().is_some() {
+            return None;
+        }
+        let start = start
+            + payload[start..]
+                .iter()
+                .take_while(|b| b.is_ascii_whitespace())
+                .count();
+        let rest = payload.get(start..)?;
+        // The string's end: its first unescaped quote after the opening one.
+        let mut i = 1;
+        loop {
+            match *rest.get(i)? {
+                b'"' => break,
+                b'\\' => i += 1 + super::scan::escape_len(rest.get(i + 1..)?)?,
+                _ => i += 1,
+            }
+        }
+        let string = rest.get(..=i)?;
+        if !super::shape::is_output_string(string) || decode(string)?.as_ref() != piece {
+            return None;
+        }
+        let end = start + string.len();
+        let mut frame = payload[..start].to_vec();
+        frame.extend_from_slice(&payload[end..]);
+        Some(Self {
+            frame,
+            head: start,
+            key,
+        })
+    }
+}
+
+/// A JSON string token's text: borrowed when it has no escapes.
+fn decode(string: &[u8]) -> Option<Cow<'_, str>> {
+    let inner = string.get(1..string.len().checked_sub(1)?)?;
+    if memchr::memchr(b'\\', inner).is_none() {
+        return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
+    }
+    serde_json::from_slice::<String>(string)
+        .ok()
+        .map(Cow::Owned)
+}
+
 /// One answer's reader (the relay boxes one only once it is needed).
 #[derive(Debug)]
 pub(crate) struct Inspector {
     wire: Wire,
     calls: Vec<Call>,
+    /// Chat: the shape of this stream's argument pieces, once learned.
+    arg_shape: Option<ArgShape>,
     refusal: Option<Arc<Refusal>>,
     /// The opening so far, folded; characters in it.
     opening: String,
@@ -55,6 +137,7 @@ impl Inspector {
         Self {
             wire,
             calls: Vec::new(),
+            arg_shape: None,
             refusal,
             opening: String::new(),
             opening_chars: 0,
@@ -72,9 +155,24 @@ impl Inspector {
     pub(crate) fn event(&mut self, payload: &[u8]) {
         match self.wire {
             Wire::OpenAi => {
+                if let Some(s) = &self.arg_shape
+                    && let Some(piece) = s.fits(payload)
+                    && let Some(text) = decode(piece)
+                {
+                    let key = s.key;
+                    self.append(key, &text);
+                    return;
+                }
                 let Ok(c) = serde_json::from_slice::<ChatChunk<'_>>(payload) else {
                     return;
                 };
+                // Read in full: it may be the stream's next shape (the
+                // first piece often carries the call's id and name too).
+                if let Some(s) =
+                    only_piece(&c).and_then(|(key, piece)| ArgShape::learn(payload, key, piece))
+                {
+                    self.arg_shape = Some(s);
+                }
                 for choice in c.choices {
                     let i = choice.index.unwrap_or(0);
                     if let Some(d) = choice.delta {
@@ -248,6 +346,24 @@ impl Inspector {
             self.opening = String::new();
         }
     }
+}
+
+/// The one argument piece a chunk carries, when that is all it carries
+/// (one choice, one call, no text): the chunk to learn the shape from.
+fn only_piece<'c>(c: &'c ChatChunk<'_>) -> Option<((u64, u64), &'c str)> {
+    let [choice] = c.choices.as_slice() else {
+        return None;
+    };
+    let d = choice.delta.as_ref()?;
+    let [call] = d.tool_calls.as_slice() else {
+        return None;
+    };
+    if d.content.is_some() || d.function_call.is_some() || choice.text.is_some() {
+        return None;
+    }
+    let piece = call.function.as_ref()?.arguments.as_deref()?;
+    let key = (choice.index.unwrap_or(0), call.index.unwrap_or(0));
+    Some((key, piece))
 }
 
 /// Read a whole (non-streamed) answer: `None` when there is nothing to

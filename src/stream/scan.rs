@@ -206,6 +206,69 @@ impl<'a> P<'a> {
         }
     }
 
+    /// A delta's `tool_calls` array: whether it is non-empty (as
+    /// [`non_empty`](Self::non_empty)), and each call's non-empty
+    /// `function.arguments` string remembered as the output string's place.
+    /// Its content changes no answer (a non-empty array is output, whatever
+    /// it holds), so the stream's shape may be learned around it: a tool
+    /// call's argument pieces then take the fast path as tokens do.
+    fn tool_calls(&mut self) -> Option<bool> {
+        self.expect(b'[')?;
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Some(false);
+        }
+        loop {
+            if self.peek()? == b'{' {
+                self.object_with(b"function", |p| {
+                    if p.peek()? == b'{' {
+                        p.object_with(b"arguments", |p| {
+                            if p.peek()? != b'"' {
+                                return p.skip_value();
+                            }
+                            let start = p.i;
+                            if p.skip_string()? {
+                                p.span = Some(start..p.i);
+                            }
+                            Some(())
+                        })
+                    } else {
+                        p.skip_value()
+                    }
+                })?;
+            } else {
+                self.skip_value()?;
+            }
+            match self.next()? {
+                b',' => continue,
+                b']' => return Some(true),
+                _ => return None,
+            }
+        }
+    }
+
+    /// An object whose `key` is read by `read` (at its value) and every
+    /// other key skipped; keys with escapes are left to serde.
+    fn object_with(&mut self, key: &[u8], read: impl Fn(&mut Self) -> Option<()>) -> Option<()> {
+        self.expect(b'{')?;
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            if self.key()? == key {
+                read(self)?;
+            } else {
+                self.skip_value()?;
+            }
+            match self.next()? {
+                b',' => continue,
+                b'}' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
     /// `null` (true) or any other value, skipped (false).
     fn null_or_skip(&mut self) -> Option<bool> {
         self.ws();
@@ -312,7 +375,11 @@ impl<'a> P<'a> {
                     info.has_output |= self.output()?;
                 }
                 b"tool_calls" | b"function_call" => {
-                    let called = self.non_empty()?;
+                    let called = if self.peek()? == b'[' {
+                        self.tool_calls()?
+                    } else {
+                        self.non_empty()?
+                    };
                     info.has_output |= called;
                     info.tool_call |= called;
                 }

@@ -107,7 +107,7 @@ impl Shape {
 /// One non-empty JSON string, quotes included, that the scanner would skip
 /// as a whole: no unescaped `"` before the last byte, valid escapes, and no
 /// `\n` (which would end the `data:` line).
-fn is_output_string(s: &[u8]) -> bool {
+pub(super) fn is_output_string(s: &[u8]) -> bool {
     let [b'"', inner @ .., b'"'] = s else {
         return false;
     };

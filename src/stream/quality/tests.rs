@@ -156,3 +156,66 @@ fn arguments_past_the_bound_are_not_held_or_judged() {
         }
     );
 }
+
+/// A tool call streamed as engines write it: a first event with the id and
+/// name, then pieces of the arguments (escapes, unicode, spacing).
+fn tool_stream(spacing: &str, pieces: &[&str], index: u32) -> Vec<Vec<u8>> {
+    let mut out = vec![format!(
+        r#"{{"id":"c","choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":{index},"id":"call_1","type":"function","function":{{"name":"f","arguments":""}}}}]}},"finish_reason":null}}]}}"#
+    )
+    .into_bytes()];
+    for p in pieces {
+        let s = serde_json::to_string(p).unwrap();
+        out.push(
+            format!(
+                r#"{{"id":"c","choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":{index},"function":{{"arguments":{spacing}{s}}}}}]}},"finish_reason":null}}]}}"#
+            )
+            .into_bytes(),
+        );
+    }
+    out
+}
+
+#[test]
+fn argument_pieces_read_by_the_learned_shape_are_the_pieces() {
+    let pieces: &[&str] = &[
+        "{\"path\": \"C:\\\\tmp\\n\"",
+        ", \"note\": \"caf\u{e9} \u{1f600}\"",
+        ", \"q\": \"say \\\"hi\\\"\"",
+        ", \"n\": [1, 2, 3]}",
+    ];
+    for spacing in ["", " "] {
+        for index in [0, 3] {
+            let mut i = Inspector::new(Wire::OpenAi, None);
+            for ev in tool_stream(spacing, pieces, index) {
+                i.event(&ev);
+            }
+            // The shape was learned (the later pieces took the fast path)...
+            assert!(i.arg_shape.is_some(), "{spacing:?} {index}");
+            // ...and the arguments are exactly the pieces joined.
+            assert_eq!(i.calls.len(), 1);
+            assert_eq!(i.calls[0].args, pieces.concat());
+            assert_eq!(i.calls[0].key, (0, u64::from(index)));
+            assert_eq!(
+                i.finish(),
+                Verdict {
+                    tool_calls: 1,
+                    invalid_tool_calls: 0,
+                    refusal: false
+                }
+            );
+        }
+    }
+    // A piece that is not a JSON string where the shape expects one, and a
+    // second call interleaved: both read in full, still exact.
+    let mut i = Inspector::new(Wire::OpenAi, None);
+    let mut evs = tool_stream("", &["{\"a\":", " 1}"], 0);
+    evs.insert(2, tool_stream("", &["[tr", "ue]"], 1).remove(1));
+    evs.push(br#"{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":null}}]},"finish_reason":null}]}"#.to_vec());
+    evs.push(tool_stream("", &["ue]"], 1).remove(1));
+    for ev in &evs {
+        i.event(ev);
+    }
+    let args: Vec<(u64, &str)> = i.calls.iter().map(|c| (c.key.1, c.args.as_str())).collect();
+    assert_eq!(args, vec![(0, "{\"a\": 1}"), (1, "[true]")]);
+}

@@ -103,18 +103,48 @@ fn output_value() -> impl Strategy<Value = J> {
     ]
 }
 
+/// A delta's `tool_calls` as engines send them (calls with a `function`
+/// whose `arguments` is usually a string), or any value.
+fn tool_calls() -> impl Strategy<Value = J> {
+    let arguments = prop_oneof![3 => text().prop_map(J::Str), 1 => any_value()];
+    let function = proptest::collection::vec(
+        prop_oneof![
+            3 => arguments.prop_map(|a| ("arguments".to_string(), a)),
+            1 => text().prop_map(|t| ("name".to_string(), J::Str(t))),
+        ],
+        0..3,
+    )
+    .prop_map(J::Obj);
+    let call = proptest::collection::vec(
+        prop_oneof![
+            3 => function.prop_map(|f| ("function".to_string(), f)),
+            1 => (0u32..3).prop_map(|i| ("index".to_string(), J::Raw(i.to_string()))),
+            1 => any_value().prop_map(|v| ("type".to_string(), v)),
+        ],
+        0..4,
+    )
+    .prop_map(J::Obj);
+    prop_oneof![
+        3 => proptest::collection::vec(prop_oneof![4 => call, 1 => any_value()], 0..3)
+            .prop_map(J::Arr),
+        1 => output_value(),
+    ]
+}
+
 fn delta() -> impl Strategy<Value = J> {
     let key = prop_oneof![
         Just("content"),
         Just("reasoning_content"),
         Just("reasoning"),
-        Just("tool_calls"),
         Just("function_call"),
         Just("role"),
         Just("refusal"),
     ];
-    proptest::collection::vec((key, output_value()), 0..4)
-        .prop_map(|m| J::Obj(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()))
+    let member = prop_oneof![
+        3 => (key, output_value()).prop_map(|(k, v)| (k.to_string(), v)),
+        1 => tool_calls().prop_map(|v| ("tool_calls".to_string(), v)),
+    ];
+    proptest::collection::vec(member, 0..4).prop_map(J::Obj)
 }
 
 fn finish() -> impl Strategy<Value = J> {

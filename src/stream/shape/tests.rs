@@ -108,6 +108,8 @@ fn only_plain_one_line_tokens_are_learned() {
 
 /// Token events of the shapes engines send, around `{}`.
 const TEMPLATES: &[&str] = &[
+    // vLLM, a tool call's argument pieces
+    "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":{}}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n",
     // vLLM
     "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":{}},\"logprobs\":null,\"finish_reason\":null}]}\n\n",
     // SGLang (usage: null on every chunk)
