@@ -43,18 +43,36 @@ struct Call {
     provisional: bool,
 }
 
-/// What a chat stream's tool-argument events look like: the bytes before
-/// the arguments string (`head` of `frame`) and after it, and the call they
-/// belong to.
-#[derive(Debug)]
-struct ArgShape {
-    frame: Vec<u8>,
-    head: usize,
-    key: (u64, u64),
+/// What the string of a chat stream's pieces is: a call's arguments, or the
+/// answer's text (choice 0's `content` or `text`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Piece {
+    Args((u64, u64)),
+    Text,
 }
 
-impl ArgShape {
-    /// The arguments piece of `payload` if it has this shape (the JSON
+impl Piece {
+    /// The key whose string this piece is.
+    fn marker(self, completion: bool) -> &'static [u8] {
+        match self {
+            Piece::Args(_) => b"\"arguments\":",
+            Piece::Text if completion => b"\"text\":",
+            Piece::Text => b"\"content\":",
+        }
+    }
+}
+
+/// What a chat stream's pieces look like: the bytes before the string
+/// (`head` of `frame`) and after it, and what the string is.
+#[derive(Debug)]
+struct PieceShape {
+    frame: Vec<u8>,
+    head: usize,
+    piece: Piece,
+}
+
+impl PieceShape {
+    /// The piece's string in `payload` if it has this shape (the JSON
     /// string, quotes included).
     fn fits<'a>(&self, payload: &'a [u8]) -> Option<&'a [u8]> {
         let (head, tail) = self.frame.split_at(self.head);
@@ -66,11 +84,11 @@ impl ArgShape {
         .then_some(string)
     }
 
-    /// Learn from `payload`, whose only content is call `key`'s piece
-    /// `piece` (as the full reader found it): where that string lies, if
-    /// `"arguments":` appears once and is followed by exactly it.
-    fn learn(payload: &[u8], key: (u64, u64), piece: &str) -> Option<Self> {
-        let marker = b"\"arguments\":";
+    /// Learn from `payload`, whose only content is `piece` with string
+    /// `text` (as the full reader found it): where that string lies, if its
+    /// key appears once and is followed by exactly it.
+    fn learn(payload: &[u8], (piece, text, completion): (Piece, &str, bool)) -> Option<Self> {
+        let marker = piece.marker(completion);
         let mut at = memchr::memmem::find_iter(payload, marker);
         let start = at.next()? + marker.len();
         if at.next().is_some() {
@@ -92,7 +110,7 @@ impl ArgShape {
             }
         }
         let string = rest.get(..=i)?;
-        if !super::shape::is_output_string(string) || decode(string)?.as_ref() != piece {
+        if !super::shape::is_output_string(string) || decode(string)?.as_ref() != text {
             return None;
         }
         let end = start + string.len();
@@ -101,7 +119,7 @@ impl ArgShape {
         Some(Self {
             frame,
             head: start,
-            key,
+            piece,
         })
     }
 }
@@ -122,8 +140,9 @@ fn decode(string: &[u8]) -> Option<Cow<'_, str>> {
 pub(crate) struct Inspector {
     wire: Wire,
     calls: Vec<Call>,
-    /// Chat: the shape of this stream's argument pieces, once learned.
-    arg_shape: Option<ArgShape>,
+    /// Chat: the shape of this stream's pieces (arguments, or text while
+    /// the refusal detector listens), once learned.
+    shape: Option<PieceShape>,
     refusal: Option<Arc<Refusal>>,
     /// The opening so far, folded; characters in it.
     opening: String,
@@ -137,7 +156,7 @@ impl Inspector {
         Self {
             wire,
             calls: Vec::new(),
-            arg_shape: None,
+            shape: None,
             refusal,
             opening: String::new(),
             opening_chars: 0,
@@ -155,12 +174,14 @@ impl Inspector {
     pub(crate) fn event(&mut self, payload: &[u8]) {
         match self.wire {
             Wire::OpenAi => {
-                if let Some(s) = &self.arg_shape
-                    && let Some(piece) = s.fits(payload)
-                    && let Some(text) = decode(piece)
+                if let Some(s) = &self.shape
+                    && let Some(string) = s.fits(payload)
+                    && let Some(text) = decode(string)
                 {
-                    let key = s.key;
-                    self.append(key, &text);
+                    match s.piece {
+                        Piece::Args(key) => self.append(key, &text),
+                        Piece::Text => self.text(&text),
+                    }
                     return;
                 }
                 let Ok(c) = serde_json::from_slice::<ChatChunk<'_>>(payload) else {
@@ -168,10 +189,8 @@ impl Inspector {
                 };
                 // Read in full: it may be the stream's next shape (the
                 // first piece often carries the call's id and name too).
-                if let Some(s) =
-                    only_piece(&c).and_then(|(key, piece)| ArgShape::learn(payload, key, piece))
-                {
-                    self.arg_shape = Some(s);
+                if let Some(s) = only_piece(&c).and_then(|p| PieceShape::learn(payload, p)) {
+                    self.shape = Some(s);
                 }
                 for choice in c.choices {
                     let i = choice.index.unwrap_or(0);
@@ -348,22 +367,31 @@ impl Inspector {
     }
 }
 
-/// The one argument piece a chunk carries, when that is all it carries
-/// (one choice, one call, no text): the chunk to learn the shape from.
-fn only_piece<'c>(c: &'c ChatChunk<'_>) -> Option<((u64, u64), &'c str)> {
+/// The one piece a chunk carries, when that is all it carries (one choice;
+/// one call's arguments, or choice 0's text): the chunk to learn the shape
+/// from, what its string is, and whether it is a completion's `text`.
+fn only_piece<'c>(c: &'c ChatChunk<'_>) -> Option<(Piece, &'c str, bool)> {
     let [choice] = c.choices.as_slice() else {
         return None;
     };
-    let d = choice.delta.as_ref()?;
-    let [call] = d.tool_calls.as_slice() else {
-        return None;
+    let index = choice.index.unwrap_or(0);
+    let Some(d) = choice.delta.as_ref() else {
+        return (index == 0)
+            .then_some(())
+            .and(choice.text.as_deref())
+            .map(|t| (Piece::Text, t, true));
     };
-    if d.content.is_some() || d.function_call.is_some() || choice.text.is_some() {
+    if d.function_call.is_some() || choice.text.is_some() {
         return None;
     }
-    let piece = call.function.as_ref()?.arguments.as_deref()?;
-    let key = (choice.index.unwrap_or(0), call.index.unwrap_or(0));
-    Some((key, piece))
+    match (d.tool_calls.as_slice(), d.content.as_deref()) {
+        ([call], None) => {
+            let piece = call.function.as_ref()?.arguments.as_deref()?;
+            Some((Piece::Args((index, call.index.unwrap_or(0))), piece, false))
+        }
+        ([], Some(text)) if index == 0 => Some((Piece::Text, text, false)),
+        _ => None,
+    }
 }
 
 /// Read a whole (non-streamed) answer: `None` when there is nothing to

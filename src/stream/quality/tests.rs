@@ -191,7 +191,7 @@ fn argument_pieces_read_by_the_learned_shape_are_the_pieces() {
                 i.event(&ev);
             }
             // The shape was learned (the later pieces took the fast path)...
-            assert!(i.arg_shape.is_some(), "{spacing:?} {index}");
+            assert!(i.shape.is_some(), "{spacing:?} {index}");
             // ...and the arguments are exactly the pieces joined.
             assert_eq!(i.calls.len(), 1);
             assert_eq!(i.calls[0].args, pieces.concat());
@@ -218,4 +218,38 @@ fn argument_pieces_read_by_the_learned_shape_are_the_pieces() {
     }
     let args: Vec<(u64, &str)> = i.calls.iter().map(|c| (c.key.1, c.args.as_str())).collect();
     assert_eq!(args, vec![(0, "{\"a\": 1}"), (1, "[true]")]);
+}
+
+#[test]
+fn text_pieces_read_by_the_learned_shape_are_the_text() {
+    let detector = Refusal::from_config(&RefusalConfig {
+        enabled: true,
+        chars: 10_000,
+        ..RefusalConfig::default()
+    })
+    .unwrap();
+    let pieces = ["He said \"no\"", "\n\tcaf\u{e9} \u{1f600}", " \\ end", "’S"];
+    let mut i = Inspector::new(Wire::OpenAi, Some(detector));
+    for p in pieces {
+        i.event(&chat(serde_json::json!({"content": p})));
+    }
+    assert!(i.shape.is_some());
+    assert_eq!(i.opening, pieces.concat().to_lowercase().replace('’', "'"));
+    // A completion's `text` pieces, the same way.
+    let mut c = Inspector::new(Wire::OpenAi, Some(detector_of(10_000)));
+    for p in pieces {
+        let ev = serde_json::json!({"choices": [{"index": 0, "text": p, "finish_reason": null}]});
+        c.event(&serde_json::to_vec(&ev).unwrap());
+    }
+    assert!(c.shape.is_some());
+    assert_eq!(c.opening, pieces.concat().to_lowercase().replace('’', "'"));
+}
+
+fn detector_of(chars: usize) -> Arc<Refusal> {
+    Refusal::from_config(&RefusalConfig {
+        enabled: true,
+        chars,
+        ..RefusalConfig::default()
+    })
+    .unwrap()
 }
