@@ -112,11 +112,14 @@ async fn proxy(
     )
     .await
     .map_err(|_| GatewayError::BodyTimeout(body_timeout))??;
-    let prefix = state.policy.wants_prefix().then(|| {
+    // Policies that route by prefix get every block; the others still get
+    // the first (the doctor's evidence of prompts scattered across replicas).
+    let wants_prefix = state.policy.wants_prefix();
+    let prefix = Some({
         let p = &state.config.routing.prefix_kv;
         inbound::PrefixParams {
             block_chars: p.block_chars,
-            max_blocks: p.max_blocks,
+            max_blocks: if wants_prefix { p.max_blocks } else { 1 },
         }
     });
     let needs = inbound::Needs {
@@ -347,7 +350,12 @@ async fn forward(
     let tail_tokens = chars(inbound.session.tail_chars);
     // The prompt's blocks, shared by the attempts' placements (the closed
     // loop corrects the index with them).
-    let hashes: Arc<[u64]> = Arc::from(inbound.prefix.as_slice());
+    let first_block = inbound.prefix.first().copied();
+    let hashes: Arc<[u64]> = if state.policy.wants_prefix() {
+        Arc::from(inbound.prefix.as_slice())
+    } else {
+        Arc::from([])
+    };
     let tokens_per_block =
         u32::try_from(state.config.routing.prefix_kv.block_chars / crate::tokens::CHARS_PER_TOKEN)
             .unwrap_or(16)
@@ -441,6 +449,14 @@ async fn forward(
         }
 
         let sent = Instant::now();
+        if let Some(first) = first_block
+            && state
+                .affinity
+                .first_blocks
+                .place(first, &replica.name, std::time::Instant::now())
+        {
+            replica.series.prefix_elsewhere.inc();
+        }
         guard.start_attempt(replica.clone(), reason, sent);
         guard.placed(Placement::new(
             state.affinity.of(&replica.name),

@@ -74,6 +74,10 @@ fn as_str<S: serde::Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
 /// Fewer predicted cached tokens than this over the window say nothing.
 const MIN_PREDICTED_TOKENS: f64 = 1000.0;
 
+/// Fewer requests sent to a replica over the window say nothing of how
+/// routing spreads prefixes.
+const MIN_SCATTERED_REQUESTS: f64 = 10.0;
+
 /// What the doctor reads of one replica.
 struct Patient<'a> {
     replica: &'a Replica,
@@ -148,6 +152,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
     let d = &config.doctor;
     let window = d.window.min(crate::upstream::pool::HISTORY);
     let scraping = config.routing.metrics.enabled;
+    let policy_name = config.routing.policy.as_str();
     let stale_after = config.routing.metrics.stale_after;
     let replicas = pool.replicas();
     let patients: Vec<Patient<'_>> = replicas
@@ -274,29 +279,49 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                 "enable chunked prefill (--enable-chunked-prefill, --max-num-batched-tokens 2048), or lower --max-num-seqs to leave room for prefill".into(),
             ));
         }
-        // Prefix-cache misses: routing sent prompts where their prefix was
-        // cached, and the engine did not have it.
-        if let (Some((hits, _)), Some((queries, _)), Some((predicted, _)), Some((actual, _))) = (
+        // Prefix-cache misses: the engine's hit rate low over the window
+        // although the prompts share prefixes. Which problem: routing sent
+        // prompts where their prefix was cached and the engine no longer had
+        // it (cache size, or caching off); or routing scattered them (most
+        // requests sent here carry a prefix last sent to another replica).
+        if let (Some((hits, _)), Some((queries, _))) = (
             p.increase(|s| s.prefix_hits),
             p.increase(|s| s.prefix_queries),
-            p.increase(|s| s.cached_predicted),
-            p.increase(|s| s.cached_actual),
         ) && queries > 0.0
             && hits / queries < d.prefix_hit_low
-            && predicted >= MIN_PREDICTED_TOKENS
-            && actual < d.prefix_shortfall * predicted
         {
-            out.push(finding(
-                "prefix_cache_misses",
-                Severity::Warning,
-                evidence(&[
-                    ("engine_prefix_hit_rate", round(hits / queries, 3)),
-                    ("cached_tokens_predicted", round(predicted, 0)),
-                    ("cached_tokens_reported", round(actual, 0)),
-                ]),
-                "routing keeps prompts that share a prefix together, but the engine no longer holds the prefixes it was sent: a cache-size problem (prefixes evicted before they are reused), or prefix caching is off".into(),
-                "enable prefix caching (--enable-prefix-caching), give the replica more KV memory, or add replicas so each holds fewer distinct prefixes".into(),
-            ));
+            let total =
+                |pick: fn(&LoadSample) -> Option<f64>| p.increase(pick).map_or(0.0, |x| x.0);
+            let (predicted, actual) = (total(|s| s.cached_predicted), total(|s| s.cached_actual));
+            let (sent, elsewhere) = (total(|s| s.attempts), total(|s| s.prefix_elsewhere));
+            if predicted >= MIN_PREDICTED_TOKENS && actual < d.prefix_shortfall * predicted {
+                out.push(finding(
+                    "prefix_cache_misses",
+                    Severity::Warning,
+                    evidence(&[
+                        ("engine_prefix_hit_rate", round(hits / queries, 3)),
+                        ("cached_tokens_predicted", round(predicted, 0)),
+                        ("cached_tokens_reported", round(actual, 0)),
+                    ]),
+                    "a cache-size problem, not routing: routing keeps prompts that share a prefix together, but the engine no longer holds the prefixes it was sent (evicted before they are reused), or prefix caching is off".into(),
+                    "enable prefix caching (--enable-prefix-caching), give the replica more KV memory, or add replicas so each holds fewer distinct prefixes".into(),
+                ));
+            } else if sent >= MIN_SCATTERED_REQUESTS && elsewhere >= 0.5 * sent {
+                out.push(finding(
+                    "prefix_cache_misses",
+                    Severity::Warning,
+                    evidence(&[
+                        ("engine_prefix_hit_rate", round(hits / queries, 3)),
+                        ("requests_sent", round(sent, 0)),
+                        ("prefix_last_sent_elsewhere", round(elsewhere, 0)),
+                    ]),
+                    "a routing problem: most requests sent here carry a prefix that was last sent to another replica, so every replica must hold every prefix and none keeps them".into(),
+                    format!(
+                        "route by prefix (routing.policy: prefix_kv, the default; it is {}), or find why prompts leave their prefix's home (load spills: the homes' queues and KV pressure)",
+                        policy_name
+                    ),
+                ));
+            }
         }
         // Leaked KV: memory held while nothing runs or waits.
         let idle_full: Vec<&LoadSample> = p

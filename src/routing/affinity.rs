@@ -55,6 +55,10 @@ pub struct Affinity {
     /// What the session and response tables were built with (a reload
     /// keeps them while equal).
     limits: [(usize, Duration); 2],
+    /// A prompt's first block -> the replica it was last sent to, whatever
+    /// the policy: the doctor's evidence that routing scatters prompts that
+    /// share a prefix (`sluice_backend_prefix_elsewhere_total`).
+    pub(crate) first_blocks: Sessions,
 }
 
 impl Affinity {
@@ -71,6 +75,7 @@ impl Affinity {
             sessions: Sessions::new(sessions.0, sessions.1),
             responses: Sessions::new(responses.0, responses.1),
             limits: [sessions, responses],
+            first_blocks: Sessions::new(4096, Duration::from_secs(600)),
         })
     }
 

@@ -69,6 +69,9 @@ pub struct BackendSeries {
     /// what the replica reported cached for the same requests.
     pub cached_predicted: Counter,
     pub cached_actual: Counter,
+    /// Requests sent here whose first prompt block was last sent to another
+    /// replica (a shared prefix scattered by routing).
+    pub prefix_elsewhere: Counter,
     /// Re-exported from the replica's own metrics.
     pub kv_usage: FloatGauge,
     pub waiting: FloatGauge,
@@ -100,6 +103,7 @@ impl BackendSeries {
             ejections: Counter::default(),
             cached_predicted: Counter::default(),
             cached_actual: Counter::default(),
+            prefix_elsewhere: Counter::default(),
             kv_usage: FloatGauge::default(),
             waiting: FloatGauge::default(),
             running: FloatGauge::default(),
@@ -700,6 +704,12 @@ impl Metrics {
             "Prompt tokens the replica reported cached, for the same requests (predicted vs actual: routing's precision).",
             &self.backends,
             |s| &s.cached_actual,
+        );
+        e.counters(
+            "sluice_backend_prefix_elsewhere_total",
+            "Requests sent to the replica whose first prompt block was last sent to another replica: prompts that share a prefix, scattered (whatever the policy).",
+            &self.backends,
+            |s| &s.prefix_elsewhere,
         );
         e.gauges(
             "sluice_backend_kv_cache_usage_ratio",

@@ -217,6 +217,8 @@ impl Replica {
         self.learn_seats(self.load.load().as_deref(), &s);
         s.cached_predicted = Some(self.series.cached_predicted.get() as f64);
         s.cached_actual = Some(self.series.cached_actual.get() as f64);
+        s.attempts = Some(self.series.attempts.get() as f64);
+        s.prefix_elsewhere = Some(self.series.prefix_elsewhere.get() as f64);
         if let (Some(r), Some(w)) = (s.running, s.waiting) {
             let seen = (r + w).round().max(0.0) as u32;
             self.others

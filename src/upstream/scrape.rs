@@ -171,6 +171,8 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
         prefix_queries: a.queries,
         cached_predicted: None,
         cached_actual: None,
+        attempts: None,
+        prefix_elsewhere: None,
         gpu_util: None,
         gpu_memory: None,
         at,

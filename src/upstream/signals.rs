@@ -32,6 +32,10 @@ pub struct LoadSample {
     /// there, and those the engine reported cached, for the same requests.
     pub cached_predicted: Option<f64>,
     pub cached_actual: Option<f64>,
+    /// This gateway's attempts sent there, and those whose first prompt
+    /// block was last sent elsewhere (counters, stamped the same way).
+    pub attempts: Option<f64>,
+    pub prefix_elsewhere: Option<f64>,
     /// From the replica's DCGM exporter (`backends[].dcgm_url`): GPU
     /// utilisation (0..1, mean over its GPUs) and framebuffer memory used
     /// (0..1 of used + free, over its GPUs).
@@ -59,6 +63,8 @@ impl LoadSample {
             prefix_queries: None,
             cached_predicted: None,
             cached_actual: None,
+            attempts: None,
+            prefix_elsewhere: None,
             gpu_util: None,
             gpu_memory: None,
             at,

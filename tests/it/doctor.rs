@@ -607,3 +607,74 @@ async fn throughput_far_below_its_baseline_while_traffic_holds_is_named_on_the_m
     .await;
     load.abort();
 }
+
+#[tokio::test]
+async fn prefix_cache_misses_from_scattering_routing_are_named_as_a_routing_problem() {
+    // Two replicas that each hold one of these ~900-token prompts at a time,
+    // and round robin over three prompts: each prompt goes to the other
+    // replica than last time, so every replica sees every prompt and keeps
+    // none. Routing expected nothing cached (no index): not the cache-size
+    // finding, the routing one.
+    let engine = || {
+        let mut cfg = SimConfig::engine("tiny", 20.0).unwrap();
+        if let Some(p) = cfg.profile.as_mut() {
+            p.num_blocks = 80;
+        }
+        cfg
+    };
+    let sims = [start_sim(engine()).await, start_sim(engine()).await];
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut c = doctor_config(&urls);
+    c.routing.policy = sluice::config::PolicyKind::RoundRobin;
+    let gw = start_routed(c, 2).await;
+    let prompt = |i: usize| {
+        let system: String = (0..450).map(|w| format!("p{i}w{w} ")).collect();
+        serde_json::json!({
+            "model": "sim-model", "max_tokens": 2,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": "go"}],
+        })
+    };
+    for round in 0..10 {
+        for i in 0..3 {
+            let (status, _, body) =
+                post(&format!("{}/v1/chat/completions", api(&gw)), &prompt(i)).await;
+            assert_eq!(status, 200, "round {round}: {body}");
+        }
+    }
+    for sim in &sims {
+        until_named(&gw, "prefix_cache_misses", &label(sim)).await;
+    }
+    let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for f in v["findings"].as_array().unwrap() {
+        if f["pathology"] == "prefix_cache_misses" {
+            assert!(
+                f["cause"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("a routing problem"),
+                "{f}"
+            );
+            assert!(f["action"].as_str().unwrap().contains("round_robin"), "{f}");
+            assert!(
+                f["evidence"]["prefix_last_sent_elsewhere"]
+                    .as_f64()
+                    .unwrap()
+                    >= 10.0,
+                "{f}"
+            );
+        }
+    }
+    assert!(
+        gateway_metric(
+            &gw,
+            &format!(
+                "sluice_backend_prefix_elsewhere_total{{backend=\"{}\"}}",
+                label(&sims[0])
+            )
+        )
+        .await
+            >= 10.0
+    );
+}
