@@ -161,18 +161,19 @@ def scenario(name, seconds, tmp, flow=True, gateways=1, tenants=(), learned=Fals
         admins = [a for _, a in gws]
         gws = [u for u, _ in gws]
         runs = {}
-        for i, (who, rate) in enumerate(tenants):
+        for i, (who, rate, *closed) in enumerate(tenants):
             for g, url in enumerate(gws):
                 key = who if gateways == 1 else f"{who}@{g}"
+                conc = closed[0] // gateways if closed else 2000
                 runs[key] = bench(url, who, tmp, seconds, rate / gateways if rate else None,
-                                  seed=1 + i * 7 + g)
+                                  concurrency=conc, seed=1 + i * 7 + g)
         res = collect(runs)
         gauges = flow_metrics(admins)
     finally:
         procs.stop()
     if gateways > 1:
         merged = {}
-        for who, _ in tenants:
+        for who, *_ in tenants:
             parts = [res[f"{who}@{g}"] for g in range(gateways)]
             m = dict(parts[0])
             for k in ("requests", "ok", "output_tokens"):
@@ -198,6 +199,8 @@ def main():
     ap.add_argument("--premium-rate", type=float, default=4.0)
     ap.add_argument("--capacity", type=float, help="skip measuring it (requests/s)")
     ap.add_argument("--only", help="comma-separated runs (exploration; the verdict needs all)")
+    ap.add_argument("--floor", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                    help="batch sizes per replica for the floor sweep, e.g. 46,32,16,8")
     ap.add_argument("--json")
     args = ap.parse_args()
     if not os.path.exists(BIN):
@@ -233,8 +236,18 @@ def main():
         "fair_off": dict(flow=False, tenants=fair),
         "fair_2gw": dict(gateways=2, tenants=fair),
     }
+    # The floor under any admission policy: the free tier as a closed loop
+    # of `b` streams per replica (never waiting at the gateway: two seats per
+    # replica stay free for premium), premium at its rate. What is left of
+    # premium's TTFT is the engine's own: the step in progress and its own
+    # step, both longer with more sequences in the batch. Goodput falls with
+    # the batch; the sweep shows what a premium TTFT bound costs.
+    for b in args.floor:
+        plan[f"floor_{b}"] = dict(tenants=[("vip", p), ("crowd", None, b * REPLICAS)])
     rows = {"capacity_rps": round(C, 2), "premium_rate": p, "flood_rate": round(flood, 2)}
     only = args.only.split(",") if args.only else list(plan)
+    if args.only:
+        only += [k for k in plan if k.startswith("floor_") and k not in only]
     for name in only:
         rows[name] = scenario(name, T, tmp, **plan[name])
     if args.only:
