@@ -22,6 +22,13 @@ use serde::{Deserialize, Serialize};
 /// - `recheck` 100ms: waiters are woken at once when a request ends; a
 ///   replica's scraped pressure (KV, queue) is re-read this often while
 ///   anything waits (scrapes come every second by default).
+/// - `share_fairness` on, every `share_interval` 250ms: with the Redis
+///   rate-limit store (`rate_limits.store: redis`), the gateways add the
+///   service they gave each tenant to one total per model in Redis and read
+///   the others' back, so a tenant's requests through other gateways count
+///   here while tenants compete here (a tenant cannot get N shares through N
+///   gateways). A quarter of a second is a few requests' worth at a
+///   saturated fleet, and one small round trip per model.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FlowControlConfig {
@@ -38,6 +45,12 @@ pub struct FlowControlConfig {
     /// How often waiters re-read the replicas' pressure.
     #[serde(with = "humantime_serde")]
     pub recheck: Duration,
+    /// Share attained service between gateways through the Redis store
+    /// (only with `rate_limits.store: redis`).
+    pub share_fairness: bool,
+    /// How often the shared service is synchronised.
+    #[serde(with = "humantime_serde")]
+    pub share_interval: Duration,
 }
 
 impl Default for FlowControlConfig {
@@ -48,6 +61,8 @@ impl Default for FlowControlConfig {
             max_queue: 1000,
             output_weight: 4.0,
             recheck: Duration::from_millis(100),
+            share_fairness: true,
+            share_interval: Duration::from_millis(250),
         }
     }
 }

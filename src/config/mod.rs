@@ -717,10 +717,10 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
         );
     }
     let f = &config.flow_control;
-    if f.max_wait.is_zero() || f.recheck.is_zero() {
+    if f.max_wait.is_zero() || f.recheck.is_zero() || f.share_interval.is_zero() {
         bad(
             "flow_control".into(),
-            "max_wait and recheck must be greater than zero".into(),
+            "max_wait, recheck and share_interval must be greater than zero".into(),
         );
     }
     if f.max_queue == 0 {

@@ -27,6 +27,7 @@
 
 mod queue;
 pub(crate) mod room;
+mod share;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,13 +91,15 @@ pub(crate) struct Passed {
 
 impl Flow {
     pub(crate) fn new(config: &Config, metrics: Arc<Metrics>) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                gates: Mutex::new(HashMap::new()),
-                rules: ArcSwap::from_pointee(Rules::from_config(config)),
-                metrics,
-            }),
-        }
+        let shared = Arc::new(Shared {
+            gates: Mutex::new(HashMap::new()),
+            rules: ArcSwap::from_pointee(Rules::from_config(config)),
+            metrics,
+        });
+        // Idle (one timer a second) until the config shares fairness;
+        // ends with the last reference.
+        share::spawn(Arc::downgrade(&shared));
+        Self { shared }
     }
 
     /// The same flow control under a reloaded config.
@@ -356,6 +359,12 @@ struct GateState {
     /// Seconds between grants, a moving average (for `Retry-After`).
     interval: Option<f64>,
     last_grant: Option<Instant>,
+    /// Service given here since the last sync with the other gateways.
+    outbox: HashMap<Arc<str>, f64>,
+    /// Per tenant: the shared total's parts (`share`).
+    ledger: HashMap<Arc<str>, share::Ledger>,
+    /// A sync round with the other gateways has succeeded.
+    synced: bool,
 }
 
 /// Requests of one band in flight, their recent peak and their mean.
@@ -484,6 +493,7 @@ impl Gate {
     ) -> Seat {
         self.pending.fetch_add(1, Relaxed);
         st.queue.charge(&tenant, cost);
+        *st.outbox.entry(tenant.clone()).or_default() += cost;
         st.bands.entry(band).or_default().change(now, true);
         if let Some(last) = st.last_grant {
             let gap = now.saturating_duration_since(last).as_secs_f64();
@@ -584,6 +594,7 @@ impl Drop for Seat {
             }
             if let Some(actual) = self.actual {
                 st.queue.adjust(&self.tenant, actual - self.charged);
+                *st.outbox.entry(self.tenant.clone()).or_default() += actual - self.charged;
             }
             if st.queue.len() == 0 {
                 return;

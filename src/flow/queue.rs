@@ -175,6 +175,32 @@ impl<T> Queue<T> {
         self.remove(band, &tenant, id)
     }
 
+    /// Whether two tenants or more have a request waiting (in any band).
+    pub(super) fn contended(&self) -> bool {
+        let mut first: Option<&Arc<str>> = None;
+        for t in self.bands.values().flat_map(|b| b.tenants.keys()) {
+            match first {
+                None => first = Some(t),
+                Some(f) if f != t => return true,
+                Some(_) => {}
+            }
+        }
+        false
+    }
+
+    /// Service `tenant` was given elsewhere (other gateways): it counts
+    /// against it here as if given here.
+    pub(super) fn add_service(&mut self, tenant: &Arc<str>, amount: f64) {
+        let vtime = self.vtime;
+        let s = self.service.entry(tenant.clone()).or_insert(vtime);
+        *s += amount;
+    }
+
+    #[cfg(test)]
+    pub(super) fn service_of(&self, tenant: &str) -> Option<f64> {
+        self.service.get(tenant).copied()
+    }
+
     /// Correct a tenant's service once its real usage is known.
     pub(super) fn adjust(&mut self, tenant: &str, delta: f64) {
         if let Some(s) = self.service.get_mut(tenant) {

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::Config;
+use crate::config::{Config, RedisConfig, StoreKind};
 use crate::upstream::pool::Replica;
 
 /// What a replica (or a model) can take now.
@@ -42,6 +42,9 @@ pub(crate) struct Rules {
     /// The bands, highest first: every tier's priority and 0.
     pub bands: Vec<i32>,
     labels: HashMap<i32, Arc<str>>,
+    /// Where and how often attained service is shared between gateways
+    /// (`None`: not shared).
+    pub share: Option<(RedisConfig, Duration)>,
 }
 
 impl Rules {
@@ -73,6 +76,8 @@ impl Rules {
             tiers,
             bands,
             labels,
+            share: (f.share_fairness && c.rate_limits.store == StoreKind::Redis)
+                .then(|| (c.rate_limits.redis.clone(), f.share_interval)),
         }
     }
 

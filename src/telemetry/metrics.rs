@@ -209,6 +209,8 @@ pub struct Metrics {
     pub flow_wait: Family<(Arc<str>, Arc<str>), Histogram>,
     /// model, band: requests waiting now.
     pub flow_waiting: Family<(Arc<str>, Arc<str>), Gauge>,
+    /// Rounds of fairness shared between gateways, by outcome (`ok`, `error`).
+    pub flow_share_syncs: Family<(&'static str,), Counter>,
     /// pathology, backend: 1 while the doctor names it (set when `/metrics`
     /// is rendered).
     pub diagnosis_active: Family<(&'static str, Arc<str>), Gauge>,
@@ -440,6 +442,7 @@ impl Metrics {
                 Histogram::seconds(flow_queue.clone())
             }),
             flow_waiting: Family::new(&["model", "band"], Gauge::default),
+            flow_share_syncs: Family::new(&["outcome"], Counter::default),
             diagnosis_active: Family::new(&["pathology", "backend"], Gauge::default),
             backends: Family::new(&["backend"], BackendSeries::new),
             ratelimit_decisions: Family::new(&["tier", "limit", "decision"], Counter::default),
@@ -644,6 +647,12 @@ impl Metrics {
             "Time a request waited at the gateway for a replica with room (0 when it went at once); part of its queue time and TTFT.",
             &self.flow_wait,
             |h| h,
+        );
+        e.counters(
+            "sluice_flow_share_syncs_total",
+            "Rounds of attained service shared with the other gateways through Redis (flow_control.share_fairness), by outcome: ok, error (kept for the next round).",
+            &self.flow_share_syncs,
+            |c| c,
         );
         e.gauges(
             "sluice_flow_waiting_requests",

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
-use sluice::config::{ApiKey, Config, EnginePriority, Secret, TierConfig};
+use sluice::config::{ApiKey, Config, EnginePriority, Secret, StoreKind, TierConfig};
 use sluice::server::Gateway;
 use sluice::sim::SimHandle;
 
@@ -14,12 +14,21 @@ use crate::common::*;
 
 const PREMIUM: &str = "sk-flow-premium";
 const FREE: &str = "sk-flow-free";
+const LIGHT: &str = "sk-flow-light";
 
 /// One replica with one seat; tiers `premium` (band 10) and `free` (band 0).
 async fn one_seat(tweak: impl FnOnce(&mut Config)) -> (SimHandle, Gateway) {
     let sim = start_sim(fast_sim()).await;
     let mut c = config_for(&[sim.url()]);
     c.backends[0].max_concurrency = Some(1);
+    tenants(&mut c);
+    tweak(&mut c);
+    let gw = start_gateway(c, 1).await;
+    (sim, gw)
+}
+
+/// Keys `vip` (tier `premium`, band 10), `crowd` and `light` (tier `free`).
+fn tenants(c: &mut Config) {
     let sha = |k: &str| Secret::new(hex::encode(Sha256::digest(k.as_bytes())));
     c.auth.keys = vec![
         ApiKey {
@@ -32,6 +41,11 @@ async fn one_seat(tweak: impl FnOnce(&mut Config)) -> (SimHandle, Gateway) {
             tier: "free".into(),
             sha256: sha(FREE),
         },
+        ApiKey {
+            name: "light".into(),
+            tier: "free".into(),
+            sha256: sha(LIGHT),
+        },
     ];
     c.tiers.insert(
         "premium".into(),
@@ -41,9 +55,6 @@ async fn one_seat(tweak: impl FnOnce(&mut Config)) -> (SimHandle, Gateway) {
         },
     );
     c.tiers.insert("free".into(), TierConfig::default());
-    tweak(&mut c);
-    let gw = start_gateway(c, 1).await;
-    (sim, gw)
 }
 
 fn request(gw: &Gateway, key: &str, fault: Option<&str>) -> reqwest::RequestBuilder {
@@ -371,4 +382,65 @@ async fn a_ttft_objective_puts_a_request_ahead_of_its_tenants_others() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
+}
+
+async fn share_syncs(gw: &Gateway) -> f64 {
+    gateway_metric(gw, "sluice_flow_share_syncs_total{outcome=\"ok\"}").await
+}
+
+/// Two more rounds of `gw`'s fairness sync than now (the first may have
+/// started before what must be in it).
+async fn two_rounds(gw: &Gateway) {
+    let now = share_syncs(gw).await;
+    wait_until("two sync rounds", Duration::from_secs(10), || async move {
+        share_syncs(gw).await >= now + 2.0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn service_through_another_gateway_counts_here_through_redis() {
+    // Gateway 1: one seat, held; `crowd` then `light` wait there. Gateway 2
+    // (its own replica, same model) serves `crowd` three times meanwhile.
+    // Shared through Redis, that service puts `crowd` behind `light` at
+    // gateway 1: `light` gets the seat although `crowd` came first (alone,
+    // each gateway would see them equal and keep arrival order).
+    let redis = redis::start().await;
+    let share = |c: &mut Config| {
+        c.rate_limits.store = StoreKind::Redis;
+        c.rate_limits.redis.url = Secret::new(redis.url());
+        c.flow_control.share_interval = Duration::from_millis(50);
+    };
+    let (_sim, gw1) = one_seat(share).await;
+    let sim2 = start_sim(fast_sim()).await;
+    let mut c2 = config_for(&[sim2.url()]);
+    tenants(&mut c2);
+    share(&mut c2);
+    let gw2 = start_gateway(c2, 1).await;
+
+    let holder = hold(&gw1, PREMIUM).await;
+    two_rounds(&gw1).await;
+    let crowd = tokio::spawn(request(&gw1, FREE, Some("stall=1:60s")).send());
+    wait_for_waiting(&gw1, "0", 1.0).await;
+    let light = tokio::spawn(request(&gw1, LIGHT, Some("stall=1:60s")).send());
+    wait_for_waiting(&gw1, "0", 2.0).await;
+    for _ in 0..3 {
+        let resp = request(&gw2, FREE, None).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.text().await.unwrap();
+    }
+    two_rounds(&gw2).await;
+    two_rounds(&gw1).await;
+
+    drop(holder);
+    let light = tokio::time::timeout(Duration::from_secs(20), light)
+        .await
+        .expect("light was not served first")
+        .unwrap()
+        .unwrap();
+    assert_eq!(light.status(), 200);
+    assert!(!crowd.is_finished());
+    assert_eq!(waiting(&gw1, "0").await, 1.0, "crowd still waits");
+    drop(light);
+    assert_eq!(crowd.await.unwrap().unwrap().status(), 200);
 }
