@@ -63,7 +63,22 @@ def start_sims(procs):
     return urls
 
 
-def config(sims, flow, tmp, learned):
+def start_redis(procs):
+    port = free_port()
+    procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no"])
+    import socket
+    import time
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return f"redis://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("redis-server did not start")
+
+
+def config(sims, flow, tmp, learned, redis=None):
     keys = "\n".join(
         f"    - {{name: {name}, tier: {tier}, sha256: \"{hashlib.sha256(key.encode()).hexdigest()}\"}}"
         for name, (tier, key) in KEYS.items())
@@ -80,6 +95,12 @@ tiers:
   free: {{priority: 0, max_wait: 5s}}
 flow_control:
   enabled: {"true" if flow else "false"}
+"""
+    if redis:
+        text += f"""rate_limits:
+  store: redis
+  redis:
+    url: {redis}
 """
     path = os.path.join(tmp, f"sluice-{free_port()}.yaml")
     with open(path, "w") as f:
@@ -108,6 +129,10 @@ def flow_metrics(admins):
                 band = labels.split('band="')[1].split('"')[0]
                 outcome = labels.split('outcome="')[1].split('"')[0]
                 key = f"band {band} {outcome}"
+                out[key] = out.get(key, 0) + int(float(v))
+            elif line.startswith("sluice_flow_share_syncs_total{"):
+                labels, v = line.rsplit(" ", 1)
+                key = "share syncs " + labels.split('outcome="')[1].split('"')[0]
                 out[key] = out.get(key, 0) + int(float(v))
             elif line.startswith("sluice_flow_wait_seconds_bucket{") and 'le="0.01"' in line:
                 labels, v = line.rsplit(" ", 1)
@@ -151,21 +176,25 @@ def jain(xs):
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if xs else 0.0
 
 
-def scenario(name, seconds, tmp, flow=True, gateways=1, tenants=(), learned=False):
-    """Run tenants [(who, rate)] against fresh replicas; return per-tenant reports."""
+def scenario(name, seconds, tmp, flow=True, gateways=1, tenants=(), learned=False,
+             pinned=(), redis=False):
+    """Run tenants [(who, rate)] against fresh replicas; return per-tenant reports.
+    A tenant in `pinned` sends through the first gateway only; `redis`: the
+    gateways share a Redis store (and so fairness)."""
     procs = Procs()
     try:
         sims = start_sims(procs)
-        cfg = config(sims, flow, tmp, learned)
+        cfg = config(sims, flow, tmp, learned, start_redis(procs) if redis else None)
         gws = [start_gateway(procs, cfg) for _ in range(gateways)]
         admins = [a for _, a in gws]
         gws = [u for u, _ in gws]
         runs = {}
         for i, (who, rate, *closed) in enumerate(tenants):
-            for g, url in enumerate(gws):
+            through = gws[:1] if who in pinned else gws
+            for g, url in enumerate(through):
                 key = who if gateways == 1 else f"{who}@{g}"
-                conc = closed[0] // gateways if closed else 2000
-                runs[key] = bench(url, who, tmp, seconds, rate / gateways if rate else None,
+                conc = closed[0] // len(through) if closed else 2000
+                runs[key] = bench(url, who, tmp, seconds, rate / len(through) if rate else None,
                                   concurrency=conc, seed=1 + i * 7 + g)
         res = collect(runs)
         gauges = flow_metrics(admins)
@@ -174,7 +203,7 @@ def scenario(name, seconds, tmp, flow=True, gateways=1, tenants=(), learned=Fals
     if gateways > 1:
         merged = {}
         for who, *_ in tenants:
-            parts = [res[f"{who}@{g}"] for g in range(gateways)]
+            parts = [res[f"{who}@{g}"] for g in range(gateways) if f"{who}@{g}" in res]
             m = dict(parts[0])
             for k in ("requests", "ok", "output_tokens"):
                 m[k] = sum(p[k] for p in parts)
@@ -227,6 +256,7 @@ def main():
 
     light, heavy = 1.5 * C / 11, 1.5 * C * 10 / 11
     fair = [("light", light), ("heavy", heavy)]
+    skew = [("light", 0.75 * C), ("heavy", 0.75 * C)]
     plan = {
         "unloaded": dict(tenants=[("vip", p)]),
         "flood": dict(tenants=[("vip", p), ("crowd", flood)]),
@@ -235,6 +265,11 @@ def main():
         "fair": dict(tenants=fair),
         "fair_off": dict(flow=False, tenants=fair),
         "fair_2gw": dict(gateways=2, tenants=fair),
+        # Two equal tenants, each demanding 0.75 C; "heavy" sends through both
+        # gateways, "light" through the first only. Alone, each gateway sees
+        # heavy as one tenant among two (the first) or alone (the second).
+        "skew_2gw": dict(gateways=2, tenants=skew, pinned=("light",)),
+        "skew_2gw_redis": dict(gateways=2, tenants=skew, pinned=("light",), redis=True),
     }
     # The floor under any admission policy: the free tier as a closed loop
     # of `b` streams per replica (never waiting at the gateway: two seats per
@@ -248,11 +283,6 @@ def main():
     only = args.only.split(",") if args.only else list(plan)
     if args.only:
         only += [k for k in plan if k.startswith("floor_") and k not in only]
-    for name in only:
-        rows[name] = scenario(name, T, tmp, **plan[name])
-    if args.only:
-        return
-
     def fairness(res):
         # Each tenant's served rate (answers over the time to its last one)
         # against its max-min fair share of what the fleet served in all.
@@ -268,6 +298,16 @@ def main():
                 "light_served_share": round(light_r["ok"] / light_r["requests"], 3),
                 "light_ttft_p99_s": round(light_r["ttft_seconds"]["p99"], 3)}
 
+    for name in only:
+        rows[name] = scenario(name, T, tmp, **plan[name])
+        if "light" in rows[name] and "heavy" in rows[name]:
+            print(f"  fairness: {fairness(rows[name])}", flush=True)
+    if args.only:
+        if args.json:
+            write(args.json, {k: fairness(v) for k, v in rows.items()
+                              if isinstance(v, dict) and "light" in v and "heavy" in v}, rows)
+        return
+
     def goodput(res):
         res = {w: r for w, r in res.items() if not w.startswith("_")}
         return sum(r["output_tokens"] for r in res.values()) / max(
@@ -282,24 +322,29 @@ def main():
             "flood": round(goodput(rows["flood"]) / goodput(rows["flood_off"]), 3),
             "fair": round(goodput(rows["fair"]) / goodput(rows["fair_off"]), 3)},
         "fairness_jain_light_served": {
-            k: fairness(rows[k]) for k in ("fair", "fair_off", "fair_2gw")},
+            k: fairness(rows[k])
+            for k in ("fair", "fair_off", "fair_2gw", "skew_2gw", "skew_2gw_redis")},
         "longest_answer_s": {
             k: max(r["e2e_seconds"]["max"] for w, r in rows[k].items() if not w.startswith("_"))
             for k in ("flood", "fair", "fair_2gw")},
     }
     print(json.dumps(verdict, indent=2))
     if args.json:
-        out = {
-            "date": datetime.date.today().isoformat(),
-            "machine": f"{platform.node()} {os.cpu_count()} cpus {platform.machine()}",
-            "command": "python3 benches/e2e/flow.py " + " ".join(sys.argv[1:]),
-            "verdict": verdict,
-            "runs": {k: ({w: (r if w.startswith("_") else summary(r)) for w, r in v.items()}
-                         if isinstance(v, dict) else v)
-                     for k, v in rows.items()},
-        }
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+        write(args.json, verdict, rows)
+
+
+def write(path, verdict, rows):
+    out = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.node()} {os.cpu_count()} cpus {platform.machine()}",
+        "command": "python3 benches/e2e/flow.py " + " ".join(sys.argv[1:]),
+        "verdict": verdict,
+        "runs": {k: ({w: (r if w.startswith("_") else summary(r)) for w, r in v.items()}
+                     if isinstance(v, dict) else v)
+                 for k, v in rows.items()},
+    }
+    with open(path, "w") as f:
+        json.dump(out, f, indent=2)
 
 
 if __name__ == "__main__":
