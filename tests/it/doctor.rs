@@ -438,6 +438,71 @@ async fn output_length_far_from_its_baseline_is_named_on_the_model() {
 }
 
 #[tokio::test]
+async fn time_to_first_token_far_above_its_baseline_is_named_on_the_model_and_clears() {
+    let sim = start_sim(fast_sim()).await;
+    let mut c = doctor_config(&[sim.url()]);
+    // A 3 s window holds ~15 requests of 150 ms sent one after another.
+    c.doctor.drift_min_requests = 5;
+    let gw = start_routed(c, 1).await;
+    let drift = |found: Vec<(String, String, String)>| {
+        found
+            .into_iter()
+            .find(|(p, _, _)| p == "latency_drift")
+            .map(|(_, model, _)| model)
+    };
+    // The baseline: first tokens after the 10 ms prefill.
+    traffic(&gw, 25).await;
+    assert!(findings(&gw).await.is_empty());
+    // Then every first token 150 ms later, until the baseline is older than
+    // the window (3 s) and the drift is named.
+    let mut ctl = sim.state.control();
+    ctl.faults = sluice::sim::faults::Faults::parse("first_token=150ms").unwrap();
+    ctl.fault_rate = 1.0;
+    sim.state.set_control(ctl.clone());
+    let named = async {
+        loop {
+            if let Some(model) = drift(model_findings(&gw).await) {
+                return model;
+            }
+            traffic(&gw, 3).await;
+        }
+    };
+    let model = tokio::time::timeout(Duration::from_secs(30), named)
+        .await
+        .expect("latency_drift named");
+    assert_eq!(model, "sim-model");
+    let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let f = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["pathology"] == "latency_drift")
+        .unwrap()
+        .clone();
+    let base = f["evidence"]["baseline_mean_ttft_seconds"]
+        .as_f64()
+        .unwrap();
+    let now = f["evidence"]["mean_ttft_seconds"].as_f64().unwrap();
+    // The window may still hold a few fast first tokens from before.
+    assert!(base < 0.05 && now >= 2.0 * base && now > 0.05, "{f}");
+    // First tokens fast again: once the window holds only those, it clears.
+    ctl.fault_rate = 0.0;
+    sim.state.set_control(ctl);
+    let cleared = async {
+        loop {
+            if drift(model_findings(&gw).await).is_none() {
+                return;
+            }
+            traffic(&gw, 3).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), cleared)
+        .await
+        .expect("latency_drift cleared");
+}
+
+#[tokio::test]
 async fn small_batches_with_nothing_waiting_are_underutilisation_and_load_clears_it() {
     // 20 ms per token, 200 tokens: a stream lasts about 4 s, longer than the
     // 3 s window, so 24 of them at once hold the batch at 24 for all of it.
@@ -657,13 +722,12 @@ async fn prefix_cache_misses_from_scattering_routing_are_named_as_a_routing_prob
                 "{f}"
             );
             assert!(f["action"].as_str().unwrap().contains("round_robin"), "{f}");
-            assert!(
-                f["evidence"]["prefix_last_sent_elsewhere"]
-                    .as_f64()
-                    .unwrap()
-                    >= 10.0,
-                "{f}"
-            );
+            // Over the window (its span depends on how fast this machine
+            // served the prompts): at least 10 sent, most of them scattered.
+            let ev = &f["evidence"];
+            let sent = ev["requests_sent"].as_f64().unwrap();
+            let elsewhere = ev["prefix_last_sent_elsewhere"].as_f64().unwrap();
+            assert!(sent >= 10.0 && elsewhere >= 0.5 * sent, "{f}");
         }
     }
     assert!(
