@@ -94,7 +94,7 @@ fn decision(c: &mut Criterion) {
         prefix_kv.pick(&ctx, &views(&reps));
     }
     let mut g = c.benchmark_group("routing_decision");
-    for kb in [1usize, 10, 50, 200] {
+    for kb in [1usize, 10, 50, 64, 200] {
         let b = body(kb);
         g.bench_with_input(
             BenchmarkId::new("read prompt + hash (inspect)", kb),

@@ -113,13 +113,18 @@ async fn proxy(
     .await
     .map_err(|_| GatewayError::BodyTimeout(body_timeout))??;
     // Policies that route by prefix get every block; the others still get
-    // the first (the doctor's evidence of prompts scattered across replicas).
+    // the first `home_blocks` (the doctor's evidence of prompts scattered
+    // across replicas).
     let wants_prefix = state.policy.wants_prefix();
     let prefix = Some({
         let p = &state.config.routing.prefix_kv;
         inbound::PrefixParams {
             block_chars: p.block_chars,
-            max_blocks: if wants_prefix { p.max_blocks } else { 1 },
+            max_blocks: if wants_prefix {
+                p.max_blocks
+            } else {
+                p.home_blocks.max(1)
+            },
         }
     });
     let needs = inbound::Needs {
@@ -350,7 +355,15 @@ async fn forward(
     let tail_tokens = chars(inbound.session.tail_chars);
     // The prompt's blocks, shared by the attempts' placements (the closed
     // loop corrects the index with them).
-    let first_block = inbound.prefix.first().copied();
+    // The prompt's home prefix (its first `home_blocks` blocks, or all of a
+    // shorter prompt: what `prefix_kv` homes it by), for the doctor's
+    // evidence of scattered prompts. A prompt that shares only an opening
+    // line with others is a prefix of its own.
+    let home_prefix = {
+        let blocks = &inbound.prefix;
+        let n = state.config.routing.prefix_kv.home_blocks.min(blocks.len());
+        n.checked_sub(1).and_then(|i| blocks.get(i)).copied()
+    };
     let hashes: Arc<[u64]> = if state.policy.wants_prefix() {
         Arc::from(inbound.prefix.as_slice())
     } else {
@@ -449,11 +462,13 @@ async fn forward(
         }
 
         let sent = Instant::now();
-        if let Some(first) = first_block
+        // A retry goes to another replica by design: not scattering.
+        if let Some(home) = home_prefix
+            && reason != RouteReason::Retry
             && state
                 .affinity
-                .first_blocks
-                .place(first, &replica.name, std::time::Instant::now())
+                .home_prefixes
+                .place(home, &replica.name, std::time::Instant::now())
         {
             replica.series.prefix_elsewhere.inc();
         }

@@ -365,6 +365,8 @@ struct GateState {
     ledger: HashMap<Arc<str>, share::Ledger>,
     /// A sync round with the other gateways has succeeded.
     synced: bool,
+    /// The round sent and not yet confirmed by Redis.
+    unconfirmed: Option<share::Round>,
 }
 
 /// Requests of one band in flight, their recent peak and their mean.

@@ -14,9 +14,13 @@
 //! found at a gateway's first round are a baseline, not a debt (a restarted
 //! gateway does not charge the past again).
 //!
-//! Redis down: the round's increments are kept for the next round, each
-//! gateway goes on ordering by what it knows
-//! (`sluice_flow_share_syncs_total{outcome="error"}`).
+//! Redis down or slow: the round's increments are sent again, as the same
+//! numbered round, until Redis confirms them; a round Redis already applied
+//! (its answer was lost) is not applied twice (each gateway's last applied
+//! round is kept beside the totals). Meanwhile each gateway goes on ordering
+//! by what it knows (`sluice_flow_share_syncs_total{outcome="error"}`).
+//! While sharing is off nothing is kept for it, and a new store (URL or key
+//! prefix changed by a reload) starts a new ledger.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -27,13 +31,22 @@ use redis::{Client, Script};
 use super::{Gate, GateState, Shared};
 use crate::config::RedisConfig;
 
-/// KEYS: the model's service hash. ARGV: tenant, increment, tenant, ...
-/// Returns the hash (field, value, ...).
+/// KEYS: the model's service hash, its hash of applied rounds per gateway.
+/// ARGV: gateway id, round number, then tenant, increment, tenant, ...
+/// A round at or below the gateway's last applied one is not applied again
+/// (a resend whose first answer was lost). Returns the service hash
+/// (field, value, ...).
 const SYNC: &str = r#"
-for i = 1, #ARGV - 1, 2 do
-  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+local round = tonumber(ARGV[2])
+if round > last then
+  for i = 3, #ARGV - 1, 2 do
+    redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 end
 redis.call('PEXPIRE', KEYS[1], 3600000)
+redis.call('PEXPIRE', KEYS[2], 3600000)
 return redis.call('HGETALL', KEYS[1])
 "#;
 
@@ -45,6 +58,13 @@ pub(super) struct Ledger {
     others: Option<f64>,
 }
 
+/// A round sent and not yet confirmed: sent again as it is, with its
+/// number, until Redis answers.
+pub(super) struct Round {
+    number: u64,
+    increments: Vec<(Arc<str>, f64)>,
+}
+
 /// Sync every gate of `shared` until it is dropped.
 pub(super) fn spawn(shared: Weak<Shared>) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -52,6 +72,9 @@ pub(super) fn spawn(shared: Weak<Shared>) {
     };
     rt.spawn(async move {
         let script = Script::new(SYNC);
+        // This process in the rounds hash (a restarted gateway is a new one).
+        let me = format!("{:016x}", fastrand::u64(..));
+        let mut rounds = 0u64;
         let mut conn: Option<(RedisConfig, ConnectionManager)> = None;
         loop {
             let interval = match shared.upgrade() {
@@ -68,18 +91,33 @@ pub(super) fn spawn(shared: Weak<Shared>) {
                 return;
             };
             let rules = shared.rules.load_full();
+            let gates: Vec<Arc<Gate>> = shared.gates.lock().values().cloned().collect();
             let Some((cfg, _)) = &rules.share else {
+                // Off: nothing is kept for a later round.
+                conn = None;
+                for gate in &gates {
+                    gate.state.lock().outbox.clear();
+                }
                 continue;
             };
             if conn.as_ref().is_none_or(|(c, _)| c != cfg) {
+                // A new store (or sharing just turned on): its totals are a
+                // new baseline, and nothing is owed to it from before.
+                for gate in &gates {
+                    let mut st = gate.state.lock();
+                    st.ledger.clear();
+                    st.synced = false;
+                    st.unconfirmed = None;
+                }
                 conn = connect(cfg).map(|m| (cfg.clone(), m));
             }
-            let Some((cfg, manager)) = &conn else {
-                continue;
-            };
-            let gates: Vec<Arc<Gate>> = shared.gates.lock().values().cloned().collect();
             for gate in gates {
-                let ok = sync(&script, manager.clone(), cfg, &gate).await;
+                let ok = match &conn {
+                    Some((cfg, manager)) => {
+                        sync(&script, manager.clone(), cfg, &me, &mut rounds, &gate).await
+                    }
+                    None => false,
+                };
                 shared
                     .metrics
                     .flow_share_syncs
@@ -100,41 +138,66 @@ fn connect(cfg: &RedisConfig) -> Option<ConnectionManager> {
     ConnectionManager::new_lazy_with_config(client, conf).ok()
 }
 
-/// One round for one model: send its increments, take in the totals.
+/// One round for one model: send its increments (or the unconfirmed round
+/// again), take in the totals.
 async fn sync(
     script: &Script,
     mut conn: ConnectionManager,
     cfg: &RedisConfig,
+    me: &str,
+    rounds: &mut u64,
     gate: &Gate,
 ) -> bool {
-    let sent: Vec<(Arc<str>, f64)> = gate.state.lock().outbox.drain().collect();
-    let mut inv = script.prepare_invoke();
-    inv.key(format!(
-        "{}:flow:{{{}}}:service",
-        cfg.key_prefix, gate.model
-    ));
-    for (tenant, amount) in &sent {
-        inv.arg(&**tenant).arg(*amount);
-    }
+    let (number, sent) = {
+        let mut st = gate.state.lock();
+        if st.unconfirmed.is_none() {
+            *rounds += 1;
+            st.unconfirmed = Some(Round {
+                number: *rounds,
+                increments: st.outbox.drain().collect(),
+            });
+        }
+        let r = st
+            .unconfirmed
+            .as_ref()
+            .map_or((0, Vec::new()), |r| (r.number, r.increments.clone()));
+        r
+    };
+    let inv = invocation(script, cfg, &gate.model, me, number, &sent);
     let reply: Option<Vec<(String, f64)>> =
         tokio::time::timeout(cfg.timeout, inv.invoke_async(&mut conn))
             .await
             .ok()
             .and_then(Result::ok);
+    let Some(totals) = reply else {
+        // Perhaps applied there, perhaps not: the same round goes again.
+        return false;
+    };
     let mut st = gate.state.lock();
-    match reply {
-        Some(totals) => {
-            absorb(&mut st, &sent, totals);
-            true
-        }
-        None => {
-            // Not counted there: send again next round.
-            for (tenant, amount) in sent {
-                *st.outbox.entry(tenant).or_default() += amount;
-            }
-            false
-        }
+    st.unconfirmed = None;
+    absorb(&mut st, &sent, totals);
+    true
+}
+
+/// The script's call for one round of one model.
+fn invocation<'a>(
+    script: &'a Script,
+    cfg: &RedisConfig,
+    model: &str,
+    me: &str,
+    number: u64,
+    sent: &[(Arc<str>, f64)],
+) -> redis::ScriptInvocation<'a> {
+    let mut inv = script.prepare_invoke();
+    let base = format!("{}:flow:{{{model}}}", cfg.key_prefix);
+    inv.key(format!("{base}:service"))
+        .key(format!("{base}:rounds"))
+        .arg(me)
+        .arg(number);
+    for (tenant, amount) in sent {
+        inv.arg(&**tenant).arg(*amount);
     }
+    inv
 }
 
 /// This gateway's increments reached the totals; what the others gave each
@@ -162,7 +225,12 @@ fn absorb(st: &mut GateState, sent: &[(Arc<str>, f64)], totals: Vec<(String, f64
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use parking_lot::Mutex;
+
     use super::*;
+    use crate::config::Secret;
 
     fn t(s: &str) -> Arc<str> {
         Arc::from(s)
@@ -198,5 +266,58 @@ mod tests {
         assert_eq!(st.ledger[&t("heavy")].others, Some(1800.0));
         assert_eq!(st.ledger[&t("other")].others, Some(50.0));
         assert_eq!(st.queue.service_of("other"), Some(50.0));
+    }
+
+    #[tokio::test]
+    async fn a_round_whose_answer_was_lost_is_sent_again_and_applied_once() {
+        let redis = crate::limits::tests::redis_server().await;
+        let cfg = RedisConfig {
+            url: Secret::new(format!("redis://127.0.0.1:{}", redis.port)),
+            key_prefix: format!("share{}", fastrand::u64(..)),
+            timeout: Duration::from_secs(2),
+        };
+        let manager = connect(&cfg).unwrap();
+        let script = Script::new(SYNC);
+        let gate = Gate {
+            model: t("m"),
+            state: Mutex::new(GateState::default()),
+            pending: AtomicU32::new(0),
+        };
+        let mut rounds = 0;
+        // A first round, confirmed: the baseline.
+        assert!(sync(&script, manager.clone(), &cfg, "gw", &mut rounds, &gate).await);
+        // Round 2 reached Redis but its answer was lost (here: sent outside
+        // `sync`), so it is still unconfirmed here.
+        let lost = vec![(t("a"), 10.0)];
+        let mut conn = manager.clone();
+        let _: Vec<(String, f64)> = invocation(&script, &cfg, "m", "gw", 2, &lost)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        rounds = 2;
+        gate.state.lock().unconfirmed = Some(Round {
+            number: 2,
+            increments: lost,
+        });
+        // Sent again: Redis does not add it twice, and none of it is
+        // mistaken for another gateway's service.
+        assert!(sync(&script, manager.clone(), &cfg, "gw", &mut rounds, &gate).await);
+        {
+            let st = gate.state.lock();
+            assert!(st.unconfirmed.is_none());
+            assert_eq!(st.ledger[&t("a")].own, 10.0);
+            assert_eq!(st.ledger[&t("a")].others, Some(0.0));
+        }
+        // The next round's increments are added once.
+        gate.state.lock().outbox.insert(t("a"), 5.0);
+        assert!(sync(&script, manager.clone(), &cfg, "gw", &mut rounds, &gate).await);
+        let total: f64 = redis::cmd("HGET")
+            .arg(format!("{}:flow:{{m}}:service", cfg.key_prefix))
+            .arg("a")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(total, 15.0);
+        assert_eq!(gate.state.lock().ledger[&t("a")].others, Some(0.0));
     }
 }

@@ -586,4 +586,4 @@ impl Drop for Admission {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

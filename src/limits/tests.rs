@@ -21,12 +21,12 @@ fn reset_durations_read_like_openais() {
 }
 
 /// A `redis-server` of our own, killed when dropped.
-struct RedisServer {
-    port: u16,
+pub(crate) struct RedisServer {
+    pub(crate) port: u16,
     _child: tokio::process::Child,
 }
 
-async fn redis_server() -> RedisServer {
+pub(crate) async fn redis_server() -> RedisServer {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

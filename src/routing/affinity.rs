@@ -55,10 +55,11 @@ pub struct Affinity {
     /// What the session and response tables were built with (a reload
     /// keeps them while equal).
     limits: [(usize, Duration); 2],
-    /// A prompt's first block -> the replica it was last sent to, whatever
+    /// A prompt's home prefix (its first `home_blocks` blocks) -> the
+    /// replica it was last sent to, whatever
     /// the policy: the doctor's evidence that routing scatters prompts that
     /// share a prefix (`sluice_backend_prefix_elsewhere_total`).
-    pub(crate) first_blocks: Sessions,
+    pub(crate) home_prefixes: Sessions,
 }
 
 impl Affinity {
@@ -75,7 +76,7 @@ impl Affinity {
             sessions: Sessions::new(sessions.0, sessions.1),
             responses: Sessions::new(responses.0, responses.1),
             limits: [sessions, responses],
-            first_blocks: Sessions::new(4096, Duration::from_secs(600)),
+            home_prefixes: Sessions::new(4096, Duration::from_secs(600)),
         })
     }
 

@@ -67,6 +67,13 @@ impl PrefixIndex {
 
     pub(crate) fn insert(&mut self, hashes: &[u64]) {
         for &h in hashes {
+            // Most blocks of a routed prompt are here already (its shared
+            // prefix): a lookup settles them. `HashSet::insert` is not inlined
+            // into this loop and cost ~1.5x per block (`cargo bench --bench
+            // routing`, 200 KB prompt: 17 us against 12 us per decision).
+            if self.current.contains(&h) {
+                continue;
+            }
             if self.current.len() * 2 >= self.capacity {
                 self.previous = std::mem::take(&mut self.current);
             }

@@ -155,20 +155,24 @@ impl Sessions {
 }
 
 /// Make room in a full shard: drop the expired entries and, if that frees
-/// nothing, the least recently seen eighth (at least one). A scan of the
-/// shard then buys an eighth of it in inserts: O(1) per insert amortised,
-/// where evicting one entry per insert scanned the whole shard every time
-/// (a `perf` profile of non-streamed requests with distinct prompts showed
-/// those scans as the gateway's largest user-space item once a table filled).
+/// less than an eighth, the least recently seen entries down to seven
+/// eighths. Every scan of the shard then buys at least an eighth of it in
+/// inserts: O(1) per insert amortised, where evicting one entry per insert
+/// scanned the whole shard every time (a `perf` profile of non-streamed
+/// requests with distinct prompts showed those scans as the gateway's
+/// largest user-space item once a table filled). Stopping after the expired
+/// ones whenever any expired would bring the scan per insert back when
+/// entries expire about as fast as new ones come.
 fn evict(shard: &mut Shard, ttl: Duration, now: Instant) {
     let full = shard.len();
+    let keep = full - full / 8;
     shard.retain(|_, e| now.saturating_duration_since(e.seen) < ttl);
-    if shard.len() < full {
+    if shard.len() <= keep {
         return;
     }
     let mut seen: Vec<Instant> = shard.values().map(|e| e.seen).collect();
-    // The (n/8)-th oldest: it and every older one go.
-    let k = (seen.len() / 8).saturating_sub(1);
+    // The (len - keep)-th oldest: it and every older one go.
+    let k = (seen.len() - keep).saturating_sub(1);
     let (_, &mut cutoff, _) = seen.select_nth_unstable(k);
     shard.retain(|_, e| e.seen > cutoff);
 }
@@ -235,5 +239,17 @@ mod eviction {
         let later = t0 + Duration::from_secs(3600) + Duration::from_millis(30);
         s.place(72 * 16, &a, later);
         assert_eq!(s.len(), 64 - 23 + 1, "keys 8 to 30 (seen by 30 ms) expired");
+        // Full again; then only two expire (keys 31 and 32): the oldest live
+        // ones go too, down to seven eighths, so the next inserts scan
+        // nothing (not one scan per insert while a few expire at a time).
+        for k in 73..95u64 {
+            s.place(k * 16, &a, t0 + Duration::from_millis(k));
+        }
+        assert_eq!(s.len(), 64);
+        let then = t0 + Duration::from_secs(3600) + Duration::from_millis(32);
+        s.place(95 * 16, &a, then);
+        assert_eq!(s.len(), 56 + 1);
+        assert!((31..=38u64).all(|k| s.get(k * 16, then).is_none()));
+        assert!((39..=95u64).all(|k| s.get(k * 16, then).is_some()));
     }
 }

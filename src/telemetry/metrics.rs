@@ -69,7 +69,7 @@ pub struct BackendSeries {
     /// what the replica reported cached for the same requests.
     pub cached_predicted: Counter,
     pub cached_actual: Counter,
-    /// Requests sent here whose first prompt block was last sent to another
+    /// Requests sent here whose home prefix (first `home_blocks` blocks) was last sent to another
     /// replica (a shared prefix scattered by routing).
     pub prefix_elsewhere: Counter,
     /// Re-exported from the replica's own metrics.
@@ -209,7 +209,8 @@ pub struct Metrics {
     pub flow_wait: Family<(Arc<str>, Arc<str>), Histogram>,
     /// model, band: requests waiting now.
     pub flow_waiting: Family<(Arc<str>, Arc<str>), Gauge>,
-    /// Rounds of fairness shared between gateways, by outcome (`ok`, `error`).
+    /// Syncs of fairness with the other gateways (one per model per round),
+    /// by outcome (`ok`, `error`).
     pub flow_share_syncs: Family<(&'static str,), Counter>,
     /// pathology, backend: 1 while the doctor names it (set when `/metrics`
     /// is rendered).
@@ -650,7 +651,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_flow_share_syncs_total",
-            "Rounds of attained service shared with the other gateways through Redis (flow_control.share_fairness), by outcome: ok, error (kept for the next round).",
+            "Syncs of attained service with the other gateways through Redis (flow_control.share_fairness), one per model per round, by outcome: ok, error (the round is sent again).",
             &self.flow_share_syncs,
             |c| c,
         );
@@ -716,7 +717,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_backend_prefix_elsewhere_total",
-            "Requests sent to the replica whose first prompt block was last sent to another replica: prompts that share a prefix, scattered (whatever the policy).",
+            "Requests sent to the replica (first attempts) whose prompt's first routing.prefix_kv.home_blocks blocks were last sent to another replica: prompts that share a prefix, scattered (whatever the policy).",
             &self.backends,
             |s| &s.prefix_elsewhere,
         );
