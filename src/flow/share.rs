@@ -149,19 +149,16 @@ async fn sync(
     gate: &Gate,
 ) -> bool {
     let (number, sent) = {
-        let mut st = gate.state.lock();
-        if st.unconfirmed.is_none() {
+        let mut guard = gate.state.lock();
+        let st = &mut *guard;
+        let round = st.unconfirmed.get_or_insert_with(|| {
             *rounds += 1;
-            st.unconfirmed = Some(Round {
+            Round {
                 number: *rounds,
                 increments: st.outbox.drain().collect(),
-            });
-        }
-        let r = st
-            .unconfirmed
-            .as_ref()
-            .map_or((0, Vec::new()), |r| (r.number, r.increments.clone()));
-        r
+            }
+        });
+        (round.number, round.increments.clone())
     };
     let inv = invocation(script, cfg, &gate.model, me, number, &sent);
     let reply: Option<Vec<(String, f64)>> =

@@ -220,9 +220,12 @@ async fn kv_thrashing_is_critical_and_the_cli_says_so() {
     assert_eq!(out.status.code(), Some(2), "{text}\n{err}");
     assert!(text.contains("CRITICAL  kv_cache_thrashing"), "{text}");
     assert!(text.contains("preemptions_per_second"), "{text}");
+    // The clients leave (their streams are cancelled upstream): the engine
+    // stops preempting and the finding clears.
     for l in load {
         l.abort();
     }
+    until_healthy(&gw).await;
 }
 
 #[tokio::test]
@@ -314,6 +317,8 @@ async fn a_tier_held_at_its_limit_is_named() {
         !body.contains("sk-doctor") && !body.contains("busy-client"),
         "{body}"
     );
+    // The client stops: once the window holds no refusals, it clears.
+    until_healthy(&gw).await;
 }
 
 #[tokio::test]
@@ -352,6 +357,8 @@ async fn a_replica_failing_its_attempts_is_named_with_the_kinds() {
         "{spike}"
     );
     assert!(!body.contains(&format!("\"backend\":\"{a}\"")), "{body}");
+    // No more failures: once the window holds none, it clears.
+    until_healthy(&gw).await;
 }
 
 #[tokio::test]
@@ -390,6 +397,8 @@ async fn a_replica_whose_streams_stall_is_named() {
     .await;
     // One stall per stream it served (more only if the machine itself stalls).
     assert!(stalls >= 4.0, "{stalls}");
+    // No more stalls: once the window holds none, it clears.
+    until_healthy(&gw).await;
 }
 
 #[tokio::test]
@@ -435,6 +444,8 @@ async fn output_length_far_from_its_baseline_is_named_on_the_model() {
         .unwrap();
     let now = f["evidence"]["mean_output_tokens"].as_f64().unwrap();
     assert!(base > 5.0 && now < 4.0 && base >= 2.0 * now, "{f}");
+    // The short answers stop: once the window holds too few, it clears.
+    until_healthy(&gw).await;
 }
 
 #[tokio::test]
