@@ -462,13 +462,15 @@ async fn forward(
         }
 
         let sent = Instant::now();
-        // A retry goes to another replica by design: not scattering.
+        // Where the prompt went is remembered for every attempt; a retry
+        // goes to another replica by design, so it is not counted as
+        // scattering.
         if let Some(home) = home_prefix
-            && reason != RouteReason::Retry
             && state
                 .affinity
                 .home_prefixes
                 .place(home, &replica.name, std::time::Instant::now())
+            && reason != RouteReason::Retry
         {
             replica.series.prefix_elsewhere.inc();
         }

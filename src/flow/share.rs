@@ -31,22 +31,24 @@ use redis::{Client, Script};
 use super::{Gate, GateState, Shared};
 use crate::config::RedisConfig;
 
-/// KEYS: the model's service hash, its hash of applied rounds per gateway.
-/// ARGV: gateway id, round number, then tenant, increment, tenant, ...
-/// A round at or below the gateway's last applied one is not applied again
-/// (a resend whose first answer was lost). Returns the service hash
-/// (field, value, ...).
+/// KEYS: the model's service hash, this gateway's last applied round (a
+/// key per gateway process, so a stopped one's expires). ARGV: round
+/// number, then tenant, increment, tenant, ... A round at or below the last
+/// applied one is not applied again (a resend whose first answer was lost);
+/// a round with no increments only reads (no write). Returns the service
+/// hash (field, value, ...).
 const SYNC: &str = r#"
-local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-local round = tonumber(ARGV[2])
-if round > last then
-  for i = 3, #ARGV - 1, 2 do
-    redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+if #ARGV > 1 then
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local round = tonumber(ARGV[1])
+  if round > last then
+    for i = 2, #ARGV - 1, 2 do
+      redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+    end
+    redis.call('SET', KEYS[2], ARGV[1], 'PX', 3600000)
+    redis.call('PEXPIRE', KEYS[1], 3600000)
   end
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 end
-redis.call('PEXPIRE', KEYS[1], 3600000)
-redis.call('PEXPIRE', KEYS[2], 3600000)
 return redis.call('HGETALL', KEYS[1])
 "#;
 
@@ -72,7 +74,7 @@ pub(super) fn spawn(shared: Weak<Shared>) {
     };
     rt.spawn(async move {
         let script = Script::new(SYNC);
-        // This process in the rounds hash (a restarted gateway is a new one).
+        // This process's round key (a restarted gateway is a new one).
         let me = format!("{:016x}", fastrand::u64(..));
         let mut rounds = 0u64;
         let mut conn: Option<(RedisConfig, ConnectionManager)> = None;
@@ -102,12 +104,18 @@ pub(super) fn spawn(shared: Weak<Shared>) {
             };
             if conn.as_ref().is_none_or(|(c, _)| c != cfg) {
                 // A new store (or sharing just turned on): its totals are a
-                // new baseline, and nothing is owed to it from before.
-                for gate in &gates {
-                    let mut st = gate.state.lock();
-                    st.ledger.clear();
-                    st.synced = false;
-                    st.unconfirmed = None;
+                // new baseline, and nothing is owed to it from before. Only
+                // a new timeout: the same store, reconnected.
+                let same_store = conn
+                    .as_ref()
+                    .is_some_and(|(c, _)| c.url == cfg.url && c.key_prefix == cfg.key_prefix);
+                if !same_store {
+                    for gate in &gates {
+                        let mut st = gate.state.lock();
+                        st.ledger.clear();
+                        st.synced = false;
+                        st.unconfirmed = None;
+                    }
                 }
                 conn = connect(cfg).map(|m| (cfg.clone(), m));
             }
@@ -188,8 +196,7 @@ fn invocation<'a>(
     let mut inv = script.prepare_invoke();
     let base = format!("{}:flow:{{{model}}}", cfg.key_prefix);
     inv.key(format!("{base}:service"))
-        .key(format!("{base}:rounds"))
-        .arg(me)
+        .key(format!("{base}:round:{me}"))
         .arg(number);
     for (tenant, amount) in sent {
         inv.arg(&**tenant).arg(*amount);

@@ -66,7 +66,7 @@ impl PrefixIndex {
     }
 
     pub(crate) fn insert(&mut self, hashes: &[u64]) {
-        for &h in hashes {
+        for (i, &h) in hashes.iter().enumerate() {
             // Most blocks of a routed prompt are here already (its shared
             // prefix): a lookup settles them. `HashSet::insert` is not inlined
             // into this loop and cost ~1.5x per block (`cargo bench --bench
@@ -76,6 +76,15 @@ impl PrefixIndex {
             }
             if self.current.len() * 2 >= self.capacity {
                 self.previous = std::mem::take(&mut self.current);
+                // The blocks before this one lead to it: they move into the
+                // new generation with it (a prompt's head should not age out
+                // before its tail: `longest_match` assumes prefixes). Up to
+                // a quarter of the capacity, so that a generation still takes
+                // at least a quarter of new blocks before the next turns over
+                // (memory stays bounded, the work per block O(1)).
+                if i * 4 <= self.capacity {
+                    self.current.extend(hashes[..i].iter().copied());
+                }
             }
             self.current.insert(h);
         }
@@ -114,5 +123,18 @@ mod tests {
             "the oldest generation aged out"
         );
         assert!(ix.longest_match(&[14, 15, 16, 17]) > 0);
+    }
+
+    #[test]
+    fn a_prompts_head_moves_into_the_new_generation_with_its_tail() {
+        let mut ix = PrefixIndex::new(16);
+        ix.insert(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        // Block 9 starts a new generation: 1..4, its head, go into it with
+        // it, not only into the one that ages out next.
+        ix.insert(&[1, 2, 3, 4, 9]);
+        // A generation later, the head is still there with its tail.
+        ix.insert(&[20, 21, 22, 23, 24, 25, 26, 27]);
+        assert_eq!(ix.longest_match(&[1, 2, 3, 4, 9]), 5);
+        assert!(ix.len() <= 16, "{}", ix.len());
     }
 }
