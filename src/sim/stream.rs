@@ -38,6 +38,8 @@ pub(super) struct SimStream {
     /// Events due now, emitted one per poll.
     queue: VecDeque<Bytes>,
     ended: bool,
+    /// The drop fault fired once: the connection is cut on the next poll.
+    cutting: bool,
     /// Responses: the next event's sequence number, the text so far, and
     /// where the finished response is kept (with what it was asked).
     seq: u64,
@@ -66,6 +68,7 @@ impl SimStream {
             emitted: 0,
             queue: VecDeque::new(),
             ended: false,
+            cutting: false,
             seq: 0,
             text: String::new(),
             keep,
@@ -182,6 +185,14 @@ impl Body for SimStream {
             if this.emitted < produced {
                 let i = this.emitted;
                 if let Err(e) = this.emit(i) {
+                    if !this.cutting {
+                        // What was sent before the cut reaches the client
+                        // first: hyper flushes its write buffer when the body
+                        // is pending, and drops it unflushed on an error.
+                        this.cutting = true;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
                     this.ended = true;
                     return Poll::Ready(Some(Err(e)));
                 }

@@ -316,12 +316,16 @@ fn redis_config(urls: &[String], redis: &redis::Redis, rpm: u32, on_error: OnSto
 async fn two_gateway_processes_sharing_redis_enforce_one_limit() {
     let redis = redis::start().await;
     let sim = start_sim(fast_sim()).await;
-    let cfg = redis_config(&[sim.url()], &redis, 60, OnStoreError::FailClosed);
+    let mut cfg = redis_config(&[sim.url()], &redis, 60, OnStoreError::FailClosed);
+    // The limit's accuracy is tested here, not Redis's latency: 100
+    // admissions at once on a busy 2-core machine can take longer than the
+    // default 100 ms, and fail_closed would turn that into 503s.
+    cfg.rate_limits.redis.timeout = Duration::from_secs(2);
     let gw1 = start_gateway(cfg, 1).await;
     // The second gateway: the binary, from a config file.
     let yaml = format!(
         "backends:\n  - url: {}\nauth:\n  keys:\n    - {{name: team-a, tier: t, sha256: \"{}\"}}\n\
-         tiers:\n  t:\n    requests_per_minute: 60\nrate_limits:\n  store: redis\n  on_store_error: fail_closed\n  redis:\n    url: {}\n",
+         tiers:\n  t:\n    requests_per_minute: 60\nrate_limits:\n  store: redis\n  on_store_error: fail_closed\n  redis:\n    url: {}\n    timeout: 2s\n",
         sim.url(),
         sha(KEY_A),
         redis.url()
