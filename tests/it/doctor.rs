@@ -455,11 +455,16 @@ async fn time_to_first_token_far_above_its_baseline_is_named_on_the_model_and_cl
     // A 3 s window holds ~15 requests of 150 ms sent one after another.
     c.doctor.drift_min_requests = 5;
     let gw = start_routed(c, 1).await;
-    let drift = |found: Vec<(String, String, String)>| {
-        found
-            .into_iter()
-            .find(|(p, _, _)| p == "latency_drift")
-            .map(|(_, model, _)| model)
+    // The finding, from one diagnosis.
+    let drift = || async {
+        let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["pathology"] == "latency_drift")
+            .cloned()
     };
     // The baseline: first tokens after the 10 ms prefill.
     traffic(&gw, 25).await;
@@ -472,25 +477,16 @@ async fn time_to_first_token_far_above_its_baseline_is_named_on_the_model_and_cl
     sim.state.set_control(ctl.clone());
     let named = async {
         loop {
-            if let Some(model) = drift(model_findings(&gw).await) {
-                return model;
+            if let Some(f) = drift().await {
+                return f;
             }
             traffic(&gw, 3).await;
         }
     };
-    let model = tokio::time::timeout(Duration::from_secs(30), named)
+    let f = tokio::time::timeout(Duration::from_secs(30), named)
         .await
         .expect("latency_drift named");
-    assert_eq!(model, "sim-model");
-    let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let f = v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["pathology"] == "latency_drift")
-        .unwrap()
-        .clone();
+    assert_eq!(f["model"], "sim-model", "{f}");
     let base = f["evidence"]["baseline_mean_ttft_seconds"]
         .as_f64()
         .unwrap();
@@ -502,7 +498,7 @@ async fn time_to_first_token_far_above_its_baseline_is_named_on_the_model_and_cl
     sim.state.set_control(ctl);
     let cleared = async {
         loop {
-            if drift(model_findings(&gw).await).is_none() {
+            if drift().await.is_none() {
                 return;
             }
             traffic(&gw, 3).await;
