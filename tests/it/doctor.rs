@@ -718,7 +718,10 @@ async fn prefix_cache_misses_from_scattering_routing_are_named_as_a_routing_prob
     // past the prompts, and the findings clear).
     let labels = [label(&sims[0]), label(&sims[1])];
     let both = async {
+        // Asked every scrape interval (100 ms) until the deadline below.
+        let mut every = tokio::time::interval(Duration::from_millis(100));
         loop {
+            every.tick().await;
             let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             let found: Vec<serde_json::Value> = v["findings"]
@@ -734,7 +737,6 @@ async fn prefix_cache_misses_from_scattering_routing_are_named_as_a_routing_prob
             {
                 return found;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
     let found = tokio::time::timeout(Duration::from_secs(10), both)
