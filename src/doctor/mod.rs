@@ -258,13 +258,17 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                 "reduce --max-num-seqs (or --swap-space 0 to preempt by recomputation instead), or add KV memory".into(),
             ));
         }
-        // Prefill starvation: first tokens slow, decode fine, queue growing.
+        // Prefill starvation: first tokens slow, decode fine, the queue long
+        // and not draining. "Not draining" rather than "growing": the queue
+        // in front of a starved engine stops growing once every client has a
+        // request in it (closed-loop clients, or flow control's seats), and
+        // the pathology is just as real on that plateau.
         let first_waiting = p.samples.first().and_then(|s| s.waiting).unwrap_or(0.0);
         if let (Some(t), Some(itl)) = (ttft, tpot)
             && t > d.starvation_ttft.as_secs_f64()
             && itl < d.starvation_itl.as_secs_f64()
             && waiting >= d.starvation_queue
-            && waiting > first_waiting
+            && waiting >= first_waiting
         {
             out.push(finding(
                 "prefill_starvation",
@@ -275,7 +279,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                     ("requests_waiting", round(waiting, 0)),
                     ("requests_waiting_at_window_start", round(first_waiting, 0)),
                 ]),
-                "running decodes keep new requests from their prefill: the queue grows while streams run fast".into(),
+                "running decodes keep new requests from their prefill: the queue stays long while streams run fast".into(),
                 "enable chunked prefill (--enable-chunked-prefill, --max-num-batched-tokens 2048), or lower --max-num-seqs to leave room for prefill".into(),
             ));
         }
