@@ -222,10 +222,17 @@ impl RequestGuard {
     /// An event carrying generated output arrived at `now` (the token clock).
     #[inline]
     pub fn on_output(&mut self, now: Instant) {
-        if self.record.first_token.is_none()
-            && let (Some(p), Some(sent)) = (self.placement.as_mut(), self.record.upstream_sent)
-        {
-            p.first_token(now.saturating_duration_since(sent));
+        if self.record.first_token.is_none() {
+            if let (Some(p), Some(sent)) = (self.placement.as_mut(), self.record.upstream_sent) {
+                p.first_token(now.saturating_duration_since(sent));
+            }
+            // The replica's recent TTFT learns it now, not when the stream
+            // ends: a replica whose streams run long (the very case of
+            // prefill starvation) shows its slow first tokens at once.
+            if let Some(a) = &self.attempt {
+                let ttft = now.saturating_duration_since(self.record.arrival);
+                a.replica().ttft_recent.observe(ttft.as_secs_f64());
+            }
         }
         if let Some(s) = &self.series {
             self.record.on_output(now, s, self.stall_threshold);
@@ -285,9 +292,6 @@ impl RequestGuard {
             if r.succeeded() {
                 let replica = attempt.replica();
                 replica.record_success();
-                if let Some(t) = r.ttft() {
-                    replica.ttft_recent.observe(t.as_secs_f64());
-                }
                 if let Some(t) = r.tpot() {
                     replica.tpot_recent.observe(t.as_secs_f64());
                 }

@@ -323,7 +323,7 @@ async fn prefill_starvation_is_named_on_the_replica_without_chunked_prefill() {
     let mut clients = load(&gw, 24, |i| prompt(i, 4, 1000));
     clients.extend(load(&gw, 16, document));
     let (a, b) = (label(&sims[0]), label(&sims[1]));
-    until_named(&gw, "prefill_starvation", &a, Duration::from_secs(20)).await;
+    until_named(&gw, "prefill_starvation", &a, Duration::from_secs(60)).await;
     let found = findings(&gw).await;
     assert!(!named(&found, "prefill_starvation", &b), "{found:?}");
     for l in clients {
