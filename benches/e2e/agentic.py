@@ -11,6 +11,9 @@ long tool results in a share of turns, think time) through:
   sluice                 one gateway, defaults (no configuration)
   sluice-3gw             three gateway processes behind nginx, round robin
   sluice-no-id           one gateway, the client sends no session id
+  sluice-least-loaded    one gateway, `session_placement: least_loaded`: each new
+                         session on the replica that served the fewest session
+                         turns lately, then kept there (the issue's idealised router)
   sglang-cache_aware     sglang-router (PyPI) --policy cache_aware
   vllm-consistent_hash   vllm-router (PyPI) --policy consistent_hash (hashes x-session-id)
 
@@ -283,11 +286,14 @@ def main():
                 }, f, indent=2)
         return
 
-    runs = ["sluice", "sluice-3gw", "sluice-no-id"]
+    runs = ["sluice", "sluice-3gw", "sluice-no-id", "sluice-least-loaded"]
     if args.routers_venv:
         runs += ["sglang-cache_aware", "vllm-consistent_hash"]
     if args.only:
         runs = [r for r in runs if r in args.only]
+    if args.sluice_config:
+        # Its own configuration is the point of that run.
+        runs = [r for r in runs if r != "sluice-least-loaded"]
     results = {}
     for name in runs:
         procs = Procs()
@@ -297,6 +303,11 @@ def main():
             extra = ["--config", args.sluice_config] if args.sluice_config else []
             if name == "sluice" or name == "sluice-no-id":
                 url = start_sluice(procs, sims, extra)
+            elif name == "sluice-least-loaded":
+                conf = os.path.join(tempfile.mkdtemp(), "least_loaded.yaml")
+                with open(conf, "w") as f:
+                    f.write("routing:\n  prefix_kv:\n    session_placement: least_loaded\n")
+                url = start_sluice(procs, sims, ["--config", conf])
             elif name == "sluice-3gw":
                 url = start_lb(procs, [start_sluice(procs, sims, extra) for _ in range(3)])
             elif name == "sglang-cache_aware":

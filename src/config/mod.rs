@@ -419,6 +419,20 @@ pub struct PrefixKvConfig {
     /// only for a replica this much faster. A session's first turn (with an
     /// id) never leaves its home, where every gateway will look for it.
     pub session_detour_margin: f64,
+    /// Where a new session starts: `rendezvous` (the default: the first open
+    /// replica in the session key's own order, which every gateway computes
+    /// alike) or `least_loaded` (the open replica that served the fewest
+    /// session turns lately; one gateway only: another could not find it).
+    pub session_placement: SessionPlacement,
+}
+
+/// Where a new session starts (`routing.prefix_kv.session_placement`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionPlacement {
+    #[default]
+    Rendezvous,
+    LeastLoaded,
 }
 
 impl Default for PrefixKvConfig {
@@ -433,6 +447,7 @@ impl Default for PrefixKvConfig {
             index_capacity: 1 << 18,
             detour_margin: 0.5,
             session_detour_margin: 0.9,
+            session_placement: SessionPlacement::Rendezvous,
         }
     }
 }

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -29,8 +29,41 @@ pub(crate) struct ReplicaMemory {
     pub(crate) prefixes: Mutex<PrefixIndex>,
     /// Work sent there and the rates learned from it.
     pub(crate) load: Load,
+    /// Session turns sent here lately (`session_placement: least_loaded`).
+    pub(crate) session_turns: Mutex<Decayed>,
     /// Nanoseconds since `epoch()` of the last decision that looked here.
     used: AtomicU64,
+}
+
+/// A count that fades: each event adds one, and the sum decays by `e` every
+/// [`TURNS_DECAY`]: about the events of the last ten seconds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Decayed {
+    value: f64,
+    at: Option<Instant>,
+}
+
+pub(crate) const TURNS_DECAY: Duration = Duration::from_secs(10);
+
+impl Decayed {
+    pub(crate) const fn new() -> Self {
+        Self {
+            value: 0.0,
+            at: None,
+        }
+    }
+
+    pub(crate) fn get(&self, now: Instant) -> f64 {
+        self.at.map_or(0.0, |at| {
+            let dt = now.saturating_duration_since(at).as_secs_f64();
+            self.value * (-dt / TURNS_DECAY.as_secs_f64()).exp()
+        })
+    }
+
+    pub(crate) fn add(&mut self, now: Instant) {
+        self.value = self.get(now) + 1.0;
+        self.at = Some(now.max(self.at.unwrap_or(now)));
+    }
 }
 
 impl ReplicaMemory {
@@ -99,6 +132,7 @@ impl Affinity {
         let fresh = Arc::new(ReplicaMemory {
             prefixes: Mutex::new(PrefixIndex::new(self.capacity)),
             load: Load::default(),
+            session_turns: Mutex::new(Decayed::new()),
             used: AtomicU64::new(0),
         });
         fresh.touch();
@@ -141,5 +175,19 @@ mod tests {
         assert_eq!(a.blocks("x"), 3);
         assert_eq!(a.of(&x).prefixes.lock().longest_match(&[1, 2, 9]), 2);
         assert_eq!(a.blocks("y"), 0);
+    }
+
+    #[test]
+    fn a_decayed_count_fades_by_e_every_ten_seconds() {
+        let t0 = Instant::now();
+        let mut d = Decayed::new();
+        assert_eq!(d.get(t0), 0.0);
+        d.add(t0);
+        d.add(t0);
+        assert!((d.get(t0) - 2.0).abs() < 1e-9);
+        let later = t0 + TURNS_DECAY;
+        assert!((d.get(later) - 2.0 / std::f64::consts::E).abs() < 1e-9);
+        d.add(later);
+        assert!((d.get(later) - (1.0 + 2.0 / std::f64::consts::E)).abs() < 1e-9);
     }
 }

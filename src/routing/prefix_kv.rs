@@ -49,7 +49,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::affinity::{Affinity, ReplicaMemory};
 use super::{Decision, ReplicaView, RouteCtx, RoutingPolicy, least_loaded};
-use crate::config::PrefixKvConfig;
+use crate::config::{PrefixKvConfig, SessionPlacement};
 use crate::vocab::RouteReason;
 
 pub struct PrefixKv {
@@ -173,6 +173,9 @@ impl RoutingPolicy for PrefixKv {
                 self.affinity
                     .sessions
                     .place(s.key, &candidates[at].name, ctx.now);
+                if self.cfg.session_placement == SessionPlacement::LeastLoaded {
+                    views[index].memory.session_turns.lock().add(ctx.now);
+                }
             }
         };
         // Stay or detour, by predicted TTFT.
@@ -307,6 +310,16 @@ impl PrefixKv {
             // Another gateway placed it, by this same order, on the first
             // replica that was open then: the first one alive now.
             order.iter().copied().find(alive)
+        } else if self.cfg.session_placement == SessionPlacement::LeastLoaded {
+            // New (or moving): the open replica that served the fewest
+            // session turns lately; ties in the key's order.
+            let turns = |i: usize| views[i].memory.session_turns.lock().get(ctx.now);
+            order
+                .iter()
+                .copied()
+                .filter(|&i| views[i].blocked == Blocked::No)
+                .min_by(|&a, &b| turns(a).total_cmp(&turns(b)))
+                .or_else(|| order.iter().copied().find(alive))
         } else {
             // New (or moving): the first open replica in the key's order.
             order
@@ -409,8 +422,8 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::routing::LoadView;
     use crate::routing::least_loaded::LeastLoaded;
+    use crate::routing::{LoadView, SessionKey};
 
     fn replicas(n: usize) -> Vec<ReplicaView> {
         (0..n)
@@ -456,6 +469,58 @@ mod tests {
         };
         p.pick(&ctx, reps)
             .unwrap_or(Decision::plain(usize::MAX, RouteReason::Retry))
+    }
+
+    #[test]
+    fn least_loaded_placement_starts_sessions_where_fewest_turns_went() {
+        let reps = replicas(4);
+        let cfg = PrefixKvConfig {
+            session_placement: SessionPlacement::LeastLoaded,
+            ..PrefixKvConfig::default()
+        };
+        let t = (64, Duration::from_secs(60));
+        let p = PrefixKv::new(cfg, Some(Duration::from_secs(5)), Affinity::new(1024, t, t));
+        let now = Instant::now();
+        let turn = |key: u64, continuing: bool| {
+            let ctx = RouteCtx {
+                model: "m",
+                hashes: &[1, 2, 3],
+                session: Some(SessionKey {
+                    key,
+                    explicit: true,
+                    continuing,
+                }),
+                prompt_tokens: 1000,
+                tail_tokens: 10,
+                now,
+            };
+            p.pick(&ctx, &reps).unwrap()
+        };
+        // Four new sessions take the four replicas, one each.
+        let first: Vec<usize> = (0..4u64).map(|k| turn(k, false).index).collect();
+        let mut seen = first.clone();
+        seen.sort_unstable();
+        assert_eq!(seen, [0, 1, 2, 3], "{first:?}");
+        // Session 0 takes three more turns (on its replica): the next new
+        // session avoids it, whatever its key's rendezvous order says.
+        for _ in 0..3 {
+            assert_eq!(turn(0, true).index, first[0]);
+        }
+        // Turns [4, 1, 1, 1]: the next three new sessions (two turns each)
+        // go to the three others.
+        let mut next: Vec<usize> = (100..103u64)
+            .map(|key| {
+                let d = turn(key, false);
+                assert_eq!(d.reason, RouteReason::SessionNew);
+                // Its own next turn stays on it.
+                assert_eq!(turn(key, true).index, d.index);
+                d.index
+            })
+            .collect();
+        next.sort_unstable();
+        let mut others: Vec<usize> = first[1..].to_vec();
+        others.sort_unstable();
+        assert_eq!(next, others);
     }
 
     #[test]

@@ -77,6 +77,38 @@ async fn session_ids_keep_a_conversation_on_one_replica_and_spread_sessions() {
 }
 
 #[tokio::test]
+async fn least_loaded_placement_spreads_new_sessions_evenly() {
+    // `session_placement: least_loaded`: each new session starts on the
+    // replica that served the fewest session turns lately: of 8 sessions of
+    // 4 turns each, the first 4 take the 4 replicas one each, and so do the
+    // next 4 (hashing 4 keys onto 4 replicas without a collision happens
+    // 9% of the time), and every turn stays.
+    let sims = sims(4).await;
+    let mut c = routing_config(&urls(&sims));
+    c.routing.prefix_kv.session_placement = sluice::config::SessionPlacement::LeastLoaded;
+    let gw = start_routed(c, 4).await;
+    let url = api(&gw);
+    let mut homes = Vec::new();
+    for s in 0..8 {
+        let id = format!("agent-{s}");
+        let first = with_id(&url, &sims, &turn(s, 0), &id).await;
+        for t in 1..4 {
+            assert_eq!(
+                with_id(&url, &sims, &turn(s, t), &id).await,
+                first,
+                "session {s} turn {t} moved"
+            );
+        }
+        homes.push(first);
+    }
+    for group in homes.chunks(4) {
+        let distinct: std::collections::HashSet<_> = group.iter().collect();
+        assert_eq!(distinct.len(), 4, "{homes:?}");
+    }
+    assert_eq!(reasons(&gw, "session_new").await, 8.0);
+}
+
+#[tokio::test]
 async fn without_an_id_the_prompt_tells_conversations_apart() {
     let sims = sims(4).await;
     let gw = start_routed(routing_config(&urls(&sims)), 4).await;
