@@ -222,15 +222,19 @@ impl RequestGuard {
     /// An event carrying generated output arrived at `now` (the token clock).
     #[inline]
     pub fn on_output(&mut self, now: Instant) {
-        if self.record.first_token.is_none() {
-            if let (Some(p), Some(sent)) = (self.placement.as_mut(), self.record.upstream_sent) {
-                p.first_token(now.saturating_duration_since(sent));
+        if self.record.first_token.is_none()
+            && let Some(sent) = self.record.upstream_sent
+        {
+            let ttft = now.saturating_duration_since(sent);
+            if let Some(p) = self.placement.as_mut() {
+                p.first_token(ttft);
             }
             // The replica's recent TTFT learns it now, not when the stream
             // ends: a replica whose streams run long (the very case of
-            // prefill starvation) shows its slow first tokens at once.
+            // prefill starvation) shows its slow first tokens at once. From
+            // the request's sending to this replica: neither the gateway's
+            // queue nor an earlier attempt elsewhere is charged to it.
             if let Some(a) = &self.attempt {
-                let ttft = now.saturating_duration_since(self.record.arrival);
                 a.replica().ttft_recent.observe(ttft.as_secs_f64());
             }
         }

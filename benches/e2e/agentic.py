@@ -37,6 +37,7 @@ Everything listens on 127.0.0.1; every process is stopped at the end.
 """
 
 import argparse
+import atexit
 import datetime
 import json
 import os
@@ -291,8 +292,9 @@ def main():
         runs += ["sglang-cache_aware", "vllm-consistent_hash"]
     if args.only:
         runs = [r for r in runs if r in args.only]
-    if args.sluice_config:
+    if args.sluice_config and "sluice-least-loaded" in runs:
         # Its own configuration is the point of that run.
+        print("--sluice-config: sluice-least-loaded not run (it has its own configuration)", flush=True)
         runs = [r for r in runs if r != "sluice-least-loaded"]
     results = {}
     for name in runs:
@@ -305,6 +307,7 @@ def main():
                 url = start_sluice(procs, sims, extra)
             elif name == "sluice-least-loaded":
                 conf = os.path.join(tempfile.mkdtemp(), "least_loaded.yaml")
+                atexit.register(shutil.rmtree, os.path.dirname(conf), True)
                 with open(conf, "w") as f:
                     f.write("routing:\n  prefix_kv:\n    session_placement: least_loaded\n")
                 url = start_sluice(procs, sims, ["--config", conf])

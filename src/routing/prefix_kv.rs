@@ -19,7 +19,10 @@
 //!      gateway computes the same first replica, so a session sent to several
 //!      gateways by a load balancer stays whole; one unknown here that
 //!      carries earlier turns goes to the first replica alive in that order,
-//!      where another gateway put it. Its history counts as cached there;
+//!      where another gateway put it. Its history counts as cached there.
+//!      With `session_placement: least_loaded` (one gateway), a new session
+//!      (or one unknown here) goes instead to the open replica that served
+//!      the fewest session turns lately (`affinity::Decayed`);
 //!    - without: the prompt's home by its first `home_blocks` block hashes
 //!      with bounded loads (the first in that order whose in-flight count is
 //!      within `load_factor` x the mean), so requests that share a prefix
@@ -306,19 +309,24 @@ impl PrefixKv {
         }
         let order = order(s.key, candidates);
         let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
-        let first = if known.is_none() && s.continuing {
+        let least_loaded = self.cfg.session_placement == SessionPlacement::LeastLoaded;
+        let first = if known.is_none() && s.continuing && !least_loaded {
             // Another gateway placed it, by this same order, on the first
             // replica that was open then: the first one alive now.
             order.iter().copied().find(alive)
-        } else if self.cfg.session_placement == SessionPlacement::LeastLoaded {
-            // New (or moving): the open replica that served the fewest
-            // session turns lately; ties in the key's order.
-            let turns = |i: usize| views[i].memory.session_turns.lock().get(ctx.now);
+        } else if least_loaded {
+            // New, moving, or unknown here (this one gateway restarted or
+            // forgot it: no order tells where it was): the open replica that
+            // served the fewest session turns lately; ties in the key's order.
+            let turns: Vec<f64> = views
+                .iter()
+                .map(|v| v.memory.session_turns.lock().get(ctx.now))
+                .collect();
             order
                 .iter()
                 .copied()
                 .filter(|&i| views[i].blocked == Blocked::No)
-                .min_by(|&a, &b| turns(a).total_cmp(&turns(b)))
+                .min_by(|&a, &b| turns[a].total_cmp(&turns[b]))
                 .or_else(|| order.iter().copied().find(alive))
         } else {
             // New (or moving): the first open replica in the key's order.
@@ -334,8 +342,13 @@ impl PrefixKv {
             _ => RouteReason::SessionNew,
         };
         // A session that continues and is unknown here was placed there by
-        // another gateway: its history is there too.
-        let history = if known.is_none() { history } else { 0 };
+        // another gateway: its history is there too (not so when placed by
+        // load: nothing says where its history is).
+        let history = if known.is_none() && !least_loaded {
+            history
+        } else {
+            0
+        };
         Some(Home {
             index: first,
             reason,

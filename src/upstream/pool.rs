@@ -79,8 +79,9 @@ pub struct Replica {
     /// The scrapes of the last [`HISTORY`] (oldest first), for diagnosis.
     history: parking_lot::Mutex<std::collections::VecDeque<LoadSample>>,
     /// Moving averages of what this gateway measured here: time to first
-    /// token (learned at each first token) and time per output token (at the
-    /// end of each successful request).
+    /// token (from sending the request here to its first token, learned at
+    /// each first token of a stream) and time per output token (at the end
+    /// of each successful request).
     pub ttft_recent: Ewma,
     pub tpot_recent: Ewma,
     failures: AtomicU32,
