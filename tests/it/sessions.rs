@@ -48,6 +48,20 @@ async fn with_id(url: &str, sims: &[SimHandle], body: &serde_json::Value, id: &s
     hit[0]
 }
 
+/// Four turns of conversation `s` under session id `id`, each asserted to
+/// land where the first did; that replica's index.
+async fn four_turns(url: &str, sims: &[SimHandle], s: usize, id: &str) -> usize {
+    let first = with_id(url, sims, &turn(s, 0), id).await;
+    for t in 1..4 {
+        assert_eq!(
+            with_id(url, sims, &turn(s, t), id).await,
+            first,
+            "session {s} turn {t} moved"
+        );
+    }
+    first
+}
+
 #[tokio::test]
 async fn session_ids_keep_a_conversation_on_one_replica_and_spread_sessions() {
     let sims = sims(4).await;
@@ -55,16 +69,7 @@ async fn session_ids_keep_a_conversation_on_one_replica_and_spread_sessions() {
     let url = api(&gw);
     let mut homes = std::collections::HashSet::new();
     for s in 0..12 {
-        let id = format!("conv-{s}");
-        let first = with_id(&url, &sims, &turn(s, 0), &id).await;
-        for t in 1..4 {
-            assert_eq!(
-                with_id(&url, &sims, &turn(s, t), &id).await,
-                first,
-                "session {s} turn {t} moved"
-            );
-        }
-        homes.insert(first);
+        homes.insert(four_turns(&url, &sims, s, &format!("conv-{s}")).await);
     }
     assert!(homes.len() >= 3, "12 sessions on {homes:?}");
     assert_eq!(reasons(&gw, "session").await, 36.0);
@@ -93,16 +98,7 @@ async fn least_loaded_placement_spreads_new_sessions_evenly() {
     let url = api(&gw);
     let mut homes = Vec::new();
     for s in 0..8 {
-        let id = format!("agent-{s}");
-        let first = with_id(&url, &sims, &turn(s, 0), &id).await;
-        for t in 1..4 {
-            assert_eq!(
-                with_id(&url, &sims, &turn(s, t), &id).await,
-                first,
-                "session {s} turn {t} moved"
-            );
-        }
-        homes.push(first);
+        homes.push(four_turns(&url, &sims, s, &format!("agent-{s}")).await);
     }
     for group in homes.chunks(4) {
         let distinct: std::collections::HashSet<_> = group.iter().collect();
