@@ -449,9 +449,20 @@ async fn forward(
                 inbound::with_priority(&inbound.body, i64::from(band))?
             }
         };
+        // A replica at the root takes the client's path as it came (the
+        // common case: no string built and parsed again).
+        let uri = if replica.path_prefix.is_empty() {
+            parts.uri.path_and_query().map_or_else(
+                || http::Uri::from_static("/"),
+                |p| http::Uri::from(p.clone()),
+            )
+        } else {
+            http::Uri::try_from(format!("{}{}", replica.path_prefix, path))
+                .map_err(|e| GatewayError::Internal(e.to_string()))?
+        };
         let mut req = Request::builder()
             .method(parts.method.clone())
-            .uri(format!("{}{}", replica.path_prefix, path))
+            .uri(uri)
             .body(body)
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         *req.headers_mut() = headers.clone();

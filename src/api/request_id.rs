@@ -26,10 +26,19 @@ impl RequestId {
 }
 
 /// Middleware: assign the id, and answer with it whatever the response.
-pub(crate) async fn layer(mut req: Request, next: Next) -> Response {
+pub(crate) async fn layer(req: Request, next: Next) -> Response {
+    around(req, |req| next.run(req)).await
+}
+
+/// Assign the id, run `handler`, and answer with the id whatever the response
+/// (the router's layer, and the routes served without the router).
+pub(crate) async fn around<F>(mut req: Request, handler: impl FnOnce(Request) -> F) -> Response
+where
+    F: Future<Output = Response>,
+{
     let id = request_id(req.headers());
     req.extensions_mut().insert(RequestId(id.clone()));
-    let mut resp = next.run(req).await;
+    let mut resp = handler(req).await;
     resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
     resp
 }

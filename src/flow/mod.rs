@@ -29,7 +29,7 @@ mod queue;
 pub(crate) mod room;
 mod share;
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt as _};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Duration;

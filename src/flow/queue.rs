@@ -11,7 +11,9 @@
 //! Plain data: no locks, no clocks, no I/O (the gate holds it under its lock).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use foldhash::{HashMap, HashMapExt as _};
 use std::sync::Arc;
 
 use tokio::time::Instant;

@@ -8,7 +8,7 @@
 //! Lookups are lock-free (`ArcSwap` of the map); only the index itself,
 //! during one decision, takes a short lock.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt as _};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::app::{build_admin, build_app};
+use crate::app::{Api, build_admin};
 use crate::config::Config;
 use crate::state::{AppState, Live};
 use crate::stream::signal::Signal;
@@ -55,14 +55,14 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
     let servers = vec![
         tokio::spawn(serve(
             api,
-            build_app(live.clone()),
+            Api::new(live.clone()),
             live.clone(),
             stop.clone(),
             header_timeout,
         )),
         tokio::spawn(serve(
             admin,
-            build_admin(live.clone()),
+            hyper_util::service::TowerToHyperService::new(build_admin(live.clone())),
             live.clone(),
             stop.clone(),
             header_timeout,
@@ -121,16 +121,24 @@ fn spawn_background(state: &Arc<AppState>) -> anyhow::Result<Vec<JoinHandle<()>>
 /// within `header_timeout` (a client trickling headers holds nothing for long).
 /// What the HTTP parser refuses is answered in the OpenAI error shape
 /// ([`parse_errors`]).
-async fn serve(
+async fn serve<S>(
     listener: TcpListener,
-    app: axum::Router,
+    app: S,
     live: Arc<Live>,
     stopped: Signal,
     header_timeout: Duration,
-) {
+) where
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     use hyper::server::conn::http1;
     use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::service::TowerToHyperService;
 
     let mut conns = tokio::task::JoinSet::new();
     loop {
@@ -148,7 +156,7 @@ async fn serve(
         };
         // Every SSE event is a small write: disable Nagle so none waits for an ACK.
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let service = app.clone();
         let mut stop = stopped.watch();
         let io = parse_errors::ParseErrors::new(TokioIo::new(tcp), live.clone());
         conns.spawn(async move {

@@ -6,7 +6,7 @@
 //! (integer-scaled, no CAS loop) and a count add. Labelled series are resolved
 //! once per request (a read lock and a hash) and then used lock-free.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt as _};
 use std::fmt::Write as _;
 use std::hash::Hash;
 use std::sync::Arc;

@@ -63,13 +63,17 @@ impl TraceCtx {
     /// The sampled flag is the client's: the gateway decides to keep a trace
     /// only at the end, which a replica cannot wait for.
     pub(crate) fn upstream_header(&self) -> HeaderValue {
-        let v = format!(
-            "00-{:032x}-{:016x}-{:02x}",
-            self.trace_id,
-            self.upstream_span_id,
-            u8::from(self.sampled)
-        );
-        HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
+        // Hex digits written in place: `format!` cost ~2,500 instructions a
+        // request here (callgrind); the test below checks the bytes against `format!`
+        let mut v = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        let hex = |bytes: &[u8], out: &mut [u8]| {
+            // Lengths match by construction (2 digits per byte).
+            let _ = hex::encode_to_slice(bytes, out);
+        };
+        hex(&self.trace_id.to_be_bytes(), &mut v[3..35]);
+        hex(&self.upstream_span_id.to_be_bytes(), &mut v[36..52]);
+        hex(&[u8::from(self.sampled)], &mut v[53..55]);
+        HeaderValue::from_bytes(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
     pub(crate) fn trace_id_hex(&self) -> String {
@@ -121,6 +125,24 @@ mod tests {
             !up.contains("b7ad6b7169203331"),
             "the replica's parent is the gateway's span"
         );
+
+        let cases = [
+            (t, "given"),
+            (TraceCtx::from_headers(&HeaderMap::new()), "new"),
+        ];
+        for (t, what) in cases {
+            let written = t.upstream_header();
+            assert_eq!(
+                written.to_str().unwrap_or_default(),
+                format!(
+                    "00-{:032x}-{:016x}-{:02x}",
+                    t.trace_id,
+                    t.upstream_span_id,
+                    u8::from(t.sampled)
+                ),
+                "{what}"
+            );
+        }
 
         for bad in [
             "00-00000000000000000000000000000000-b7ad6b7169203331-01",

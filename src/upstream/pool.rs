@@ -5,7 +5,9 @@
 //! replica list and the model index without locking; discovery and the health
 //! loop publish new ones. Per-replica counters are atomics.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use foldhash::{HashMap, HashMapExt as _};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};

@@ -301,3 +301,50 @@ async fn upstream_connections_are_kept_alive_and_reused() {
     assert_eq!(s, 200);
     assert_eq!(sim.state.metrics.connections.get() - before, 2);
 }
+
+/// The generation routes are served without the router (`app::Api`); each
+/// path must still reach its own endpoint, with a request id, and every other
+/// path must still go through the router (a trailing slash is another route).
+#[tokio::test]
+async fn dispatch_agrees_with_the_router() {
+    let sim = start_sim(fast_sim()).await;
+    let gw = start_gateway(config_for(&[sim.url()]), 1).await;
+    let cases = [
+        ("/v1/chat/completions", "chat", "error"),
+        ("/v1/chat/completions?trace=1", "chat", "error"),
+        ("/v1/completions", "completions", "error"),
+        ("/v1/embeddings", "embeddings", "error"),
+        ("/v1/messages", "messages", "type"),
+        ("/v1/messages/count_tokens", "count_tokens", "type"),
+        ("/v1/responses", "responses", "error"),
+        ("/v1/chat/completions/", "passthrough", "error"),
+    ];
+    for (path, endpoint, shape) in cases {
+        let series = format!("sluice_requests_total{{endpoint=\"{endpoint}\",status=\"400\"}}");
+        let before = gateway_metric(&gw, &series).await;
+        // Not JSON: every endpoint refuses it in its own protocol's shape.
+        let resp = client()
+            .post(format!("{}{path}", api(&gw)))
+            .header("content-type", "application/json")
+            .body("{not json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{path}");
+        assert_eq!(
+            resp.headers()["x-request-id"].len(),
+            32,
+            "{path}: no generated request id"
+        );
+        let body: serde_json::Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+        assert!(body.get(shape).is_some(), "{path}: {body}");
+        assert_eq!(
+            gateway_metric(&gw, &series).await,
+            before + 1.0,
+            "{path} was not served as `{endpoint}`"
+        );
+    }
+    // A GET of a generation route is still the router's 405.
+    let (s, _) = get_text(&format!("{}/v1/chat/completions", api(&gw))).await;
+    assert_eq!(s, 405);
+}
