@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""CPU per request of two Sluice builds and nginx, interleaved in one run.
+
+For an optimisation's before/after on a shared, noisy machine: the same
+replica (`sluice sim`, fixed timing) and load generator (`sluice bench`, closed
+loop) on CPU 0; a gateway of each build and one nginx worker (`proxy_buffering
+off`) each alone on CPU 1, measured in turn, the order rotated every round.
+CPU is the proxy process's user+system time from `/proc/PID/stat`. Reports
+microseconds per request and, per round, each build's ratio to nginx and the
+new build's to the old one, with medians: the machine drifts between rounds,
+and ratios taken within a round cancel most of it.
+
+    cargo build --release                       # the new build: target/release/sluice
+    python3 benches/e2e/cpu_ab.py --base /path/to/old/sluice --rounds 9
+    python3 benches/e2e/cpu_ab.py --base OLD --stream --tokens 128 --token-delay 1ms \\
+        --requests 768 --rounds 6
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stream_overhead as so  # noqa: E402  (its helpers and nginx config)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True, help="the build to compare against (a sluice binary)")
+    ap.add_argument("--new", default=so.BIN, help="the new build (default: target/release/sluice)")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--requests", type=int, default=16384, help="per proxy and round")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--token-delay", default="0ms")
+    ap.add_argument("--stream", action="store_true", help="streamed requests (default: non-streamed)")
+    ap.add_argument("--json", help="write every round's figures here")
+    args = ap.parse_args()
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if os.cpu_count() < 2:
+        raise SystemExit("needs two CPUs (the proxy alone on CPU 1)")
+
+    tmp = tempfile.mkdtemp()
+    procs = []
+    try:
+        sim_port = so.free_port()
+        procs.append(subprocess.Popen(
+            [args.new, "sim", "--listen", f"127.0.0.1:{sim_port}", "--profile", "fixed", "--prefill-delay", "0ms",
+             "--token-delay", args.token_delay, "--output-tokens", str(args.tokens)],
+            stderr=subprocess.DEVNULL, preexec_fn=so.on_cpu(0)))
+        conf = os.path.join(tmp, "sluice.yaml")
+        with open(conf, "w") as f:
+            f.write("telemetry:\n  access_log:\n    enabled: false\n")
+        paths = {}
+        for label, binary in (("new", args.new), ("base", args.base)):
+            port, admin = so.free_port(), so.free_port()
+            gw = subprocess.Popen(
+                [binary, "serve", "--config", conf, "--backend", f"http://127.0.0.1:{sim_port}",
+                 "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
+                stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"}, preexec_fn=so.on_cpu(1))
+            procs.append(gw)
+            so.wait_http(f"http://127.0.0.1:{admin}/readyz")
+            paths[label] = (f"http://127.0.0.1:{port}", [gw.pid])
+        ngx_port = so.free_port()
+        with open(os.path.join(tmp, "nginx.conf"), "w") as f:
+            f.write(so.NGINX_CONF.format(workers=1, dir=tmp, sim_port=sim_port, port=ngx_port))
+        ngx = subprocess.Popen([nginx, "-c", os.path.join(tmp, "nginx.conf"), "-p", tmp],
+                               stderr=subprocess.DEVNULL, preexec_fn=so.on_cpu(1))
+        procs.append(ngx)
+        so.wait_http(f"http://127.0.0.1:{sim_port}/health")
+        so.wait_http(f"http://127.0.0.1:{ngx_port}/health")
+        time.sleep(0.5)  # let nginx fork its worker
+        paths["nginx"] = (f"http://127.0.0.1:{ngx_port}", [ngx.pid] + so.children(ngx.pid))
+
+        def run(url, n):
+            return so.bench(url, args.concurrency, args.tokens, n, 0, args.stream)
+
+        for url, _ in paths.values():  # warm each path's connections
+            run(url, max(args.concurrency * 2, 500))
+        us = {k: [] for k in paths}
+        labels = list(paths)
+        for r in range(args.rounds):
+            for k in labels[r % 3:] + labels[:r % 3]:
+                url, pids = paths[k]
+                before = so.cpu_seconds(pids)
+                out = run(url, args.requests)
+                if out["ok"] != args.requests:
+                    raise SystemExit(f"{k}: {out['ok']} of {args.requests} requests succeeded: {out['errors']}")
+                us[k].append((so.cpu_seconds(pids) - before) / args.requests * 1e6)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+
+    def ratios(a, b):
+        return [x / y for x, y in zip(us[a], us[b])]
+
+    summary = {
+        "new_over_nginx": ratios("new", "nginx"),
+        "base_over_nginx": ratios("base", "nginx"),
+        "new_over_base": ratios("new", "base"),
+    }
+    what = "streamed" if args.stream else "non-streamed"
+    print(f"{what}, {args.concurrency} in flight, {args.tokens} tokens @ {args.token_delay}, "
+          f"{args.requests} requests per proxy and round, {args.rounds} rounds")
+    for k, v in us.items():
+        print(f"  {k:5} CPU us/request: median {statistics.median(v):.1f} ({' '.join(f'{x:.1f}' for x in v)})")
+    for k, v in summary.items():
+        print(f"  {k}: median {statistics.median(v):.2f}x ({' '.join(f'{x:.2f}' for x in v)})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": so.machine(), "args": vars(args), "cpu_us_per_request": us,
+                       "ratios_per_round": summary,
+                       "medians": {k: statistics.median(v) for k, v in summary.items()}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# User-space instructions per non-streamed request, counted by callgrind: a
+# deterministic measure of the gateway's own work on that path (no noise from
+# the shared machine), to compare commits. The replica (`sluice sim`) and the
+# load generator run natively; only the gateway runs under valgrind.
+#
+#   benches/e2e/instructions.sh [REQUESTS] [OUT]
+#
+# Needs valgrind (`apt-get install valgrind`) and a release build. Prints the
+# count per request and the functions of the request path by inclusive cost
+# (per request); the full profile is left in OUT (callgrind_annotate OUT).
+set -euo pipefail
+N=${1:-5000}
+OUT=${2:-$(mktemp -d)/callgrind.out}
+BIN=${BIN:-$(dirname "$0")/../../target/release/sluice}
+command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+dir=$(mktemp -d)
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+SIM_PORT=$(port); GW_PORT=$(port); ADMIN_PORT=$(port)
+printf 'telemetry:\n  access_log:\n    enabled: false\n' > "$dir/gw.yaml"
+"$BIN" sim --listen 127.0.0.1:$SIM_PORT --profile fixed --prefill-delay 0ms --token-delay 0ms \
+  --output-tokens 32 2>/dev/null & SIM=$!
+RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT" "$BIN" serve --config "$dir/gw.yaml" \
+  --backend http://127.0.0.1:$SIM_PORT --listen 127.0.0.1:$GW_PORT \
+  --admin-listen 127.0.0.1:$ADMIN_PORT 2>"$dir/valgrind.err" & VG=$!
+trap 'kill $SIM $VG 2>/dev/null || true' EXIT
+for _ in $(seq 120); do
+  curl -sf http://127.0.0.1:$ADMIN_PORT/readyz >/dev/null && break
+  sleep 0.5
+done
+bench() {
+  "$BIN" bench --url http://127.0.0.1:$GW_PORT --model sim-model --concurrency 64 --max-tokens 32 \
+    --workload fixed --prompt-tokens 50 --no-stream --quiet --json - --requests "$1"
+}
+bench 500 >/dev/null                      # warm: connections, series, caches
+callgrind_control -z $VG >/dev/null       # count from here
+ok=$(bench "$N" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ok"])')
+callgrind_control -d $VG >/dev/null       # dump the measured requests
+kill -TERM $VG; wait $VG || true
+profile=$(ls -t "$OUT".* | head -1)
+python3 - "$profile" "$N" "$ok" <<'PY'
+import re, subprocess, sys
+path, n, ok = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+assert ok == n, f"only {ok} of {n} requests succeeded"
+total = next(int(l.split()[1]) for l in open(path) if l.startswith(("summary:", "totals:")))
+print(f"{total / n:.0f} instructions per request ({n} requests, {path})")
+out = subprocess.run(["callgrind_annotate", "--threshold=100", "--inclusive=yes", path],
+                     capture_output=True, text=True).stdout
+seen = set()
+for line in out.splitlines():
+    m = re.match(r"\s*([\d,]+) .*?:(sluice::[^\s\[]+)", line)
+    if m and m.group(2) not in seen and int(m.group(1).replace(",", "")) / n >= 400:
+        seen.add(m.group(2))
+        print(f"{int(m.group(1).replace(',', '')) / n:8.0f}  {m.group(2)}")
+PY
