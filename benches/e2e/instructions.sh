@@ -12,6 +12,7 @@
 set -euo pipefail
 N=${1:-5000}
 OUT=${2:-$(mktemp -d)/callgrind.out}
+mkdir -p "$(dirname "$OUT")"
 BIN=${BIN:-$(dirname "$0")/../../target/release/sluice}
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 dir=$(mktemp -d)

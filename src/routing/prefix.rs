@@ -31,7 +31,7 @@ pub(crate) fn block_hashes(
     // routing -- inspect`, docs/BENCHMARKS.md "Routing decision cost"): a
     // branch per byte was two thirds of reading a 64 KB prompt, and a
     // streaming hasher per block another fifth. Here the characters of a
-    // block are counted a window at a time (a count the compiler vectorises)
+    // block are counted a window at a time (`bytecount`, a word at a time)
     // and a block inside one piece is hashed in one call; the streaming
     // hasher is kept for the blocks that span pieces. `matches_the_byte_walk`
     // checks the result against the byte walk (kept in the tests).
@@ -54,10 +54,8 @@ pub(crate) fn block_hashes(
                 // The next `need` bytes hold at most `need` character starts,
                 // so the block cannot end inside them: count them at once.
                 let end = (i + need).min(bytes.len());
-                chars += bytes[i..end]
-                    .iter()
-                    .filter(|&&b| (b & 0xC0) != 0x80)
-                    .count();
+                // Character starts: the bytes that are not continuation bytes.
+                chars += bytecount::num_chars(&bytes[i..end]);
                 i = end;
                 continue;
             }
@@ -179,7 +177,9 @@ mod tests {
             .collect();
         let pieces: Vec<&str> = text.split_inclusive(' ').collect();
         for prompt in [
-            PromptText { pieces: vec![&text] },
+            PromptText {
+                pieces: vec![&text],
+            },
             PromptText { pieces },
         ] {
             assert_eq!(
