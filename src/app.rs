@@ -1,5 +1,6 @@
-//! The gateway as a function: `build_app(state) -> Router`, no socket, so tests
-//! can drive it in-process and the server binds it to listeners.
+//! The gateway as functions of its state, no socket: `build_app` (the public
+//! API's router), `Api` (the service the listener runs: the generation routes
+//! directly, the router for the rest) and `build_admin`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -110,10 +111,10 @@ fn direct_route(method: &http::Method, path: &str) -> Option<Endpoint> {
 /// straight to their handler with the request id the router's layer would
 /// assign; everything else goes through [`build_app`]'s router.
 ///
-/// Measured reason (docs/BENCHMARKS.md, "The hot path at nginx's cost"): the
-/// router, its `from_fn` layer and the tower adapters cost ~9,600 instructions
-/// per non-streamed request (callgrind, 5,000 requests), about 11% of the
-/// gateway's user-space work on that path.
+/// Measured reason (docs/BENCHMARKS.md, "The hot path at nginx's cost"): going
+/// around the router, its `from_fn` layer and the tower adapters saved ~5,300
+/// instructions per non-streamed request, 6% of the gateway's user-space work
+/// on that path (callgrind; docs/bench/instructions_2026-11-25.txt).
 #[derive(Clone)]
 pub(crate) struct Api {
     live: Arc<Live>,

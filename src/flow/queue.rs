@@ -12,10 +12,9 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, VecDeque};
-
-use foldhash::{HashMap, HashMapExt as _};
 use std::sync::Arc;
 
+use foldhash::{HashMap, HashMapExt as _};
 use tokio::time::Instant;
 
 /// One waiting request; `T` is how it is told to go (a channel sender).

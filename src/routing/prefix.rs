@@ -28,17 +28,14 @@ pub(crate) fn block_hashes(
     max_blocks: usize,
 ) -> Vec<u64> {
     // Measured reason for not walking byte by byte (`cargo bench --bench
-    // routing -- inspect`, docs/BENCHMARKS.md "Routing decision cost"): a
+    // routing -- inspect`, docs/BENCHMARKS.md "Reading long prompts"): a
     // branch per byte was two thirds of reading a 64 KB prompt, and a
     // streaming hasher per block another fifth. Here the characters of a
     // block are counted a window at a time (`bytecount`, a word at a time)
     // and a block inside one piece is hashed in one call; the streaming
     // hasher is kept for the blocks that span pieces. `matches_the_byte_walk`
     // checks the result against the byte walk (kept in the tests).
-    let mut seed = 0x5eed_u64;
-    if let Some(s) = salt {
-        seed = xxh3_64_with_seed(s.as_bytes(), seed);
-    }
+    let mut seed = first_seed(salt);
     let mut out = Vec::new();
     // The current block's bytes from earlier pieces, when it spans pieces.
     let mut spanning: Option<Box<Xxh3>> = None;
@@ -93,6 +90,12 @@ pub(crate) fn block_hashes(
     out
 }
 
+/// The seed of a chain's first block: fixed, or derived from the tenant's
+/// `cache_salt`.
+fn first_seed(salt: Option<&str>) -> u64 {
+    salt.map_or(0x5eed, |s| xxh3_64_with_seed(s.as_bytes(), 0x5eed))
+}
+
 /// Tie a chain to the served model: the same text under two models must not
 /// look cached on one replica for the other. O(blocks).
 pub(crate) fn bind_model(hashes: &mut [u64], model: &str) {
@@ -115,10 +118,7 @@ mod tests {
         block_chars: usize,
         max_blocks: usize,
     ) -> Vec<u64> {
-        let mut seed = 0x5eed_u64;
-        if let Some(s) = salt {
-            seed = xxh3_64_with_seed(s.as_bytes(), seed);
-        }
+        let mut seed = first_seed(salt);
         let mut out = Vec::new();
         let mut block = Xxh3::with_seed(seed);
         let mut chars = 0usize;
