@@ -5,12 +5,18 @@
 # load generator run natively; only the gateway runs under valgrind.
 #
 #   benches/e2e/instructions.sh [REQUESTS] [OUT]
+#   PACED=1 benches/e2e/instructions.sh [REQUESTS] [OUT]
+#
+# PACED=1: streamed requests instead, 32 at a time, 64 tokens at 20 ms each
+# (the paced scenario of stream_overhead.py at a quarter of its streams),
+# counted per token: the per-event work of the relay, hyper and tokio.
 #
 # Needs valgrind (`apt-get install valgrind`) and a release build. Prints the
 # count per request and the functions of the request path by inclusive cost
 # (per request); the full profile is left in OUT (callgrind_annotate OUT).
 set -euo pipefail
-N=${1:-5000}
+PACED=${PACED:-0}
+if [ "$PACED" = 1 ]; then N=${1:-96}; else N=${1:-5000}; fi
 OUT=${2:-$(mktemp -d)/callgrind.out}
 mkdir -p "$(dirname "$OUT")"
 BIN=${BIN:-$(dirname "$0")/../../target/release/sluice}
@@ -21,6 +27,11 @@ SIM_PORT=$(port); GW_PORT=$(port); ADMIN_PORT=$(port)
 printf 'telemetry:\n  access_log:\n    enabled: false\n' > "$dir/gw.yaml"
 "$BIN" sim --listen 127.0.0.1:$SIM_PORT --profile fixed --prefill-delay 0ms --token-delay 0ms \
   --output-tokens 32 2>/dev/null & SIM=$!
+if [ "$PACED" = 1 ]; then
+  kill $SIM; wait $SIM 2>/dev/null || true
+  "$BIN" sim --listen 127.0.0.1:$SIM_PORT --profile fixed --prefill-delay 0ms --token-delay 20ms \
+    --output-tokens 64 2>/dev/null & SIM=$!
+fi
 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT" "$BIN" serve --config "$dir/gw.yaml" \
   --backend http://127.0.0.1:$SIM_PORT --listen 127.0.0.1:$GW_PORT \
   --admin-listen 127.0.0.1:$ADMIN_PORT 2>"$dir/valgrind.err" & VG=$!
@@ -30,27 +41,35 @@ for _ in $(seq 120); do
   sleep 0.5
 done
 bench() {
-  "$BIN" bench --url http://127.0.0.1:$GW_PORT --model sim-model --concurrency 64 --max-tokens 32 \
-    --workload fixed --prompt-tokens 50 --no-stream --quiet --json - --requests "$1"
+  if [ "$PACED" = 1 ]; then
+    "$BIN" bench --url http://127.0.0.1:$GW_PORT --model sim-model --concurrency 32 --max-tokens 64 \
+      --workload fixed --prompt-tokens 50 --quiet --json - --requests "$1"
+  else
+    "$BIN" bench --url http://127.0.0.1:$GW_PORT --model sim-model --concurrency 64 --max-tokens 32 \
+      --workload fixed --prompt-tokens 50 --no-stream --quiet --json - --requests "$1"
+  fi
 }
-bench 500 >/dev/null                      # warm: connections, series, caches
+if [ "$PACED" = 1 ]; then bench 32 >/dev/null; else bench 500 >/dev/null; fi   # warm: connections, series, caches
 callgrind_control -z $VG >/dev/null       # count from here
 ok=$(bench "$N" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ok"])')
 callgrind_control -d $VG >/dev/null       # dump the measured requests
 kill -TERM $VG; wait $VG || true
 profile=$(ls -t "$OUT".* | head -1)
-python3 - "$profile" "$N" "$ok" <<'PY'
+python3 - "$profile" "$N" "$ok" "$PACED" <<'PY'
 import re, subprocess, sys
-path, n, ok = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, n, ok, paced = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 assert ok == n, f"only {ok} of {n} requests succeeded"
 total = next(int(l.split()[1]) for l in open(path) if l.startswith(("summary:", "totals:")))
-print(f"{total / n:.0f} instructions per request ({n} requests, {path})")
+unit = "token" if paced else "request"
+if paced:
+    n *= 64  # figures per token from here on
+print(f"{total / n:.0f} instructions per {unit} ({sys.argv[2]} requests, {path})")
 out = subprocess.run(["callgrind_annotate", "--threshold=100", "--inclusive=yes", path],
                      capture_output=True, text=True).stdout
 seen = set()
 for line in out.splitlines():
     m = re.match(r"\s*([\d,]+) .*?:(sluice::[^\s\[]+)", line)
-    if m and m.group(2) not in seen and int(m.group(1).replace(",", "")) / n >= 400:
+    if m and m.group(2) not in seen and int(m.group(1).replace(",", "")) / n >= (100 if paced else 400):
         seen.add(m.group(2))
         print(f"{int(m.group(1).replace(',', '')) / n:8.0f}  {m.group(2)}")
 PY

@@ -39,6 +39,11 @@ pub(crate) trait Upstream: Send + Unpin + 'static {
     fn read_at(&self) -> Instant {
         Instant::now()
     }
+    /// Whether a `poll_data` now is known to find nothing new (the bytes it
+    /// last handed out emptied the source). `false` when unknown.
+    fn drained(&self) -> bool {
+        false
+    }
     /// The body was read to its end: the connection may serve another request.
     fn reuse(self);
 }
@@ -56,6 +61,10 @@ impl Upstream for ReplicaConn {
 
     fn read_at(&self) -> Instant {
         self.conn.read_at()
+    }
+
+    fn drained(&self) -> bool {
+        self.conn.drained()
     }
 
     fn reuse(self) {
@@ -271,11 +280,17 @@ impl<U: Upstream> Body for TimedBody<U> {
             match up.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
                     let now = up.read_at();
+                    let drained = up.drained();
                     this.clock.touch(now);
                     if this.raw {
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     }
                     this.ingest(data, now);
+                    // Nothing more is ready: say so without asking the socket
+                    // again (hyper polls once more before its write anyway).
+                    if drained && this.state == State::Streaming && this.relay.has_output() {
+                        return Poll::Ready(Some(Ok(Frame::data(this.relay.take_out()))));
+                    }
                 }
                 Poll::Ready(Some(Err(e))) => {
                     let e = GatewayError::UpstreamProtocol(e.during("connection lost mid-stream"));

@@ -74,6 +74,9 @@ pub(crate) struct Conn {
     /// When the latest bytes were read: the arrival time of everything
     /// decoded from them (one clock read per socket read, not per chunk).
     read_at: tokio::time::Instant,
+    /// The latest read was shorter than the space offered: the socket had
+    /// nothing more, and its readiness was cleared (see `poll_fill`).
+    drained: bool,
 }
 
 /// Why a request got no response.
@@ -179,6 +182,7 @@ impl ConnPool {
             keep_alive: false,
             reused: false,
             read_at: tokio::time::Instant::now(),
+            drained: false,
         })
     }
 
@@ -304,6 +308,15 @@ impl Conn {
         self.read_at
     }
 
+    /// Whether a [`poll_data`](Self::poll_data) now would find nothing new:
+    /// the latest read emptied the socket and what it brought was decoded.
+    /// Bytes that arrived since then are found by the next poll, which waits
+    /// for the reactor's word on them either way.
+    pub(crate) fn drained(&self) -> bool {
+        // A body whose end was decoded still has that end to report.
+        self.drained && !matches!(self.wire.body, BodyState::Done | BodyState::Length(0))
+    }
+
     /// The next piece of the response body: `None` at its end.
     pub(crate) fn poll_data(
         &mut self,
@@ -367,13 +380,15 @@ impl Conn {
         if rbuf.capacity() - rbuf.len() < READ_BYTES / 4 {
             rbuf.reserve(READ_BYTES);
         }
+        let mut drained = false;
         loop {
             let mut got = None;
             let read = io.try_io(Interest::READABLE, || {
                 let offered = rbuf.capacity() - rbuf.len();
                 let n = io.try_read_buf(rbuf)?;
                 got = Some(n);
-                if n > 0 && n < offered {
+                drained = n > 0 && n < offered;
+                if drained {
                     Err(std::io::ErrorKind::WouldBlock.into())
                 } else {
                     Ok(n)
@@ -381,6 +396,7 @@ impl Conn {
             });
             match (read, got) {
                 (_, Some(n)) => {
+                    self.drained = drained;
                     if n > 0 {
                         self.read_at = tokio::time::Instant::now();
                     }

@@ -53,6 +53,12 @@ impl Upstream for Script {
         })
     }
 
+    /// Nothing is ready now when the next step is a wait (or there is none),
+    /// as a drained socket: the body then forwards without polling again.
+    fn drained(&self) -> bool {
+        self.steps.front().is_none_or(|(delay, _)| !delay.is_zero())
+    }
+
     fn reuse(self) {
         self.reused.store(true, Relaxed);
     }

@@ -2,7 +2,8 @@
 //! in `tests/corpus/http1/` is replayed first, cut at every read boundary).
 //! Properties: any body framed chunked or by length, read in any pieces,
 //! decodes to exactly itself, ends in `Done` and leaves the bytes after it
-//! alone; arbitrary bytes never panic and never produce more than was read.
+//! alone; arbitrary bytes never panic and never produce more than was read;
+//! the shortcuts for engines' plain framing answer as the line reader does.
 
 use proptest::prelude::*;
 
@@ -10,6 +11,14 @@ use super::*;
 
 /// Decode `pieces` read one after another; the body and whatever followed.
 fn decode_in_pieces(start: BodyState, pieces: &[&[u8]]) -> (Result<Vec<u8>, String>, Wire) {
+    decode_in_pieces_as::<true>(start, pieces)
+}
+
+/// The same, with (`PLAIN`) or without the decoder's shortcuts.
+fn decode_in_pieces_as<const PLAIN: bool>(
+    start: BodyState,
+    pieces: &[&[u8]],
+) -> (Result<Vec<u8>, String>, Wire) {
     let mut w = Wire {
         rbuf: BytesMut::new(),
         body: start,
@@ -18,7 +27,7 @@ fn decode_in_pieces(start: BodyState, pieces: &[&[u8]]) -> (Result<Vec<u8>, Stri
     for p in pieces {
         w.rbuf.extend_from_slice(p);
         loop {
-            match w.decode() {
+            match w.decode_as::<PLAIN>() {
                 Ok(Some(b)) => out.extend_from_slice(&b),
                 Ok(None) => break,
                 Err(e) => return (Err(e), w),
@@ -112,6 +121,33 @@ proptest! {
         prop_assert_eq!(got, Ok(body));
         prop_assert_eq!(w.body, BodyState::Done);
         prop_assert_eq!(&w.rbuf[..], NEXT);
+    }
+
+    /// The shortcuts for plain chunk-size lines and chunk ends answer as the
+    /// line reader does, on engines' framing with bytes changed anywhere
+    /// (extensions, bare LFs, long zero runs, garbage) and however it is read.
+    #[test]
+    fn shortcuts_answer_as_the_line_reader(
+        body in proptest::collection::vec(any::<u8>(), 0..600),
+        sizes in proptest::collection::vec(1usize..200, 1..6),
+        ext in any::<bool>(), upper in any::<bool>(), trailers in any::<bool>(),
+        changes in proptest::collection::vec(
+            (0usize..2000, proptest::sample::select(b"\r\n0aF;; g\x00".to_vec())), 0..4),
+        cuts in proptest::collection::vec(0usize..2000, 0..8),
+    ) {
+        let mut wire = chunked(&body, &sizes, ext, upper, trailers);
+        wire.extend_from_slice(NEXT);
+        for (at, byte) in changes {
+            let len = wire.len();
+            wire[at % len] = byte;
+        }
+        let pieces = cut(&wire, cuts);
+        let start = BodyState::Chunked(Chunk::Size);
+        let (plain, pw) = decode_in_pieces_as::<true>(start, &pieces);
+        let (lines, lw) = decode_in_pieces_as::<false>(start, &pieces);
+        prop_assert_eq!(plain, lines);
+        prop_assert_eq!(pw.body, lw.body);
+        prop_assert_eq!(&pw.rbuf[..], &lw.rbuf[..]);
     }
 
     #[test]
