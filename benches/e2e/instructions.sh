@@ -11,6 +11,9 @@
 # (the paced scenario of stream_overhead.py at a quarter of its streams),
 # counted per token: the per-event work of the relay, hyper and tokio.
 #
+# NGINX=1: count nginx (one process, `master_process off`, the configuration
+# of stream_overhead.py) in the gateway's place, for the floor's own figure.
+#
 # Needs valgrind (`apt-get install valgrind`) and a release build. Prints the
 # count per request and the functions of the request path by inclusive cost
 # (per request); the full profile is left in OUT (callgrind_annotate OUT).
@@ -32,12 +35,27 @@ if [ "$PACED" = 1 ]; then
   "$BIN" sim --listen 127.0.0.1:$SIM_PORT --profile fixed --prefill-delay 0ms --token-delay 20ms \
     --output-tokens 64 2>/dev/null & SIM=$!
 fi
-RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT" "$BIN" serve --config "$dir/gw.yaml" \
-  --backend http://127.0.0.1:$SIM_PORT --listen 127.0.0.1:$GW_PORT \
-  --admin-listen 127.0.0.1:$ADMIN_PORT 2>"$dir/valgrind.err" & VG=$!
+if [ "${NGINX:-0}" = 1 ]; then
+  mkdir -p "$dir/ngx"
+  python3 - "$dir/ngx" "$SIM_PORT" "$GW_PORT" "$(dirname "$0")" > "$dir/ngx/nginx.conf" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[4])
+from stream_overhead import NGINX_CONF
+d, sim, port = sys.argv[1:4]
+print("master_process off;\n" + NGINX_CONF.format(workers=1, dir=d, sim_port=sim, port=port))
+PY
+  valgrind --tool=callgrind --callgrind-out-file="$OUT" "$(command -v nginx || echo /usr/sbin/nginx)" \
+    -c "$dir/ngx/nginx.conf" -p "$dir/ngx" 2>"$dir/valgrind.err" & VG=$!
+  ready=http://127.0.0.1:$GW_PORT/v1/models
+else
+  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT" "$BIN" serve --config "$dir/gw.yaml" \
+    --backend http://127.0.0.1:$SIM_PORT --listen 127.0.0.1:$GW_PORT \
+    --admin-listen 127.0.0.1:$ADMIN_PORT 2>"$dir/valgrind.err" & VG=$!
+  ready=http://127.0.0.1:$ADMIN_PORT/readyz
+fi
 trap 'kill $SIM $VG 2>/dev/null || true' EXIT
 for _ in $(seq 120); do
-  curl -sf http://127.0.0.1:$ADMIN_PORT/readyz >/dev/null && break
+  curl -sf "$ready" >/dev/null && break
   sleep 0.5
 done
 bench() {

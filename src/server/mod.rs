@@ -168,7 +168,9 @@ async fn serve<S>(
             // The connection, until it ends or the gateway stops (the stop
             // is watched for the price of an atomic load per wake-up).
             let stopping = std::future::poll_fn(|cx| {
-                if conn.as_mut().poll(cx).is_ready() {
+                // Each poll of the connection is a turn: a response body
+                // pending once in it answers again without re-registering.
+                if crate::stream::turn::take(|| conn.as_mut().poll(cx)).is_ready() {
                     return Poll::Ready(false);
                 }
                 if stop.poll(cx) {

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::clock::Deadlines;
 use super::relay::{Mode, Relay};
 use super::signal::{Signal, SignalWatch};
+use super::turn::{self, Turn};
 use crate::error::{GatewayError, UpstreamFault};
 use crate::request::RequestGuard;
 use crate::upstream::conn::Conn;
@@ -95,6 +96,9 @@ pub(crate) struct TimedBody<U: Upstream = ReplicaConn> {
     /// Fires when the gateway's drain deadline passes.
     cut: SignalWatch,
     state: State,
+    /// The turn of the connection's task in which the body last answered
+    /// `Pending` with every waker registered (see `turn.rs`).
+    waiting: Turn,
 }
 
 impl<U: Upstream> TimedBody<U> {
@@ -116,6 +120,7 @@ impl<U: Upstream> TimedBody<U> {
             primed: None,
             cut: cut.watch(),
             state: State::Streaming,
+            waiting: Turn::NONE,
         }
     }
 
@@ -254,6 +259,12 @@ impl<U: Upstream> Body for TimedBody<U> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
+        // Pending already in this poll of the task: nothing can have changed
+        // that has not also woken the task for another poll.
+        let turn = turn::current();
+        if turn.is_some() && this.waiting == turn {
+            return Poll::Pending;
+        }
         if let Some(first) = this.primed.take() {
             if this.raw {
                 return Poll::Ready(Some(Ok(Frame::data(first))));
@@ -308,7 +319,10 @@ impl<U: Upstream> Body for TimedBody<U> {
                     }
                     match this.clock.poll_expired(cx) {
                         Some(phase) => this.fail(&GatewayError::UpstreamTimeout { phase }, true),
-                        None => return Poll::Pending,
+                        None => {
+                            this.waiting = turn;
+                            return Poll::Pending;
+                        }
                     }
                 }
             }

@@ -30,10 +30,13 @@ struct Script {
     steps: VecDeque<(Duration, Step)>,
     sleep: Option<Pin<Box<Sleep>>>,
     reused: Arc<AtomicBool>,
+    /// How many times the body asked for data.
+    asked: usize,
 }
 
 impl Upstream for Script {
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamFault>>> {
+        self.asked += 1;
         let Some((delay, _)) = self.steps.front() else {
             return Poll::Pending;
         };
@@ -134,6 +137,7 @@ impl Rig {
                 .collect(),
             sleep: None,
             reused: self.reused.clone(),
+            asked: 0,
         };
         TimedBody::new(
             script,
@@ -169,15 +173,33 @@ impl Rig {
 }
 
 /// Every frame of the body, as text, each with the virtual time it left.
+/// Polled as hyper's dispatcher polls it inside the server's connection task:
+/// each poll of the task is a turn, and a body that answers `Pending` is asked
+/// again in the same turn (which it answers without asking its sources).
 async fn frames(body: &mut TimedBody<Script>) -> Vec<(Duration, String)> {
     let start = Instant::now();
     let mut out = Vec::new();
-    while let Some(f) = body.frame().await {
+    while let Some(f) = in_turns(body).await {
         if let Ok(data) = f.unwrap().into_data() {
             out.push((start.elapsed(), String::from_utf8(data.to_vec()).unwrap()));
         }
     }
     out
+}
+
+/// The body's next frame, each poll a turn of its own, asked twice when pending.
+async fn in_turns(body: &mut TimedBody<Script>) -> Option<Result<Frame<Bytes>, Infallible>> {
+    std::future::poll_fn(|cx| {
+        crate::stream::turn::take(|| {
+            let first = Pin::new(&mut *body).poll_frame(cx);
+            if first.is_pending() {
+                let again = Pin::new(&mut *body).poll_frame(cx);
+                assert!(again.is_pending(), "pending twice in one turn");
+            }
+            first
+        })
+    })
+    .await
 }
 
 fn text(frames: &[(Duration, String)]) -> String {
@@ -391,4 +413,35 @@ async fn the_drain_deadline_ends_open_streams_with_an_error_event() {
             .get(),
         0
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_pending_in_a_turn_answers_again_without_asking_its_upstream() {
+    use crate::stream::turn;
+    let rig = Rig::new();
+    let steps = vec![
+        (10, Step::Data(TOKEN)),
+        (0, Step::Data(FINISH)),
+        (0, Step::Data(DONE)),
+        (0, Step::End),
+    ];
+    let mut body = rig.body(steps, true);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let asked = |b: &TimedBody<Script>| b.upstream.as_ref().map_or(0, |u| u.asked);
+    turn::take(|| {
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        let once = asked(&body);
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        assert_eq!(asked(&body), once, "asked again in the same turn");
+    });
+    // A new turn (the task was woken) and a poll outside any turn both ask.
+    let before = asked(&body);
+    turn::take(|| assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending()));
+    assert_eq!(asked(&body), before + 1);
+    assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+    assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+    assert_eq!(asked(&body), before + 3);
+    // And the stream still arrives whole when its time comes.
+    let got = text(&frames(&mut body).await);
+    assert_eq!(got, format!("{TOKEN}{FINISH}{DONE}"));
 }
