@@ -14,6 +14,12 @@
 //!
 //! Outside a connection's task (tests, a body polled by anything else) there
 //! is no turn, and every poll asks everything, as before.
+//!
+//! This holds because, inside a turn, only hyper's HTTP/1.1 dispatcher polls
+//! the body, always with the task's own `Context`. Anything that polled a
+//! body inside the connection's task with a waker of its own (an HTTP/2
+//! connection driven inline, a combinator with per-item wakers) would have to
+//! start a turn of its own around those polls or not use this.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};

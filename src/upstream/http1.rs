@@ -361,8 +361,6 @@ fn parse_length(digits: &[u8]) -> Option<u64> {
     std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
-/// The size in a chunk-size line: hex digits, then optional whitespace and
-/// `;` extensions (ignored).
 /// A chunk-size line as engines write it, 1 to 15 hex digits and CRLF: its
 /// size and length, read in one pass without a line search. Every other line
 /// (an extension, a bare LF, more digits, not all there yet) is `None`, left
@@ -382,6 +380,8 @@ fn plain_size_line(buf: &[u8]) -> Option<(u64, usize)> {
     None
 }
 
+/// The size in a chunk-size line: hex digits, then optional whitespace and
+/// `;` extensions (ignored).
 fn chunk_size(line: &[u8]) -> Result<u64, String> {
     let end = line
         .iter()
