@@ -330,11 +330,8 @@ async fn forward(
     let mut candidates = candidates.replicas;
     let cfg = &state.config.upstream;
     let deadline = guard.record.arrival + cfg.timeouts.total;
-    let mut headers = upstream_headers(&parts.headers, rid);
-    if let Some(t) = guard.record.trace {
-        // The replica's spans hang under the gateway's upstream span.
-        headers.insert("traceparent", t.upstream_header());
-    }
+    // The replica's spans hang under the gateway's upstream span.
+    let traceparent = guard.record.trace.map(|t| t.upstream_header());
     let path = parts
         .uri
         .path_and_query()
@@ -465,12 +462,17 @@ async fn forward(
             .uri(uri)
             .body(body)
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
-        *req.headers_mut() = headers.clone();
-        req.headers_mut()
-            .insert(header::HOST, replica.conns.host.clone());
-        if let Some(key) = &replica.api_key {
-            req.headers_mut().insert(header::AUTHORIZATION, key.clone());
+        // Built for each attempt, with room for what is added here: a
+        // clone of a map built once had none, and grew (rehashing) for `host`.
+        let mut headers = upstream_headers(&parts.headers, rid);
+        if let Some(t) = &traceparent {
+            headers.insert("traceparent", t.clone());
         }
+        headers.insert(header::HOST, replica.conns.host.clone());
+        if let Some(key) = &replica.api_key {
+            headers.insert(header::AUTHORIZATION, key.clone());
+        }
+        *req.headers_mut() = headers;
 
         let sent = Instant::now();
         // Where the prompt went is remembered for every attempt; a retry

@@ -66,7 +66,9 @@ fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
 /// the gateway), plus the request id and the replica's own key.
 pub(crate) fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> HeaderMap {
     let listed = connection_listed(client);
-    let mut out = HeaderMap::with_capacity(client.len() + 2);
+    // Room for the two added here and the proxy's `traceparent`, `host` and
+    // `authorization`: a full map grows by rehashing every entry.
+    let mut out = HeaderMap::with_capacity(client.len() + 5);
     for (name, value) in client {
         if is_hop_by_hop(name)
             || listed.contains(name)
