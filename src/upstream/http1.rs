@@ -117,7 +117,12 @@ impl Wire {
                     return Ok(Some(self.rbuf.len()));
                 }
                 BodyState::Chunked(Chunk::Size) => {
-                    let size = match plain_size_line(&self.rbuf).filter(|_| PLAIN) {
+                    let plain = if PLAIN {
+                        plain_size_line(&self.rbuf)
+                    } else {
+                        None
+                    };
+                    let size = match plain {
                         Some((size, len)) => {
                             self.rbuf.advance(len);
                             size
@@ -368,16 +373,26 @@ fn parse_length(digits: &[u8]) -> Option<u64> {
 fn plain_size_line(buf: &[u8]) -> Option<(u64, usize)> {
     let mut n: u64 = 0;
     for (i, &b) in buf.iter().enumerate().take(16) {
-        let v = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            b'A'..=b'F' => b - b'A' + 10,
-            b'\r' if i > 0 && buf.get(i + 1) == Some(&b'\n') => return Some((n, i + 2)),
-            _ => return None,
-        };
-        n = n << 4 | u64::from(v);
+        match hex_digit(b) {
+            Some(v) => n = n << 4 | v,
+            None if b == b'\r' && i > 0 && buf.get(i + 1) == Some(&b'\n') => {
+                return Some((n, i + 2));
+            }
+            None => return None,
+        }
     }
     None
+}
+
+/// The value of one hex digit.
+fn hex_digit(b: u8) -> Option<u64> {
+    let v = match b {
+        b'0'..=b'9' => b - b'0',
+        b'a'..=b'f' => b - b'a' + 10,
+        b'A'..=b'F' => b - b'A' + 10,
+        _ => return None,
+    };
+    Some(u64::from(v))
 }
 
 /// The size in a chunk-size line: hex digits, then optional whitespace and
@@ -400,16 +415,10 @@ fn chunk_size(line: &[u8]) -> Result<u64, String> {
     if significant.len() > 15 {
         return Err("chunk size too large".into());
     }
-    let mut n: u64 = 0;
-    for d in significant {
-        let v = match d {
-            b'0'..=b'9' => d - b'0',
-            b'a'..=b'f' => d - b'a' + 10,
-            _ => d - b'A' + 10,
-        };
-        n = n * 16 + u64::from(v);
-    }
-    Ok(n)
+    Ok(significant
+        .iter()
+        .filter_map(|&d| hex_digit(d))
+        .fold(0, |n, v| n << 4 | v))
 }
 
 #[cfg(test)]
