@@ -130,18 +130,15 @@ impl Api {
     }
 }
 
-type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+/// A request's answer under way.
+pub(crate) type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
-impl hyper::service::Service<Request<hyper::body::Incoming>> for Api {
-    type Response = Response;
-    type Error = Infallible;
-    type Future = Answer;
-
-    fn call(&self, req: Request<hyper::body::Incoming>) -> Answer {
+impl Api {
+    /// Answer one request (the gateway's own HTTP/1.1 server calls this).
+    pub(crate) fn serve(&self, req: Request) -> Answer {
         match direct_route(req.method(), req.uri().path()) {
             Some(endpoint) => {
                 let state = self.live.load();
-                let req = req.map(Body::new);
                 Box::pin(async move {
                     Ok(request_id::around(req, |req| proxy::handle(state, endpoint, req)).await)
                 })
@@ -149,6 +146,16 @@ impl hyper::service::Service<Request<hyper::body::Incoming>> for Api {
             // The router is always ready (axum's `poll_ready` is `Ready(Ok)`).
             None => Box::pin(tower_service::Service::call(&mut self.router.clone(), req)),
         }
+    }
+}
+
+impl hyper::service::Service<Request<hyper::body::Incoming>> for Api {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn call(&self, req: Request<hyper::body::Incoming>) -> Answer {
+        self.serve(req.map(Body::new))
     }
 }
 

@@ -34,6 +34,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="the build to compare against (a sluice binary)")
     ap.add_argument("--new", default=so.BIN, help="the new build (default: target/release/sluice)")
+    ap.add_argument("--base-http1", choices=["own", "hyper"],
+                    help="run the base with this `server.http1` (e.g. --base target/release/sluice "
+                         "--base-http1 hyper compares the two servers of one build)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--requests", type=int, default=16384, help="per proxy and round")
     ap.add_argument("--concurrency", type=int, default=64)
@@ -54,11 +57,13 @@ def main():
             [args.new, "sim", "--listen", f"127.0.0.1:{sim_port}", "--profile", "fixed", "--prefill-delay", "0ms",
              "--token-delay", args.token_delay, "--output-tokens", str(args.tokens)],
             stderr=subprocess.DEVNULL, preexec_fn=so.on_cpu(0)))
-        conf = os.path.join(tmp, "sluice.yaml")
-        with open(conf, "w") as f:
-            f.write("telemetry:\n  access_log:\n    enabled: false\n")
         paths = {}
         for label, binary in (("new", args.new), ("base", args.base)):
+            conf = os.path.join(tmp, f"{label}.yaml")
+            with open(conf, "w") as f:
+                f.write("telemetry:\n  access_log:\n    enabled: false\n")
+                if label == "base" and args.base_http1:
+                    f.write(f"server:\n  http1: {args.base_http1}\n")
             port, admin = so.free_port(), so.free_port()
             gw = subprocess.Popen(
                 [binary, "serve", "--config", conf, "--backend", f"http://127.0.0.1:{sim_port}",

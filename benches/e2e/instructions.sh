@@ -14,6 +14,9 @@
 # NGINX=1: count nginx (one process, `master_process off`, the configuration
 # of stream_overhead.py) in the gateway's place, for the floor's own figure.
 #
+# HTTP1=hyper: the gateway's API listener on hyper's HTTP/1.1 server
+# (`server.http1: hyper`) instead of its own, to compare the two.
+#
 # Needs valgrind (`apt-get install valgrind`) and a release build. Prints the
 # count per request and the functions of the request path by inclusive cost
 # (per request); the full profile is left in OUT (callgrind_annotate OUT).
@@ -28,6 +31,7 @@ dir=$(mktemp -d)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 SIM_PORT=$(port); GW_PORT=$(port); ADMIN_PORT=$(port)
 printf 'telemetry:\n  access_log:\n    enabled: false\n' > "$dir/gw.yaml"
+if [ -n "${HTTP1:-}" ]; then printf 'server:\n  http1: %s\n' "$HTTP1" >> "$dir/gw.yaml"; fi
 "$BIN" sim --listen 127.0.0.1:$SIM_PORT --profile fixed --prefill-delay 0ms --token-delay 0ms \
   --output-tokens 32 2>/dev/null & SIM=$!
 if [ "$PACED" = 1 ]; then

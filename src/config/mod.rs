@@ -76,6 +76,19 @@ pub struct ServerConfig {
     /// connection just as the gateway closes it.
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
+    /// Which HTTP/1.1 server runs the API listener: the gateway's own
+    /// (`own`, less CPU per token and per request) or hyper's (`hyper`, the
+    /// one before it). Both answer alike; the admin listener is always hyper.
+    pub http1: Http1Server,
+}
+
+/// The API listener's HTTP/1.1 server (`server.http1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Http1Server {
+    #[default]
+    Own,
+    Hyper,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +100,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(60),
             header_timeout: Duration::from_secs(75),
+            http1: Http1Server::Own,
         }
     }
 }

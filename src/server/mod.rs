@@ -1,5 +1,6 @@
 //! Listeners, background tasks, and graceful shutdown with a drain deadline.
 
+mod h1;
 mod parse_errors;
 
 use std::future::Future;
@@ -14,9 +15,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::app::{Api, build_admin};
-use crate::config::Config;
+use crate::config::{Config, Http1Server};
 use crate::state::{AppState, Live};
-use crate::stream::signal::Signal;
+use crate::stream::signal::{Signal, SignalWatch};
 use crate::upstream::{discovery, health, scrape};
 
 /// A running gateway: its bound addresses and the handles to stop it.
@@ -52,20 +53,27 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
     let background = spawn_background(&state)?;
     let header_timeout = state.config.server.header_timeout;
     let live = Live::new(state);
-    let servers = vec![
-        tokio::spawn(serve(
+    let api_service = Api::new(live.clone());
+    let api_server = match live.load().config.server.http1 {
+        Http1Server::Own => {
+            let live = live.clone();
+            tokio::spawn(serve(api, stop.clone(), move |tcp, stop| {
+                h1::serve_conn(tcp, api_service.clone(), live.clone(), stop, header_timeout)
+            }))
+        }
+        Http1Server::Hyper => tokio::spawn(serve(
             api,
-            Api::new(live.clone()),
-            live.clone(),
             stop.clone(),
-            header_timeout,
+            with_hyper(api_service, live.clone(), header_timeout),
         )),
+    };
+    let admin_service = hyper_util::service::TowerToHyperService::new(build_admin(live.clone()));
+    let servers = vec![
+        api_server,
         tokio::spawn(serve(
             admin,
-            hyper_util::service::TowerToHyperService::new(build_admin(live.clone())),
-            live.clone(),
             stop.clone(),
-            header_timeout,
+            with_hyper(admin_service, live.clone(), header_timeout),
         )),
     ];
     let aborts = servers.iter().map(JoinHandle::abort_handle).collect();
@@ -114,32 +122,15 @@ fn spawn_background(state: &Arc<AppState>) -> anyhow::Result<Vec<JoinHandle<()>>
     Ok(background)
 }
 
-/// Accept connections and serve each with hyper's HTTP/1.1 server until
-/// `stopped`; then stop accepting, let every connection finish its open
-/// requests (keep-alive connections close after their current response), and
-/// return when all are done. Each connection must deliver its request headers
-/// within `header_timeout` (a client trickling headers holds nothing for long).
-/// What the HTTP parser refuses is answered in the OpenAI error shape
-/// ([`parse_errors`]).
-async fn serve<S>(
-    listener: TcpListener,
-    app: S,
-    live: Arc<Live>,
-    stopped: Signal,
-    header_timeout: Duration,
-) where
-    S: hyper::service::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+/// Accept connections and serve each with `conn` (given the connection and
+/// a watch of the stop) until `stopped`; then stop accepting, let every
+/// connection finish its open requests (keep-alive connections close after
+/// their current response), and return when all are done.
+async fn serve<C, F>(listener: TcpListener, stopped: Signal, conn: C)
+where
+    C: Fn(tokio::net::TcpStream, SignalWatch) -> F,
+    F: Future<Output = ()> + Send + 'static,
 {
-    use hyper::server::conn::http1;
-    use hyper_util::rt::{TokioIo, TokioTimer};
-
     let mut conns = tokio::task::JoinSet::new();
     loop {
         let tcp = tokio::select! {
@@ -156,10 +147,39 @@ async fn serve<S>(
         };
         // Every SSE event is a small write: disable Nagle so none waits for an ACK.
         let _ = tcp.set_nodelay(true);
-        let service = app.clone();
-        let mut stop = stopped.watch();
+        conns.spawn(conn(tcp, stopped.watch()));
+        while conns.try_join_next().is_some() {}
+    }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
+/// Serve a connection with hyper's HTTP/1.1 server. Each connection must
+/// deliver its request headers within `header_timeout` (a client trickling
+/// headers holds nothing for long). What the HTTP parser refuses is answered
+/// in the OpenAI error shape ([`parse_errors`]).
+fn with_hyper<S>(
+    service: S,
+    live: Arc<Live>,
+    header_timeout: Duration,
+) -> impl Fn(tokio::net::TcpStream, SignalWatch) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+where
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    use hyper::server::conn::http1;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+
+    move |tcp, mut stop| {
+        let service = service.clone();
         let io = parse_errors::ParseErrors::new(TokioIo::new(tcp), live.clone());
-        conns.spawn(async move {
+        Box::pin(async move {
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
@@ -184,11 +204,8 @@ async fn serve<S>(
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
             }
-        });
-        while conns.try_join_next().is_some() {}
+        })
     }
-    drop(listener);
-    while conns.join_next().await.is_some() {}
 }
 
 impl Gateway {
@@ -233,8 +250,9 @@ impl Gateway {
         anyhow::ensure!(
             config.server.listen == was.server.listen
                 && config.server.admin_listen == was.server.admin_listen
-                && config.server.header_timeout == was.server.header_timeout,
-            "`server.listen`, `server.admin_listen` and `server.header_timeout` cannot change on a reload: restart"
+                && config.server.header_timeout == was.server.header_timeout
+                && config.server.http1 == was.server.http1,
+            "`server.listen`, `server.admin_listen`, `server.header_timeout` and `server.http1` cannot change on a reload: restart"
         );
         anyhow::ensure!(
             config.telemetry.buckets == was.telemetry.buckets,

@@ -58,7 +58,7 @@ fn parser_answer(head: &[u8]) -> Option<u16> {
 }
 
 /// The replacement: same status, an OpenAI error body, a request id.
-fn answer(code: u16) -> (Bytes, &'static str) {
+pub(super) fn answer(code: u16) -> (Bytes, &'static str) {
     let (reason, message, kind) = match code {
         431 => (
             "Request Header Fields Too Large",
@@ -110,12 +110,16 @@ impl<I: Write + Unpin> ParseErrors<I> {
             return false;
         };
         let (bytes, kind) = answer(code);
-        let state = self.live.load();
-        let key = (Arc::from(""), "", Arc::from(""), StatusLabel(code), kind);
-        state.metrics.requests.get(&key).inc();
+        count(&self.live, code, kind);
         self.pending = Some(bytes);
         true
     }
+}
+
+/// Count a refused head in `sluice_requests_total`, without a model.
+pub(super) fn count(live: &Live, code: u16, kind: &'static str) {
+    let key = (Arc::from(""), "", Arc::from(""), StatusLabel(code), kind);
+    live.load().metrics.requests.get(&key).inc();
 }
 
 impl<I: Read + Unpin> Read for ParseErrors<I> {

@@ -16,14 +16,14 @@ const MAX_HEADERS: usize = 128;
 const MAX_TRAILER_BYTES: usize = 16 * 1024;
 
 /// The read side: received bytes and where the body decoder stands.
-pub(super) struct Wire {
+pub(crate) struct Wire {
     /// Received, not yet consumed.
-    pub(super) rbuf: BytesMut,
-    pub(super) body: BodyState,
+    pub(crate) rbuf: BytesMut,
+    pub(crate) body: BodyState,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum BodyState {
+pub(crate) enum BodyState {
     /// No response yet (or between requests).
     Idle,
     /// `Content-Length`: bytes left.
@@ -37,7 +37,7 @@ pub(super) enum BodyState {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Chunk {
+pub(crate) enum Chunk {
     /// A chunk-size line.
     Size,
     /// Bytes left in the current chunk.
@@ -58,7 +58,7 @@ impl Wire {
     ///
     /// An error after some bytes were joined is not consumed: it is the
     /// answer to the next call.
-    pub(super) fn decode(&mut self) -> Result<Option<Bytes>, String> {
+    pub(crate) fn decode(&mut self) -> Result<Option<Bytes>, String> {
         self.decode_as::<true>()
     }
 

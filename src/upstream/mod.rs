@@ -5,7 +5,7 @@ pub(crate) mod client;
 pub(crate) mod conn;
 pub(crate) mod discovery;
 pub(crate) mod health;
-mod http1;
+pub(crate) mod http1;
 pub mod pool;
 pub(crate) mod scrape;
 pub mod signals;

@@ -24,6 +24,7 @@ mod errors;
 mod exposition;
 mod flow;
 mod forwarding;
+mod h1;
 mod layers;
 mod limits;
 mod observability;

@@ -42,6 +42,11 @@ pub fn config_for(urls: &[String]) -> Config {
     c.upstream.health_check.interval = Duration::from_millis(200);
     // Tests that read the access log turn it on, into a file.
     c.telemetry.access_log.enabled = false;
+    // `SLUICE_TEST_HTTP1=hyper` runs the suite on hyper's server instead of
+    // the gateway's own (the default).
+    if std::env::var("SLUICE_TEST_HTTP1").as_deref() == Ok("hyper") {
+        c.server.http1 = sluice::config::Http1Server::Hyper;
+    }
     c.backends = urls
         .iter()
         .map(|u| BackendConfig::from_url(u.parse().unwrap()))

@@ -1,0 +1,296 @@
+//! Request heads in, response heads out (RFC 9112), for the API listener's
+//! own HTTP/1.1 server. No I/O here.
+//!
+//! A request head is parsed by `httparse` straight from the connection's read
+//! buffer, frozen: the URI and every header value are slices of that buffer
+//! (no copy, no allocation per header). The limits are hyper's, so that both
+//! servers refuse the same requests with the same status: at most 100
+//! headers (431), a head of at most 408 KiB (431), a URI of at most 65,534
+//! bytes (414, `http::Uri`'s own limit), anything else that does not parse
+//! or frame unambiguously 400.
+
+use std::cell::RefCell;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, Version};
+
+/// Headers per request head (hyper's `max_headers` default).
+pub(super) const MAX_HEADERS: usize = 100;
+/// Largest request head (hyper's read buffer limit, 8 KiB + 4 KiB x 100).
+pub(super) const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
+/// Longest request target `http::Uri` accepts.
+const MAX_URI_BYTES: usize = u16::MAX as usize - 1;
+
+/// How the request body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BodyFraming {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// A parsed request head.
+#[derive(Debug)]
+pub(super) struct Head {
+    pub(super) req: Request<()>,
+    pub(super) body: BodyFraming,
+    /// The client allows the connection to carry another request.
+    pub(super) keep_alive: bool,
+    /// `Expect: 100-continue`: the client waits for a go before the body.
+    pub(super) expect_continue: bool,
+}
+
+/// A head refused: answer with this status and close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Refused(pub(super) u16);
+
+/// Take a complete request head off the front of `rbuf`, if there is one.
+/// `rbuf` keeps what follows the head (the body, a pipelined request).
+pub(super) fn take(rbuf: &mut BytesMut) -> Result<Option<(Head, Bytes)>, Refused> {
+    // Parse the buffer frozen, so that the values can be slices of it; given
+    // back unfrozen (no copy: the buffer has no other owner yet) when the
+    // head is not all there.
+    let all = rbuf.split().freeze();
+    match parse(&all) {
+        Ok(Some((head, len))) => Ok(Some((head, all.slice(len..)))),
+        Ok(None) if all.len() >= MAX_HEAD_BYTES => Err(Refused(431)),
+        Ok(None) => {
+            *rbuf = all
+                .try_into_mut()
+                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A complete request head at the start of `buf`, and its length.
+fn parse(buf: &Bytes) -> Result<Option<(Head, usize)>, Refused> {
+    let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut slots,
+    ) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(Refused(431)),
+        Err(_) => return Err(Refused(400)),
+    };
+    const BAD: Refused = Refused(400);
+    let method = Method::from_bytes(parsed.method.ok_or(BAD)?.as_bytes()).map_err(|_| BAD)?;
+    let target = parsed.path.ok_or(BAD)?;
+    if target.len() > MAX_URI_BYTES {
+        return Err(Refused(414));
+    }
+    let uri = Uri::from_maybe_shared(buf.slice_ref(target.as_bytes())).map_err(|_| BAD)?;
+    let version = match parsed.version {
+        Some(1) => Version::HTTP_11,
+        _ => Version::HTTP_10,
+    };
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    let mut length: Option<u64> = None;
+    let mut chunked = None;
+    let mut close = false;
+    let mut keep_alive = false;
+    let mut expect_continue = false;
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| BAD)?;
+        let value = HeaderValue::from_maybe_shared(buf.slice_ref(h.value)).map_err(|_| BAD)?;
+        if name == CONTENT_LENGTH {
+            let n = parse_length(h.value).ok_or(BAD)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(BAD);
+            }
+            length = Some(n);
+        } else if name == TRANSFER_ENCODING {
+            // The last coding of the last field is the one that frames.
+            let last = h.value.rsplit(|b| *b == b',').next().unwrap_or_default();
+            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if name == CONNECTION {
+            for token in h.value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        } else if name == EXPECT {
+            expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+        }
+        headers.append(name, value);
+    }
+    let mut keep_alive = match version {
+        Version::HTTP_11 => !close,
+        _ => keep_alive && !close,
+    };
+    let body = match (chunked, length) {
+        // Only chunked can frame a request other than by length (RFC 9112
+        // 6.3), and HTTP/1.0 has no chunked.
+        (Some(false), _) => return Err(BAD),
+        (Some(true), _) if version == Version::HTTP_10 => return Err(BAD),
+        (Some(true), length) => {
+            // Both: chunked frames it, and the connection is not trusted
+            // with another request (a smuggling attempt, RFC 9112 6.3).
+            if length.is_some() {
+                headers.remove(CONTENT_LENGTH);
+                keep_alive = false;
+            }
+            BodyFraming::Chunked
+        }
+        (None, Some(0) | None) => BodyFraming::None,
+        (None, Some(n)) => BodyFraming::Length(n),
+    };
+    let mut req = Request::new(());
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.version_mut() = version;
+    *req.headers_mut() = headers;
+    Ok(Some((
+        Head {
+            req,
+            body,
+            keep_alive,
+            expect_continue: expect_continue && version == Version::HTTP_11,
+        },
+        len,
+    )))
+}
+
+/// A `Content-Length` value: digits only, no sign, no overflow.
+fn parse_length(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+/// How the response body goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Out {
+    /// No body (a HEAD request, 1xx, 204, 304).
+    None,
+    /// As it comes: `Content-Length` said how long it is.
+    Sized,
+    /// In chunks, each one body frame.
+    Chunked,
+    /// As it comes, ended by closing the connection (HTTP/1.0 clients).
+    UntilClose,
+}
+
+/// What the response head needs to know about its request.
+#[derive(Clone, Copy)]
+pub(super) struct Asked {
+    pub(super) head_method: bool,
+    pub(super) version: Version,
+    /// The connection closes after this response.
+    pub(super) close: bool,
+}
+
+/// Write the response head into `out`; how its body must follow, and
+/// whether the connection must close after it.
+pub(super) fn encode(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    exact_len: Option<u64>,
+    asked: &Asked,
+) -> (Out, bool) {
+    let bodiless = asked.head_method || status.is_informational() || status == 204 || status == 304;
+    let mut close = asked.close;
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        if name == TRANSFER_ENCODING || name == CONNECTION {
+            continue; // This server decides both.
+        }
+        header(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    let sized = headers.contains_key(CONTENT_LENGTH);
+    let framing = if sized {
+        if bodiless { Out::None } else { Out::Sized }
+    } else if let Some(n) = exact_len.filter(|_| status != 204 && status != 304) {
+        let mut digits = itoa::Buffer::new();
+        header(out, b"content-length", digits.format(n).as_bytes());
+        if bodiless { Out::None } else { Out::Sized }
+    } else if bodiless {
+        Out::None
+    } else if asked.version == Version::HTTP_11 {
+        header(out, b"transfer-encoding", b"chunked");
+        Out::Chunked
+    } else {
+        close = true;
+        Out::UntilClose
+    };
+    // HTTP/1.0 closes unless told otherwise; HTTP/1.1 keeps unless told.
+    match (close, asked.version == Version::HTTP_10) {
+        (true, false) => header(out, b"connection", b"close"),
+        (false, true) => header(out, b"connection", b"keep-alive"),
+        _ => {}
+    }
+    if !headers.contains_key(DATE) {
+        DATE_NOW.with_borrow_mut(|d| header(out, b"date", d.now()));
+    }
+    out.extend_from_slice(b"\r\n");
+    (framing, close)
+}
+
+fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A chunk-size line for `n` bytes of data: hex digits and CRLF.
+pub(super) fn chunk_size_line(out: &mut Vec<u8>, n: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = HEX[n & 15];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The `Date` header's value, formatted once a second per thread.
+struct DateNow {
+    second: u64,
+    text: [u8; 29],
+}
+
+impl DateNow {
+    fn now(&mut self) -> &[u8] {
+        let now = SystemTime::now();
+        let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        if second != self.second {
+            self.second = second;
+            let text = httpdate::fmt_http_date(now);
+            if text.len() == self.text.len() {
+                self.text.copy_from_slice(text.as_bytes());
+            }
+        }
+        &self.text
+    }
+}
+
+thread_local! {
+    static DATE_NOW: RefCell<DateNow> = const {
+        RefCell::new(DateNow { second: 0, text: *b"Thu, 01 Jan 1970 00:00:00 GMT" })
+    };
+}
+
+#[cfg(test)]
+mod tests;

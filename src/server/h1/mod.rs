@@ -1,0 +1,498 @@
+//! The API listener's own HTTP/1.1 server (`server.http1: own`, the
+//! default; `hyper` keeps hyper's server as before).
+//!
+//! Measured reason (docs/BENCHMARKS.md, "The gateway's own HTTP/1.1
+//! server"): hyper's dispatcher polls a streaming body three times per
+//! wake-up, formats every chunk-size line through `fmt`, reads the client's
+//! socket on every pass, and spends ~16,000 instructions of a non-streamed
+//! request's ~67,000 before any gateway work. This server does what a
+//! gateway in front of LLM replicas needs and nothing else:
+//!
+//! - one task per connection that reads heads ([`head`]), runs the handler
+//!   and writes its response, one request at a time (pipelined requests wait
+//!   in the read buffer);
+//! - request bodies sized or chunked (decoded by the upstream client's
+//!   decoder, [`Wire`]); one whole in the first read goes to the handler as
+//!   one `Bytes`, a longer one is fed to it as it arrives ([`body`]), with
+//!   `100 Continue` sent when the handler first asks for it;
+//! - a response body polled once per wake-up, its ready frames written in one
+//!   `write`; sized, chunked, or (HTTP/1.0) until close;
+//! - while a request runs, a close of the client's socket cancels it (as
+//!   hyper does): dropping the handler or the response body ends the
+//!   request upstream;
+//! - `server.header_timeout` for each head, idle keep-alive included; on
+//!   shutdown, idle connections close at once and busy ones after their
+//!   response.
+//!
+//! `tests/it/h1.rs` runs a corpus of requests (valid, malformed, pipelined,
+//! chunked, `100-continue`, oversized) against both servers and requires the
+//! same answers.
+
+mod body;
+mod head;
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use http_body::Body as _;
+use tokio::io::{AsyncWrite, Interest};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+use self::body::Feed;
+use self::head::{Asked, BodyFraming, Out, Refused};
+use crate::app::{Answer, Api};
+use crate::state::Live;
+use crate::stream::signal::SignalWatch;
+use crate::upstream::http1::{BodyState, Chunk, Wire};
+
+/// Read granularity: a request head and a typical JSON body fit.
+const READ_BYTES: usize = 16 * 1024;
+/// Response bytes queued before they are written without waiting for more.
+const WRITE_BATCH: usize = 64 * 1024;
+/// A write buffer grown past this by a large answer is not kept.
+const KEEP_WBUF: usize = 64 * 1024;
+
+/// Serve one connection until it closes, the client goes away, or the
+/// gateway stops (`stop`).
+pub(super) async fn serve_conn(
+    tcp: TcpStream,
+    api: Api,
+    live: Arc<Live>,
+    mut stop: SignalWatch,
+    header_timeout: Duration,
+) {
+    let mut conn = Connection {
+        io: Io {
+            tcp,
+            wire: Wire {
+                rbuf: BytesMut::new(),
+                body: BodyState::Idle,
+            },
+            wbuf: Vec::new(),
+            read_closed: false,
+            unreadable: false,
+        },
+        api,
+        live,
+        header_timeout,
+        timer: None,
+        armed: false,
+        stopping: false,
+        stage: Stage::Head,
+    };
+    std::future::poll_fn(|cx| {
+        if !conn.stopping && stop.poll(cx) {
+            conn.stopping = true;
+        }
+        conn.poll(cx)
+    })
+    .await;
+}
+
+/// The socket and its buffers.
+struct Io {
+    tcp: TcpStream,
+    /// The read buffer, and where a request body's decoding stands.
+    wire: Wire,
+    /// Response bytes not yet written.
+    wbuf: Vec<u8>,
+    /// The client closed its side (or the socket failed).
+    read_closed: bool,
+    /// What follows in the socket cannot be read as HTTP (a request body
+    /// broke its framing): answer, then close.
+    unreadable: bool,
+}
+
+struct Connection {
+    io: Io,
+    api: Api,
+    live: Arc<Live>,
+    header_timeout: Duration,
+    /// The header timeout's timer, made when first needed.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The timer runs for the head being read.
+    armed: bool,
+    /// The gateway is stopping: no request after the current one.
+    stopping: bool,
+    stage: Stage,
+}
+
+enum Stage {
+    /// Reading a request head.
+    Head,
+    Serving(Box<Exchange>),
+    /// Write what is queued, then close.
+    Closing,
+}
+
+impl Connection {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            let next = match &mut self.stage {
+                Stage::Head => match ready!(self.poll_head(cx)) {
+                    Some(stage) => stage,
+                    None => return Poll::Ready(()),
+                },
+                Stage::Serving(exchange) => match ready!(exchange.poll(&mut self.io, cx)) {
+                    Ok(true) if !self.stopping => {
+                        self.armed = false;
+                        Stage::Head
+                    }
+                    Ok(_) => Stage::Closing,
+                    Err(()) => return Poll::Ready(()),
+                },
+                Stage::Closing => {
+                    let _ = ready!(self.io.poll_write(cx));
+                    let _ = ready!(Pin::new(&mut self.io.tcp).poll_shutdown(cx));
+                    return Poll::Ready(());
+                }
+            };
+            self.stage = next;
+        }
+    }
+
+    /// Read until a request head is complete: the next stage, or `None` to
+    /// close (the client went away, the head timed out, the gateway stops).
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Option<Stage>> {
+        loop {
+            if !self.io.wire.rbuf.is_empty() {
+                match head::take(&mut self.io.wire.rbuf) {
+                    Ok(Some((head, rest))) => {
+                        return Poll::Ready(Some(Stage::Serving(Box::new(self.start(head, rest)))));
+                    }
+                    Ok(None) => {}
+                    Err(Refused(code)) => {
+                        self.refuse(code);
+                        return Poll::Ready(Some(Stage::Closing));
+                    }
+                }
+            }
+            if self.stopping || self.io.read_closed || self.io.unreadable {
+                return Poll::Ready(None);
+            }
+            match self.io.poll_read(cx) {
+                Poll::Ready(0) => return Poll::Ready(None),
+                Poll::Ready(_) => {}
+                Poll::Pending => {
+                    if !self.armed {
+                        self.armed = true;
+                        let deadline = Instant::now() + self.header_timeout;
+                        match &mut self.timer {
+                            Some(t) => t.as_mut().reset(deadline),
+                            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+                        }
+                    }
+                    if let Some(t) = &mut self.timer {
+                        ready!(t.as_mut().poll(cx));
+                    }
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+
+    /// A request whose head is read: its body as far as it came, and its
+    /// handler started.
+    fn start(&mut self, head: head::Head, rest: Bytes) -> Exchange {
+        let io = &mut self.io;
+        let (parts, ()) = head.req.into_parts();
+        let asked = Asked {
+            head_method: parts.method == http::Method::HEAD,
+            version: parts.version,
+            close: !head.keep_alive,
+        };
+        let mut feed = None;
+        let body = match head.body {
+            BodyFraming::None => {
+                io.wire.rbuf.extend_from_slice(&rest);
+                Body::empty()
+            }
+            // Whole in the read buffer: handed over as it lies.
+            BodyFraming::Length(n) if rest.len() as u64 >= n => {
+                let n = n as usize;
+                io.wire.rbuf.extend_from_slice(&rest[n..]);
+                Body::from(rest.slice(..n))
+            }
+            framing => {
+                io.wire.rbuf.extend_from_slice(&rest);
+                io.wire.body = match framing {
+                    BodyFraming::Length(n) => BodyState::Length(n),
+                    _ => BodyState::Chunked(Chunk::Size),
+                };
+                let (f, streamed) = body::channel();
+                feed = Some(f);
+                Body::new(streamed)
+            }
+        };
+        let req = http::Request::from_parts(parts, body);
+        let mut exchange = Exchange {
+            handler: Some(self.api.serve(req)),
+            expect_continue: head.expect_continue && feed.is_some(),
+            feed,
+            asked,
+            response: None,
+            out: Out::None,
+            keep_alive: false,
+        };
+        // What of the body is already here goes in before the handler runs.
+        if let Some(f) = &exchange.feed
+            && exchange_feed(io, f)
+        {
+            exchange.feed = None;
+        }
+        exchange
+    }
+
+    /// Answer a head the parser refused, in the OpenAI error shape, counted
+    /// like any request; then close.
+    fn refuse(&mut self, code: u16) {
+        let (answer, kind) = super::parse_errors::answer(code);
+        super::parse_errors::count(&self.live, code, kind);
+        self.io.wbuf.extend_from_slice(&answer);
+    }
+}
+
+/// Decode what the read buffer holds of the request body into `feed`;
+/// whether the body is over (at its end, or broken).
+fn exchange_feed(io: &mut Io, feed: &Feed) -> bool {
+    loop {
+        match io.wire.decode() {
+            Ok(Some(data)) => feed.push(data),
+            Ok(None) => {
+                if matches!(io.wire.body, BodyState::Done | BodyState::Length(0)) {
+                    io.wire.body = BodyState::Idle;
+                    feed.end(Ok(()));
+                    return true;
+                }
+                if io.read_closed {
+                    feed.end(Err(
+                        "the client closed the connection before the body's end".into(),
+                    ));
+                    return true;
+                }
+                return false;
+            }
+            Err(e) => {
+                feed.end(Err(format!("malformed chunked request body: {e}")));
+                io.wire.body = BodyState::Idle;
+                io.unreadable = true;
+                return true;
+            }
+        }
+    }
+}
+
+/// One request, from its handler's start to the end of its response.
+struct Exchange {
+    /// The handler, until it answers.
+    handler: Option<Answer>,
+    /// The request body, while it is still arriving.
+    feed: Option<Feed>,
+    /// `100 Continue` is owed when the handler asks for the body.
+    expect_continue: bool,
+    asked: Asked,
+    /// The response body being written.
+    response: Option<Body>,
+    out: Out,
+    /// The connection may carry another request after this one.
+    keep_alive: bool,
+}
+
+impl Exchange {
+    /// Drive the request to the end of its response: whether the connection
+    /// may carry another (`Err`: close it now, the client went away or the
+    /// socket failed).
+    fn poll(&mut self, io: &mut Io, cx: &mut Context<'_>) -> Poll<Result<bool, ()>> {
+        // The handler, and the body it reads as it arrives.
+        while let Some(handler) = &mut self.handler {
+            if let Poll::Ready(Ok(resp)) = handler.as_mut().poll(cx) {
+                self.handler = None;
+                self.respond(io, resp);
+                break;
+            }
+            if !self.poll_feed(io, cx) {
+                break;
+            }
+        }
+        // While the answer is awaited or streams, a close of the client's
+        // side cancels the request. Bytes of a next request wait unread.
+        if self.feed.is_none()
+            && !io.read_closed
+            && !io.unreadable
+            && io.wire.rbuf.is_empty()
+            && let Poll::Ready(0) = io.poll_read(cx)
+        {
+            return Poll::Ready(Err(()));
+        }
+        let Some(body) = &mut self.response else {
+            // Still waiting for the handler (a `100 Continue` may be queued).
+            ready!(io.poll_write(cx))?;
+            return match self.handler {
+                None => Poll::Ready(Ok(self.keep_alive)),
+                Some(_) => Poll::Pending,
+            };
+        };
+        loop {
+            let mut waiting = false;
+            let mut ended = false;
+            while io.wbuf.len() < WRITE_BATCH {
+                match Pin::new(&mut *body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Ok(data) = frame.into_data() {
+                            put(&mut io.wbuf, self.out, &data);
+                        }
+                    }
+                    // The connection ends mid-body: the client sees it cut.
+                    Poll::Ready(Some(Err(_))) => return Poll::Ready(Err(())),
+                    Poll::Ready(None) => {
+                        if self.out == Out::Chunked {
+                            io.wbuf.extend_from_slice(b"0\r\n\r\n");
+                        }
+                        ended = true;
+                        break;
+                    }
+                    Poll::Pending => {
+                        waiting = true;
+                        break;
+                    }
+                }
+            }
+            ready!(io.poll_write(cx))?;
+            if ended {
+                self.response = None;
+                return Poll::Ready(Ok(self.keep_alive));
+            }
+            if waiting {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Feed the request body from the socket: whether the handler should
+    /// be polled again (it has more to read, or the body ended).
+    fn poll_feed(&mut self, io: &mut Io, cx: &mut Context<'_>) -> bool {
+        let Some(feed) = &self.feed else {
+            return false;
+        };
+        if self.expect_continue && feed.asked() {
+            self.expect_continue = false;
+            io.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            let _ = io.poll_write(cx);
+        }
+        let mut fed = false;
+        while feed.wants() && !io.unreadable {
+            match io.poll_read(cx) {
+                Poll::Ready(0) => io.read_closed = true,
+                Poll::Ready(_) => {}
+                Poll::Pending => break,
+            }
+            fed = true;
+            if exchange_feed(io, feed) {
+                self.feed = None;
+                return true;
+            }
+        }
+        fed
+    }
+
+    /// The handler's answer: its head queued, its body to follow.
+    fn respond(&mut self, io: &mut Io, resp: http::Response<Body>) {
+        let (parts, body) = resp.into_parts();
+        // A body not read to its end leaves the connection unusable.
+        let close = self.asked.close || self.feed.is_some() || io.read_closed || io.unreadable;
+        let asked = Asked {
+            close,
+            ..self.asked
+        };
+        let exact = body.size_hint().exact();
+        let (out, close) = head::encode(&mut io.wbuf, parts.status, &parts.headers, exact, &asked);
+        self.out = out;
+        self.keep_alive = !close;
+        self.response = (out != Out::None).then_some(body);
+    }
+}
+
+/// Queue one frame of the response body as `out` frames it.
+fn put(wbuf: &mut Vec<u8>, out: Out, data: &[u8]) {
+    match out {
+        Out::None => {}
+        Out::Sized | Out::UntilClose => wbuf.extend_from_slice(data),
+        Out::Chunked if data.is_empty() => {}
+        Out::Chunked => {
+            head::chunk_size_line(wbuf, data.len());
+            wbuf.extend_from_slice(data);
+            wbuf.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+impl Io {
+    /// Read what the socket has into the read buffer: how many bytes, 0 when
+    /// the client closed (or the socket failed). No buffer is reserved before
+    /// the socket is readable, so an idle connection holds none.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<usize> {
+        if self.read_closed {
+            return Poll::Ready(0);
+        }
+        loop {
+            if ready!(self.tcp.poll_read_ready(cx)).is_err() {
+                self.read_closed = true;
+                return Poll::Ready(0);
+            }
+            let rbuf = &mut self.wire.rbuf;
+            if rbuf.capacity() - rbuf.len() < READ_BYTES / 4 {
+                rbuf.reserve(READ_BYTES);
+            }
+            let tcp = &self.tcp;
+            let mut got = None;
+            let read = tcp.try_io(Interest::READABLE, || {
+                let offered = rbuf.capacity() - rbuf.len();
+                let n = tcp.try_read_buf(rbuf)?;
+                got = Some(n);
+                // A short read emptied the socket: its readiness is cleared
+                // now, and the next poll waits for the reactor instead of
+                // spending a `recv` on `EAGAIN` (as `upstream/conn.rs` does).
+                if n > 0 && n < offered {
+                    Err(io::ErrorKind::WouldBlock.into())
+                } else {
+                    Ok(n)
+                }
+            });
+            match (read, got) {
+                (_, Some(n)) if n > 0 => return Poll::Ready(n),
+                (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => {}
+                _ => {
+                    self.read_closed = true;
+                    return Poll::Ready(0);
+                }
+            }
+        }
+    }
+
+    /// Write out the queued response bytes. `Err` when the socket failed.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        let mut done = 0;
+        let result = loop {
+            if done == self.wbuf.len() {
+                break Poll::Ready(Ok(()));
+            }
+            match Pin::new(&mut self.tcp).poll_write(cx, &self.wbuf[done..]) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => break Poll::Ready(Err(())),
+                Poll::Ready(Ok(n)) => done += n,
+                Poll::Pending => break Poll::Pending,
+            }
+        };
+        self.wbuf.drain(..done);
+        if self.wbuf.is_empty() && self.wbuf.capacity() > KEEP_WBUF {
+            self.wbuf = Vec::new();
+        }
+        result
+    }
+}
