@@ -45,6 +45,12 @@ pub(crate) trait Upstream: Send + Unpin + 'static {
     fn drained(&self) -> bool {
         false
     }
+    /// After a read that [`drained`](Self::drained) the source: register
+    /// `cx` for the next bytes; whether it was (nothing new is ready).
+    /// `false` when it cannot tell.
+    fn wait(&mut self, _cx: &mut Context<'_>) -> bool {
+        false
+    }
     /// The body was read to its end: the connection may serve another request.
     fn reuse(self);
 }
@@ -66,6 +72,10 @@ impl Upstream for ReplicaConn {
 
     fn drained(&self) -> bool {
         self.conn.drained()
+    }
+
+    fn wait(&mut self, cx: &mut Context<'_>) -> bool {
+        self.conn.poll_wait(cx)
     }
 
     fn reuse(self) {
@@ -298,8 +308,17 @@ impl<U: Upstream> Body for TimedBody<U> {
                     }
                     this.ingest(data, now);
                     // Nothing more is ready: say so without asking the socket
-                    // again (hyper polls once more before its write anyway).
+                    // again. In a turn, every waker is registered now, so
+                    // that the server's next poll in this turn (to learn
+                    // that nothing more came) is answered at once.
                     if drained && this.state == State::Streaming && this.relay.has_output() {
+                        if turn.is_some()
+                            && this.upstream.as_mut().is_some_and(|up| up.wait(cx))
+                            && !this.cut.poll(cx)
+                            && this.clock.poll_expired(cx).is_none()
+                        {
+                            this.waiting = turn;
+                        }
                         return Poll::Ready(Some(Ok(Frame::data(this.relay.take_out()))));
                     }
                 }

@@ -15,8 +15,14 @@
 //! Outside a connection's task (tests, a body polled by anything else) there
 //! is no turn, and every poll asks everything, as before.
 //!
-//! This holds because, inside a turn, only hyper's HTTP/1.1 dispatcher polls
-//! the body, always with the task's own `Context`. Anything that polled a
+//! The gateway's own server (`server/h1`) polls a body once per wake-up,
+//! plus once after data to learn that nothing more came: a body whose data
+//! drained its replica's socket registers every waker right then and
+//! answers that poll at once (`TimedBody`, `Upstream::wait`).
+//!
+//! This holds because, inside a turn, only the connection's HTTP/1.1 server
+//! (hyper's dispatcher or the gateway's own) polls the body, always with the
+//! task's own `Context`. Anything that polled a
 //! body inside the connection's task with a waker of its own (an HTTP/2
 //! connection driven inline, a combinator with per-item wakers) would have to
 //! start a turn of its own around those polls or not use this.

@@ -317,6 +317,12 @@ impl Conn {
         self.drained && !matches!(self.wire.body, BodyState::Done | BodyState::Length(0))
     }
 
+    /// After a read that [`drained`](Self::drained) the socket: register
+    /// `cx` for its next bytes. Whether it was (nothing came since).
+    pub(crate) fn poll_wait(&self, cx: &mut Context<'_>) -> bool {
+        self.drained() && self.io.poll_read_ready(cx).is_pending()
+    }
+
     /// The next piece of the response body: `None` at its end.
     pub(crate) fn poll_data(
         &mut self,

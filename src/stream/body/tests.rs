@@ -62,6 +62,18 @@ impl Upstream for Script {
         self.steps.front().is_none_or(|(delay, _)| !delay.is_zero())
     }
 
+    /// Registered for the next step when it is a wait still running.
+    fn wait(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some((delay, _)) = self.steps.front() else {
+            return false;
+        };
+        let delay = *delay;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(delay)));
+        sleep.as_mut().poll(cx).is_pending()
+    }
+
     fn reuse(self) {
         self.reused.store(true, Relaxed);
     }
@@ -444,4 +456,32 @@ async fn a_body_pending_in_a_turn_answers_again_without_asking_its_upstream() {
     // And the stream still arrives whole when its time comes.
     let got = text(&frames(&mut body).await);
     assert_eq!(got, format!("{TOKEN}{FINISH}{DONE}"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn data_that_drained_its_upstream_in_a_turn_leaves_the_next_poll_answered() {
+    use crate::stream::turn;
+    let rig = Rig::new();
+    let steps = vec![
+        (0, Step::Data(TOKEN)),
+        (10, Step::Data(FINISH)),
+        (0, Step::Data(DONE)),
+        (0, Step::End),
+    ];
+    let mut body = rig.body(steps, true);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let asked = |b: &TimedBody<Script>| b.upstream.as_ref().map_or(0, |u| u.asked);
+    turn::take(|| {
+        let first = Pin::new(&mut body).poll_frame(&mut cx);
+        assert!(matches!(first, Poll::Ready(Some(Ok(_)))), "the token");
+        let once = asked(&body);
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        assert_eq!(asked(&body), once, "asked again in the same turn");
+    });
+    // Outside a turn, nothing is taken for granted.
+    let before = asked(&body);
+    assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+    assert_eq!(asked(&body), before + 1);
+    let got = text(&frames(&mut body).await);
+    assert_eq!(got, format!("{FINISH}{DONE}"));
 }
