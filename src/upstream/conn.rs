@@ -178,6 +178,7 @@ impl ConnPool {
             wire: Wire {
                 rbuf: BytesMut::with_capacity(READ_BYTES),
                 body: BodyState::Idle,
+                strict: false,
             },
             keep_alive: false,
             reused: false,
@@ -314,7 +315,11 @@ impl Conn {
     /// for the reactor's word on them either way.
     pub(crate) fn drained(&self) -> bool {
         // A body whose end was decoded still has that end to report.
-        self.drained && !matches!(self.wire.body, BodyState::Done | BodyState::Length(0))
+        // Bytes left undecoded (a framing error held for the next call, a
+        // line cut by the read) are the next poll's to look at.
+        self.drained
+            && self.wire.rbuf.is_empty()
+            && !matches!(self.wire.body, BodyState::Done | BodyState::Length(0))
     }
 
     /// After a read that [`drained`](Self::drained) the socket: register

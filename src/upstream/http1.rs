@@ -20,6 +20,13 @@ pub(crate) struct Wire {
     /// Received, not yet consumed.
     pub(crate) rbuf: BytesMut,
     pub(crate) body: BodyState,
+    /// Framing lines must be exactly as RFC 9112 writes them: CRLF line
+    /// ends, no CR inside a line, only spaces and tabs before a chunk
+    /// extension, trailer lines that are header fields. The gateway's own
+    /// server reads clients' chunked bodies so (a lenient reading of what a
+    /// front proxy read strictly is how requests are smuggled, and hyper's
+    /// server is strict too); replicas' answers are read leniently.
+    pub(crate) strict: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +102,7 @@ impl Wire {
     /// buffer, counted as taken (the caller takes them). `None` when none
     /// are there yet. An error leaves the state as it was.
     fn next_piece<const PLAIN: bool>(&mut self) -> Result<Option<usize>, String> {
+        let strict = self.strict;
         loop {
             match self.body {
                 BodyState::Idle | BodyState::Done => return Ok(None),
@@ -127,7 +135,7 @@ impl Wire {
                             self.rbuf.advance(len);
                             size
                         }
-                        None => match self.line(chunk_size)? {
+                        None => match self.line(|l| chunk_size(l, strict))? {
                             Some(size) => size,
                             None => return Ok(None),
                         },
@@ -166,7 +174,16 @@ impl Wire {
                     self.body = BodyState::Chunked(Chunk::Size);
                 }
                 BodyState::Chunked(Chunk::Trailers(seen)) => {
-                    let Some(len) = self.line(|line| Ok(line.len()))? else {
+                    let field = |line: &[u8]| {
+                        // A trailer is a header field: `name:`, no fold.
+                        let bad = !line.is_empty()
+                            && (!line.contains(&b':') || line[0] == b' ' || line[0] == b'\t');
+                        if strict && bad {
+                            return Err("malformed trailer line".to_string());
+                        }
+                        Ok(line.len())
+                    };
+                    let Some(len) = self.line(field)? else {
                         return Ok(None);
                     };
                     if len == 0 {
@@ -193,7 +210,12 @@ impl Wire {
         match memchr::memchr(b'\n', &self.rbuf) {
             Some(i) => {
                 let line = &self.rbuf[..i];
-                let out = read(line.strip_suffix(b"\r").unwrap_or(line))?;
+                let line = match line.strip_suffix(b"\r") {
+                    Some(l) if !self.strict || !l.contains(&b'\r') => l,
+                    None if !self.strict => line,
+                    _ => return Err("a framing line not ended by CRLF alone".into()),
+                };
+                let out = read(line)?;
                 self.rbuf.advance(i + 1);
                 Ok(Some(out))
             }
@@ -397,13 +419,21 @@ fn hex_digit(b: u8) -> Option<u64> {
 
 /// The size in a chunk-size line: hex digits, then optional whitespace and
 /// `;` extensions (ignored).
-fn chunk_size(line: &[u8]) -> Result<u64, String> {
+fn chunk_size(line: &[u8], strict: bool) -> Result<u64, String> {
     let end = line
         .iter()
         .position(|b| !b.is_ascii_hexdigit())
         .unwrap_or(line.len());
     let (digits, rest) = line.split_at(end);
-    let rest = rest.trim_ascii_start();
+    let rest = if strict {
+        let spaces = rest
+            .iter()
+            .take_while(|b| matches!(b, b' ' | b'\t'))
+            .count();
+        &rest[spaces..]
+    } else {
+        rest.trim_ascii_start()
+    };
     if !(rest.is_empty() || rest.starts_with(b";")) {
         return Err("malformed chunk size".into());
     }
@@ -429,6 +459,7 @@ mod tests {
         Wire {
             rbuf: BytesMut::from(input),
             body,
+            strict: false,
         }
     }
 
@@ -569,15 +600,50 @@ mod tests {
 
     #[test]
     fn chunk_sizes_are_strict_hex() {
-        assert_eq!(chunk_size(b"1f"), Ok(31));
-        assert_eq!(chunk_size(b"0000000000000000000a"), Ok(10));
-        assert_eq!(chunk_size(b"5 ;name=value"), Ok(5));
-        assert_eq!(chunk_size(b"000"), Ok(0));
+        assert_eq!(chunk_size(b"1f", false), Ok(31));
+        assert_eq!(chunk_size(b"0000000000000000000a", false), Ok(10));
+        assert_eq!(chunk_size(b"5 ;name=value", false), Ok(5));
+        assert_eq!(chunk_size(b"000", false), Ok(0));
         for bad in [&b""[..], b"5 junk", b"-5", b"0x5", b"1000000000000000"] {
             assert!(
-                chunk_size(bad).is_err(),
+                chunk_size(bad, false).is_err(),
                 "{:?}",
                 String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn strict_framing_takes_only_what_rfc_9112_writes() {
+        let decode = |strict: bool, input: &[u8]| {
+            let mut c = conn_state(BodyState::Chunked(Chunk::Size), input);
+            c.strict = strict;
+            drain(&mut c).map(|body| (body, c.body))
+        };
+        let done = |body: &[u8]| Ok((body.to_vec(), BodyState::Done));
+        for good in [
+            &b"5\r\nhello\r\n0\r\n\r\n"[..],
+            b"5 ;ext=1\r\nhello\r\n0\r\nx-t: v\r\n\r\n",
+            b"5\t;ext\r\nhello\r\n0\r\n\r\n",
+        ] {
+            assert_eq!(decode(true, good), done(b"hello"));
+            assert_eq!(decode(false, good), done(b"hello"));
+        }
+        for bad in [
+            &b"5\nhello\r\n0\r\n\r\n"[..],   // a bare LF ends the size line
+            b"5\r\nhello\n0\r\n\r\n",        // ... or the chunk
+            b"5\r;x\r\nhello\r\n0\r\n\r\n",  // a CR before the extension
+            b"5;a\rb\r\nhello\r\n0\r\n\r\n", // a CR inside it
+            b"5\r\nhello\r\n0\r\nnot a field\r\n\r\n",
+            b"5\r\nhello\r\n0\r\nx: v\r\n folded\r\n\r\n",
+            b"5\r\nhello\r\n0\r\n\n",
+        ] {
+            let what = String::from_utf8_lossy(bad);
+            assert!(decode(true, bad).is_err(), "strict took {what:?}");
+            // Replicas' answers are read leniently, as before.
+            assert!(
+                decode(false, bad).is_ok_and(|(b, _)| b == b"hello"),
+                "lenient refused {what:?}"
             );
         }
     }

@@ -35,6 +35,14 @@ fn chat(stream: bool) -> String {
     chat_body(stream).to_string()
 }
 
+/// A chat request of ~600 KB: more than the server buffers for a handler
+/// that has not taken it yet, and more than one read.
+fn large_chat() -> String {
+    let mut body = chat_body(false);
+    body["messages"][0]["content"] = "many words ".repeat(55_000).into();
+    body.to_string()
+}
+
 fn post(path: &str, extra: &str, body: &str) -> String {
     format!(
         "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
@@ -161,6 +169,27 @@ fn corpus() -> Vec<Case> {
         case(
             "broken chunks",
             "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+            &["POST"],
+        ),
+        case(
+            "bare LF in chunks",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n2\n{}\r\n0\r\n\r\n",
+            &["POST"],
+        ),
+        case(
+            "pipelined after a chunked body",
+            [
+                String::from_utf8(chunked(&chat(false), 2))
+                    .unwrap()
+                    .replace("connection: close\r\n", ""),
+                get("/v1/models", CLOSE),
+            ]
+            .concat(),
+            &["POST", "GET"],
+        ),
+        case(
+            "a body larger than the feed's limit",
+            post("/v1/chat/completions", CLOSE, &large_chat()),
             &["POST"],
         ),
         case(
@@ -386,7 +415,7 @@ fn shape(v: &serde_json::Value) -> serde_json::Value {
 async fn the_own_server_answers_as_hypers_does() {
     let sim = start_sim(fast_sim()).await;
     let mut config = config_for(&[sim.url()]);
-    config.server.max_body_bytes = sluice::config::ByteSize(64 * 1024);
+    config.server.max_body_bytes = sluice::config::ByteSize(1024 * 1024);
     config.server.http1 = Http1Server::Own;
     let own = start_gateway(config.clone(), 1).await;
     config.server.http1 = Http1Server::Hyper;

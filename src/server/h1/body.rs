@@ -27,7 +27,10 @@ struct Shared {
     end: Option<Result<(), String>>,
     /// The handler has asked for the body (the go for `100-continue`).
     asked: bool,
+    /// The handler's task, waiting for bytes.
     waker: Option<Waker>,
+    /// The connection's task, waiting for the handler to take bytes.
+    feeder: Option<Waker>,
 }
 
 /// The connection's end.
@@ -61,9 +64,18 @@ impl Feed {
     }
 
     /// Whether the connection should read more for it now: the handler
-    /// still holds the body and has not fallen behind.
-    pub(super) fn wants(&self) -> bool {
-        Arc::strong_count(&self.0) > 1 && self.0.lock().queued < FEED_LIMIT
+    /// still holds the body and has not fallen behind. When it has, `cx` is
+    /// woken once it takes some.
+    pub(super) fn wants(&self, cx: &mut Context<'_>) -> bool {
+        if Arc::strong_count(&self.0) == 1 {
+            return false;
+        }
+        let mut s = self.0.lock();
+        if s.queued < FEED_LIMIT {
+            return true;
+        }
+        s.feeder = Some(cx.waker().clone());
+        false
     }
 
     /// Whether the handler has asked for the body.
@@ -84,6 +96,11 @@ impl Body for Streamed {
         s.asked = true;
         if let Some(data) = s.chunks.pop_front() {
             s.queued -= data.len();
+            if s.queued < FEED_LIMIT
+                && let Some(w) = s.feeder.take()
+            {
+                w.wake();
+            }
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         match &s.end {

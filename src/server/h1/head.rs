@@ -52,8 +52,9 @@ pub(super) fn take(rbuf: &mut BytesMut) -> Result<Option<(Head, Bytes)>, Refused
     // Parse the buffer frozen, so that the values can be slices of it; given
     // back unfrozen (no copy: the buffer has no other owner yet) when the
     // head is not all there.
-    let all = rbuf.split().freeze();
+    let all = std::mem::take(rbuf).freeze();
     match parse(&all) {
+        Ok(Some((_, len))) if len > MAX_HEAD_BYTES => Err(Refused(431)),
         Ok(Some((head, len))) => Ok(Some((head, all.slice(len..)))),
         Ok(None) if all.len() >= MAX_HEAD_BYTES => Err(Refused(431)),
         Ok(None) => {
@@ -172,8 +173,8 @@ fn parse_length(v: &[u8]) -> Option<u64> {
 pub(super) enum Out {
     /// No body (a HEAD request, 1xx, 204, 304).
     None,
-    /// As it comes: `Content-Length` said how long it is.
-    Sized,
+    /// `Content-Length` said how long it is: bytes left.
+    Sized(u64),
     /// In chunks, each one body frame.
     Chunked,
     /// As it comes, ended by closing the connection (HTTP/1.0 clients).
@@ -211,13 +212,23 @@ pub(super) fn encode(
         }
         header(out, name.as_str().as_bytes(), value.as_bytes());
     }
-    let sized = headers.contains_key(CONTENT_LENGTH);
-    let framing = if sized {
-        if bodiless { Out::None } else { Out::Sized }
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .map(|v| parse_length(v.as_bytes()));
+    let framing = if let Some(declared) = declared {
+        match declared {
+            _ if bodiless => Out::None,
+            Some(n) => Out::Sized(n),
+            // A length that does not parse frames nothing: until close.
+            None => {
+                close = true;
+                Out::UntilClose
+            }
+        }
     } else if let Some(n) = exact_len.filter(|_| status != 204 && status != 304) {
         let mut digits = itoa::Buffer::new();
         header(out, b"content-length", digits.format(n).as_bytes());
-        if bodiless { Out::None } else { Out::Sized }
+        if bodiless { Out::None } else { Out::Sized(n) }
     } else if bodiless {
         Out::None
     } else if asked.version == Version::HTTP_11 {

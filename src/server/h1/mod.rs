@@ -74,8 +74,10 @@ pub(super) async fn serve_conn(
             wire: Wire {
                 rbuf: BytesMut::new(),
                 body: BodyState::Idle,
+                strict: true,
             },
             wbuf: Vec::new(),
+            written: 0,
             read_closed: false,
             unreadable: false,
             watched: false,
@@ -104,8 +106,9 @@ struct Io {
     tcp: TcpStream,
     /// The read buffer, and where a request body's decoding stands.
     wire: Wire,
-    /// Response bytes not yet written.
+    /// Response bytes queued; those before `written` are written.
     wbuf: Vec<u8>,
+    written: usize,
     /// The client closed its side (or the socket failed).
     read_closed: bool,
     /// What follows in the socket cannot be read as HTTP (a request body
@@ -146,14 +149,17 @@ impl Connection {
                     Some(stage) => stage,
                     None => return Poll::Ready(()),
                 },
-                Stage::Serving(exchange) => match ready!(exchange.poll(&mut self.io, cx)) {
-                    Ok(true) if !self.stopping => {
-                        self.armed = false;
-                        Stage::Head
+                Stage::Serving(exchange) => {
+                    match ready!(exchange.poll(&mut self.io, cx, self.stopping)) {
+                        Ok(true) if !self.stopping => {
+                            self.armed = false;
+                            self.io.idle();
+                            Stage::Head
+                        }
+                        Ok(_) => Stage::Closing,
+                        Err(()) => return Poll::Ready(()),
                     }
-                    Ok(_) => Stage::Closing,
-                    Err(()) => return Poll::Ready(()),
-                },
+                }
                 Stage::Closing => {
                     let _ = ready!(self.io.poll_write(cx));
                     let _ = ready!(Pin::new(&mut self.io.tcp).poll_shutdown(cx));
@@ -315,12 +321,17 @@ impl Exchange {
     /// Drive the request to the end of its response: whether the connection
     /// may carry another (`Err`: close it now, the client went away or the
     /// socket failed).
-    fn poll(&mut self, io: &mut Io, cx: &mut Context<'_>) -> Poll<Result<bool, ()>> {
+    fn poll(
+        &mut self,
+        io: &mut Io,
+        cx: &mut Context<'_>,
+        stopping: bool,
+    ) -> Poll<Result<bool, ()>> {
         // The handler, and the body it reads as it arrives.
         while let Some(handler) = &mut self.handler {
             if let Poll::Ready(Ok(resp)) = handler.as_mut().poll(cx) {
                 self.handler = None;
-                self.respond(io, resp);
+                self.respond(io, resp, stopping);
                 break;
             }
             if !self.poll_feed(io, cx) {
@@ -353,14 +364,18 @@ impl Exchange {
                 match Pin::new(&mut *body).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
                         if let Ok(data) = frame.into_data() {
-                            put(&mut io.wbuf, self.out, &data);
+                            put(&mut self.out, &mut self.keep_alive, &mut io.wbuf, &data);
                         }
                     }
                     // The connection ends mid-body: the client sees it cut.
                     Poll::Ready(Some(Err(_))) => return Poll::Ready(Err(())),
                     Poll::Ready(None) => {
-                        if self.out == Out::Chunked {
-                            io.wbuf.extend_from_slice(b"0\r\n\r\n");
+                        match self.out {
+                            Out::Chunked => io.wbuf.extend_from_slice(b"0\r\n\r\n"),
+                            // Shorter than it said: the client cannot tell
+                            // where the next answer starts.
+                            Out::Sized(left) if left > 0 => self.keep_alive = false,
+                            _ => {}
                         }
                         ended = true;
                         break;
@@ -394,7 +409,7 @@ impl Exchange {
             let _ = io.poll_write(cx);
         }
         let mut fed = false;
-        while feed.wants() && !io.unreadable {
+        while feed.wants(cx) && !io.unreadable {
             match io.poll_read(cx) {
                 Poll::Ready(0) => io.read_closed = true,
                 Poll::Ready(_) => {}
@@ -410,10 +425,12 @@ impl Exchange {
     }
 
     /// The handler's answer: its head queued, its body to follow.
-    fn respond(&mut self, io: &mut Io, resp: http::Response<Body>) {
+    fn respond(&mut self, io: &mut Io, resp: http::Response<Body>, stopping: bool) {
         let (parts, body) = resp.into_parts();
-        // A body not read to its end leaves the connection unusable.
-        let close = self.asked.close || self.feed.is_some() || io.read_closed || io.unreadable;
+        // A body not read to its end leaves the connection unusable; a
+        // stopping gateway says it closes.
+        let close =
+            self.asked.close || stopping || self.feed.is_some() || io.read_closed || io.unreadable;
         let asked = Asked {
             close,
             ..self.asked
@@ -426,16 +443,28 @@ impl Exchange {
     }
 }
 
-/// Queue one frame of the response body as `out` frames it.
-fn put(wbuf: &mut Vec<u8>, out: Out, data: &[u8]) {
-    match out {
-        Out::None => {}
-        Out::Sized | Out::UntilClose => wbuf.extend_from_slice(data),
-        Out::Chunked if data.is_empty() => {}
-        Out::Chunked => {
-            head::chunk_size_line(wbuf, data.len());
-            wbuf.extend_from_slice(data);
-            wbuf.extend_from_slice(b"\r\n");
+/// Queue one frame of the response body as `out` frames it. A sized body is
+/// held to its length: what runs over is not sent, and the connection
+/// closes after it.
+fn put(out: &mut Out, keep_alive: &mut bool, wbuf: &mut Vec<u8>, data: &[u8]) {
+    {
+        match out {
+            Out::None => {}
+            Out::Sized(left) => {
+                let n = usize::try_from(*left).map_or(data.len(), |l| l.min(data.len()));
+                wbuf.extend_from_slice(&data[..n]);
+                *left -= n as u64;
+                if n < data.len() {
+                    *keep_alive = false;
+                }
+            }
+            Out::UntilClose => wbuf.extend_from_slice(data),
+            Out::Chunked if data.is_empty() => {}
+            Out::Chunked => {
+                head::chunk_size_line(wbuf, data.len());
+                wbuf.extend_from_slice(data);
+                wbuf.extend_from_slice(b"\r\n");
+            }
         }
     }
 }
@@ -456,7 +485,9 @@ impl Io {
                     return Poll::Ready(0);
                 }
                 Poll::Pending => {
-                    self.watched = true;
+                    // Registered, unless tokio's budget for this poll ran
+                    // out (then it only asked to be polled again).
+                    self.watched = tokio::task::coop::has_budget_remaining();
                     return Poll::Pending;
                 }
             }
@@ -503,21 +534,29 @@ impl Io {
 
     /// Write out the queued response bytes. `Err` when the socket failed.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
-        let mut done = 0;
-        let result = loop {
-            if done == self.wbuf.len() {
-                break Poll::Ready(Ok(()));
+        while self.written < self.wbuf.len() {
+            match Pin::new(&mut self.tcp).poll_write(cx, &self.wbuf[self.written..]) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Err(())),
+                Poll::Ready(Ok(n)) => self.written += n,
+                Poll::Pending => return Poll::Pending,
             }
-            match Pin::new(&mut self.tcp).poll_write(cx, &self.wbuf[done..]) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => break Poll::Ready(Err(())),
-                Poll::Ready(Ok(n)) => done += n,
-                Poll::Pending => break Poll::Pending,
-            }
-        };
-        self.wbuf.drain(..done);
-        if self.wbuf.is_empty() && self.wbuf.capacity() > KEEP_WBUF {
+        }
+        self.written = 0;
+        self.wbuf.clear();
+        if self.wbuf.capacity() > KEEP_WBUF {
             self.wbuf = Vec::new();
         }
-        result
+        Poll::Ready(Ok(()))
+    }
+
+    /// Between requests: buffers that are empty are given back, so that an
+    /// idle keep-alive connection holds none.
+    fn idle(&mut self) {
+        if self.wire.rbuf.is_empty() {
+            self.wire.rbuf = BytesMut::new();
+        }
+        if self.wbuf.is_empty() {
+            self.wbuf = Vec::new();
+        }
     }
 }

@@ -22,6 +22,7 @@ fn decode_in_pieces_as<const PLAIN: bool>(
     let mut w = Wire {
         rbuf: BytesMut::new(),
         body: start,
+        strict: false,
     };
     let mut out = Vec::new();
     for p in pieces {

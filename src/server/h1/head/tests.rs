@@ -123,11 +123,14 @@ fn response_heads_say_how_their_body_ends() {
 
     let (text, out, _) = encoded(404, &[], Some(12), GET11);
     assert!(text.contains("\r\ncontent-length: 12\r\n"), "{text}");
-    assert_eq!(out, Out::Sized);
+    assert_eq!(out, Out::Sized(12));
     // A length the handler set is kept, and not written twice.
     let (text, out, _) = encoded(200, &[("content-length", "3")], Some(3), GET11);
     assert_eq!(text.matches("content-length").count(), 1);
-    assert_eq!(out, Out::Sized);
+    assert_eq!(out, Out::Sized(3));
+    // One that does not parse frames nothing: the body ends with the connection.
+    let (_, out, close) = encoded(200, &[("content-length", "x")], None, GET11);
+    assert_eq!((out, close), (Out::UntilClose, true));
     // HEAD: the length, no body.
     let head = Asked {
         head_method: true,
