@@ -1,8 +1,8 @@
 //! Request heads in, response heads out (RFC 9112), for the API listener's
 //! own HTTP/1.1 server. No I/O here.
 //!
-//! A request head is parsed by `httparse` straight from the connection's read
-//! buffer, frozen: the URI and every header value are slices of that buffer
+//! A request head is parsed by `httparse` in the connection's read buffer,
+//! then split off it: the URI and every header value are slices of the head
 //! (no copy, no allocation per header). The limits are hyper's, so that both
 //! servers refuse the same requests with the same status: at most 100
 //! headers (431), a head of at most 408 KiB (431), a URI of at most 65,534
@@ -47,80 +47,106 @@ pub(super) struct Head {
 pub(super) struct Refused(pub(super) u16);
 
 /// Take a complete request head off the front of `rbuf`, if there is one.
-/// `rbuf` keeps what follows the head (the body, a pipelined request).
-pub(super) fn take(rbuf: &mut BytesMut) -> Result<Option<(Head, Bytes)>, Refused> {
-    // Parse the buffer frozen, so that the values can be slices of it; given
-    // back unfrozen (no copy: the buffer has no other owner yet) when the
-    // head is not all there.
-    let all = std::mem::take(rbuf).freeze();
-    match parse(&all) {
-        Ok(Some((_, len))) if len > MAX_HEAD_BYTES => Err(Refused(431)),
-        Ok(Some((head, len))) => Ok(Some((head, all.slice(len..)))),
-        Ok(None) if all.len() >= MAX_HEAD_BYTES => Err(Refused(431)),
-        Ok(None) => {
-            *rbuf = all
-                .try_into_mut()
-                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// A complete request head at the start of `buf`, and its length.
-fn parse(buf: &Bytes) -> Result<Option<(Head, usize)>, Refused> {
+/// `rbuf` keeps what follows the head (the body, a pipelined request), in
+/// place: a body whole in the buffer is split off it without a copy, and the
+/// buffer's room serves the next requests.
+pub(super) fn take(rbuf: &mut BytesMut) -> Result<Option<Head>, Refused> {
+    // Parsed in place, with where each piece lies written down; then the
+    // head is split off and frozen, and the URI and values are slices of it.
     let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut []);
     let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
         &mut parsed,
-        buf,
+        rbuf,
         &mut slots,
     ) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
+        Ok(httparse::Status::Complete(n)) if n <= MAX_HEAD_BYTES => n,
+        Ok(httparse::Status::Partial) if rbuf.len() < MAX_HEAD_BYTES => return Ok(None),
+        Ok(_) => return Err(Refused(431)),
         Err(httparse::Error::TooManyHeaders) => return Err(Refused(431)),
         Err(_) => return Err(Refused(400)),
     };
+    let base = rbuf.as_ptr() as usize;
+    let at = |piece: &[u8]| {
+        let start = piece.as_ptr() as usize - base;
+        Span(start as u32, (start + piece.len()) as u32)
+    };
+    let method = parsed.method.map(|m| at(m.as_bytes()));
+    let target = parsed.path.map(|p| at(p.as_bytes()));
+    let version = parsed.version;
+    let mut spans = [Span(0, 0); MAX_HEADERS * 2];
+    let n = parsed.headers.len();
+    for (i, h) in parsed.headers.iter().enumerate() {
+        spans[2 * i] = at(h.name.as_bytes());
+        spans[2 * i + 1] = at(h.value);
+    }
+    let head = rbuf.split_to(len).freeze();
+    build(&head, method, target, version, &spans[..2 * n])
+}
+
+/// Where a piece of the head lies in it.
+#[derive(Clone, Copy)]
+struct Span(u32, u32);
+
+impl Span {
+    fn of(self, head: &Bytes) -> &[u8] {
+        &head[self.0 as usize..self.1 as usize]
+    }
+}
+
+/// The request of a parsed head; `headers` holds each header's name and
+/// value in turn.
+fn build(
+    head: &Bytes,
+    method: Option<Span>,
+    target: Option<Span>,
+    version: Option<u8>,
+    headers: &[Span],
+) -> Result<Option<Head>, Refused> {
     const BAD: Refused = Refused(400);
-    let method = Method::from_bytes(parsed.method.ok_or(BAD)?.as_bytes()).map_err(|_| BAD)?;
-    let target = parsed.path.ok_or(BAD)?;
-    if target.len() > MAX_URI_BYTES {
+    let method = Method::from_bytes(method.ok_or(BAD)?.of(head)).map_err(|_| BAD)?;
+    let target = target.ok_or(BAD)?;
+    if (target.1 - target.0) as usize > MAX_URI_BYTES {
         return Err(Refused(414));
     }
-    let uri = Uri::from_maybe_shared(buf.slice_ref(target.as_bytes())).map_err(|_| BAD)?;
-    let version = match parsed.version {
+    let uri = Uri::from_maybe_shared(head.slice(target.0 as usize..target.1 as usize))
+        .map_err(|_| BAD)?;
+    let version = match version {
         Some(1) => Version::HTTP_11,
         _ => Version::HTTP_10,
     };
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    let mut map = HeaderMap::with_capacity(headers.len() / 2);
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = false;
     let mut keep_alive = false;
     let mut expect_continue = false;
-    for h in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| BAD)?;
-        let value = HeaderValue::from_maybe_shared(buf.slice_ref(h.value)).map_err(|_| BAD)?;
+    for pair in headers.chunks_exact(2) {
+        let name = HeaderName::from_bytes(pair[0].of(head)).map_err(|_| BAD)?;
+        let raw = pair[1].of(head);
+        let value =
+            HeaderValue::from_maybe_shared(head.slice(pair[1].0 as usize..pair[1].1 as usize))
+                .map_err(|_| BAD)?;
         if name == CONTENT_LENGTH {
-            let n = parse_length(h.value).ok_or(BAD)?;
+            let n = parse_length(raw).ok_or(BAD)?;
             if length.is_some_and(|l| l != n) {
                 return Err(BAD);
             }
             length = Some(n);
         } else if name == TRANSFER_ENCODING {
             // The last coding of the last field is the one that frames.
-            let last = h.value.rsplit(|b| *b == b',').next().unwrap_or_default();
+            let last = raw.rsplit(|b| *b == b',').next().unwrap_or_default();
             chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
         } else if name == CONNECTION {
-            for token in h.value.split(|b| *b == b',') {
+            for token in raw.split(|b| *b == b',') {
                 let token = token.trim_ascii();
                 close |= token.eq_ignore_ascii_case(b"close");
                 keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }
         } else if name == EXPECT {
-            expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+            expect_continue = raw.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         }
-        headers.append(name, value);
+        map.append(name, value);
     }
     let mut keep_alive = match version {
         Version::HTTP_11 => !close,
@@ -135,7 +161,7 @@ fn parse(buf: &Bytes) -> Result<Option<(Head, usize)>, Refused> {
             // Both: chunked frames it, and the connection is not trusted
             // with another request (a smuggling attempt, RFC 9112 6.3).
             if length.is_some() {
-                headers.remove(CONTENT_LENGTH);
+                map.remove(CONTENT_LENGTH);
                 keep_alive = false;
             }
             BodyFraming::Chunked
@@ -147,16 +173,13 @@ fn parse(buf: &Bytes) -> Result<Option<(Head, usize)>, Refused> {
     *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.version_mut() = version;
-    *req.headers_mut() = headers;
-    Ok(Some((
-        Head {
-            req,
-            body,
-            keep_alive,
-            expect_continue: expect_continue && version == Version::HTTP_11,
-        },
-        len,
-    )))
+    *req.headers_mut() = map;
+    Ok(Some(Head {
+        req,
+        body,
+        keep_alive,
+        expect_continue: expect_continue && version == Version::HTTP_11,
+    }))
 }
 
 /// A `Content-Length` value: digits only, no sign, no overflow.
