@@ -1,6 +1,6 @@
 //! The gateway's own HTTP/1.1 server against hyper's, over real sockets: a
 //! corpus of requests (valid, malformed, pipelined, chunked, `100-continue`,
-//! oversized, HTTP/1.0, HEAD) sent byte for byte to two gateways that differ
+//! oversized, large answers, HTTP/1.0, HEAD) sent byte for byte to two gateways that differ
 //! only in `server.http1`, whose answers must agree: status lines, header
 //! names and values (the date and generated ids aside), how each body is
 //! framed, bodies (generated text aside), and whether the connection closes.
@@ -33,6 +33,12 @@ fn case(name: &'static str, wire: impl Into<Vec<u8>>, methods: &'static [&'stati
 
 fn chat(stream: bool) -> String {
     chat_body(stream).to_string()
+}
+
+/// An embeddings request of `n` inputs: an answer of ~200 bytes each.
+fn embeddings(n: usize) -> String {
+    let input: Vec<String> = (0..n).map(|i| format!("text {i}")).collect();
+    serde_json::json!({"model": "sim-model", "input": input}).to_string()
 }
 
 /// A chat request of ~600 KB: more than the server buffers for a handler
@@ -182,6 +188,20 @@ fn corpus() -> Vec<Case> {
                 String::from_utf8(chunked(&chat(false), 2))
                     .unwrap()
                     .replace("connection: close\r\n", ""),
+                get("/v1/models", CLOSE),
+            ]
+            .concat(),
+            &["POST", "GET"],
+        ),
+        case(
+            "a large answer",
+            post("/v1/embeddings", CLOSE, &embeddings(3_000)),
+            &["POST"],
+        ),
+        case(
+            "a large answer, kept alive, then another",
+            [
+                post("/v1/embeddings", "", &embeddings(2_000)),
                 get("/v1/models", CLOSE),
             ]
             .concat(),
