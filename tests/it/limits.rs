@@ -561,9 +561,16 @@ async fn a_reload_keeps_counters_replicas_and_connections_and_applies_new_keys()
     moved.server.listen = "127.0.0.1:1".parse().unwrap();
     let err = gw.reload(moved).unwrap_err().to_string();
     assert!(err.contains("server.listen"), "{err}");
+    let mut switched = cfg.clone();
+    switched.server.http1 = match cfg.server.http1 {
+        sluice::config::Http1Server::Own => sluice::config::Http1Server::Hyper,
+        sluice::config::Http1Server::Hyper => sluice::config::Http1Server::Own,
+    };
+    let err = gw.reload(switched).unwrap_err().to_string();
+    assert!(err.contains("server.http1"), "{err}");
     assert_eq!(
         gateway_metric(&gw, "sluice_config_reloads_total{result=\"error\"}").await,
-        1.0
+        2.0
     );
     assert_eq!(
         gateway_metric(&gw, "sluice_config_reloads_total{result=\"ok\"}").await,
