@@ -4,6 +4,9 @@
 //! only in `server.http1`, whose answers must agree: status lines, header
 //! names and values (the date and generated ids aside), how each body is
 //! framed, bodies (generated text aside), and whether the connection closes.
+//! Then what only the gateway's own server (the default) is asked here: an
+//! idle keep-alive connection closes after `server.header_timeout`, and a
+//! stopping gateway finishes the answer under way and says it closes.
 
 use std::time::Duration;
 
@@ -474,4 +477,87 @@ async fn the_own_server_answers_as_hypers_does() {
         .await;
         assert_eq!(n, 1.0);
     }
+}
+
+/// Read one answer sized by `content-length` off `s`: its head and body.
+async fn read_sized(s: &mut tokio::net::TcpStream) -> (String, Vec<u8>) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_string();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .expect("a sized answer")
+                .parse()
+                .unwrap();
+            if got.len() >= end + 4 + len {
+                return (head, got[end + 4..end + 4 + len].to_vec());
+            }
+        }
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the answer: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Whether the server closes `s` within `limit` (nothing else arriving).
+async fn closes_within(s: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    matches!(
+        tokio::time::timeout(limit, s.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
+    let sim = start_sim(fast_sim()).await;
+    let mut config = config_for(&[sim.url()]);
+    config.server.header_timeout = Duration::from_millis(300);
+    let gw = start_gateway(config, 1).await;
+    let mut s = tokio::net::TcpStream::connect(gw.api_addr).await.unwrap();
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, _) = read_sized(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+    // Kept alive, then closed once no next request came in time.
+    assert!(closes_within(&mut s, Duration::from_secs(10)).await);
+}
+
+#[tokio::test]
+async fn a_stopping_gateway_finishes_the_answer_under_way_and_says_it_closes() {
+    let sim = start_sim(fast_sim()).await;
+    let gw = start_gateway(config_for(&[sim.url()]), 1).await;
+    let mut s = tokio::net::TcpStream::connect(gw.api_addr).await.unwrap();
+    // The replica holds the answer for a second: the stop comes meanwhile.
+    let body = chat(false);
+    let wire = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-sim-fault: first_token=1s\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(wire.as_bytes()).await.unwrap();
+    wait_until(
+        "the replica has the request",
+        Duration::from_secs(5),
+        || {
+            let n = sim.state.metrics.received.get();
+            async move { n == 1 }
+        },
+    )
+    .await;
+    let stopping = tokio::spawn(gw.shutdown(Duration::from_secs(10)));
+    let (head, body) = read_sized(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{answer}"
+    );
+    assert!(closes_within(&mut s, Duration::from_secs(10)).await);
+    stopping.await.unwrap();
 }
