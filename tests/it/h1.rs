@@ -516,6 +516,7 @@ async fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
     let sim = start_sim(fast_sim()).await;
     let mut config = config_for(&[sim.url()]);
     config.server.header_timeout = Duration::from_millis(300);
+    config.server.http1 = Http1Server::Own;
     let gw = start_gateway(config, 1).await;
     let mut s = tokio::net::TcpStream::connect(gw.api_addr).await.unwrap();
     s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -531,7 +532,9 @@ async fn an_idle_kept_alive_connection_is_closed_after_the_header_timeout() {
 #[tokio::test]
 async fn a_stopping_gateway_finishes_the_answer_under_way_and_says_it_closes() {
     let sim = start_sim(fast_sim()).await;
-    let gw = start_gateway(config_for(&[sim.url()]), 1).await;
+    let mut config = config_for(&[sim.url()]);
+    config.server.http1 = Http1Server::Own;
+    let gw = start_gateway(config, 1).await;
     let mut s = tokio::net::TcpStream::connect(gw.api_addr).await.unwrap();
     // The replica holds the answer for a second: the stop comes meanwhile.
     let body = chat(false);
