@@ -36,6 +36,13 @@ impl Deadlines {
         }
     }
 
+    /// Only a gap deadline: `idle` after the latest touch (the gateway's
+    /// own server times request heads so, `server/h1`).
+    pub(crate) fn gap(now: Instant, idle: Duration) -> Self {
+        // No total: far enough that it never comes, near enough to add.
+        Self::new(now, idle, now + Duration::from_secs(100 * 365 * 86_400))
+    }
+
     /// A chunk arrived at `now`.
     #[inline]
     pub(crate) fn touch(&mut self, now: Instant) {

@@ -377,48 +377,59 @@ impl Conn {
         }
     }
 
-    /// Read what the socket has into the buffer: the byte count, 0 at EOF.
-    ///
-    /// A read shorter than the space offered drained the socket (TCP hands
-    /// over all it has), so the read readiness is cleared right away, as
-    /// nginx does: the next poll waits for the reactor instead of spending a
-    /// `recv` on `EAGAIN`, one syscall saved per event on a paced stream. The
-    /// readiness is captured before the read, so data that arrives after it
-    /// raises a new readiness that this does not clear; a close is never
-    /// cleared by tokio.
+    /// Read what the socket has into the buffer: the byte count, 0 at EOF
+    /// (see [`read_draining`]).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
         let (io, rbuf) = (&self.io, &mut self.wire.rbuf);
         if rbuf.capacity() - rbuf.len() < READ_BYTES / 4 {
             rbuf.reserve(READ_BYTES);
         }
-        let mut drained = false;
         loop {
-            let mut got = None;
-            let read = io.try_io(Interest::READABLE, || {
-                let offered = rbuf.capacity() - rbuf.len();
-                let n = io.try_read_buf(rbuf)?;
-                got = Some(n);
-                drained = n > 0 && n < offered;
-                if drained {
-                    Err(std::io::ErrorKind::WouldBlock.into())
-                } else {
-                    Ok(n)
-                }
-            });
-            match (read, got) {
-                (_, Some(n)) => {
+            match read_draining(io, rbuf)? {
+                Some((n, drained)) => {
                     self.drained = drained;
                     if n > 0 {
                         self.read_at = tokio::time::Instant::now();
                     }
                     return Poll::Ready(Ok(n));
                 }
-                (Err(e), None) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    ready!(io.poll_read_ready(cx))?;
-                }
-                (Err(e), None) => return Poll::Ready(Err(e)),
-                (Ok(n), None) => return Poll::Ready(Ok(n)),
+                None => ready!(io.poll_read_ready(cx))?,
             }
         }
+    }
+}
+
+/// One read of `tcp` into `rbuf`, if the reactor holds it readable: the byte
+/// count (0 at EOF) and whether the read drained the socket; `None` when it
+/// is not readable (poll its readiness, which registers the task).
+///
+/// A read shorter than the space offered drained the socket (TCP hands over
+/// all it has), so the read readiness is cleared right away, as nginx does:
+/// the next poll waits for the reactor instead of spending a `recv` on
+/// `EAGAIN`, one syscall saved per event on a paced stream. The readiness is
+/// captured before the read, so data that arrives after it raises a new
+/// readiness that this does not clear; a close is never cleared by tokio.
+/// Both the replicas' connections and the gateway's own server read so.
+pub(crate) fn read_draining(
+    tcp: &TcpStream,
+    rbuf: &mut BytesMut,
+) -> std::io::Result<Option<(usize, bool)>> {
+    let mut got = None;
+    let read = tcp.try_io(Interest::READABLE, || {
+        let offered = rbuf.capacity() - rbuf.len();
+        let n = tcp.try_read_buf(rbuf)?;
+        let drained = n > 0 && n < offered;
+        got = Some((n, drained));
+        if drained {
+            Err(std::io::ErrorKind::WouldBlock.into())
+        } else {
+            Ok(n)
+        }
+    });
+    match (read, got) {
+        (_, Some(read)) => Ok(Some(read)),
+        (Err(e), None) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        (Err(e), None) => Err(e),
+        (Ok(n), None) => Ok(Some((n, false))),
     }
 }

@@ -17,7 +17,7 @@ use http_body::{Body, Frame};
 use parking_lot::Mutex;
 
 /// Bytes fed and not yet taken above which the connection stops reading.
-pub(super) const FEED_LIMIT: usize = 256 * 1024;
+const FEED_LIMIT: usize = 256 * 1024;
 
 #[derive(Default)]
 struct Shared {

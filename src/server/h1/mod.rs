@@ -31,8 +31,6 @@
 mod body;
 mod head;
 
-use std::future::Future;
-use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -43,13 +41,15 @@ use bytes::BytesMut;
 use http_body::Body as _;
 use tokio::io::{AsyncWrite, Interest};
 use tokio::net::TcpStream;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use self::body::Feed;
 use self::head::{Asked, BodyFraming, Out, Refused};
 use crate::app::{Answer, Api};
 use crate::state::Live;
+use crate::stream::clock::Deadlines;
 use crate::stream::signal::SignalWatch;
+use crate::upstream::conn::read_draining;
 use crate::upstream::http1::{BodyState, Chunk, Wire};
 
 /// Read granularity: a request head and a typical JSON body fit.
@@ -90,10 +90,7 @@ pub(super) async fn serve_conn(
         },
         api,
         live,
-        header_timeout,
-        timer: None,
-        timer_waker: None,
-        deadline: Instant::now(),
+        head_clock: Deadlines::gap(Instant::now(), header_timeout),
         armed: false,
         stopping: false,
         stage: Stage::Head,
@@ -131,15 +128,13 @@ struct Connection {
     io: Io,
     api: Api,
     live: Arc<Live>,
-    header_timeout: Duration,
-    /// The header timeout's timer, made when first needed; set for
-    /// `deadline` or an earlier one (see `poll_timer`).
-    timer: Option<Pin<Box<Sleep>>>,
-    /// The waker the timer holds.
-    timer_waker: Option<std::task::Waker>,
-    /// When the head being read must be complete.
-    deadline: Instant,
-    /// `deadline` is set for the head being read.
+    /// The head being read must be complete within `header_timeout` of
+    /// when it began to be awaited (the clock's last touch). The clock's
+    /// timer is moved lazily, only when it fires: a kept-alive connection
+    /// under load spends a clock read per request on it instead of a timer
+    /// reset and a poll (~400 instructions).
+    head_clock: Deadlines,
+    /// The clock was touched for the head being read.
     armed: bool,
     /// The gateway is stopping: no request after the current one.
     stopping: bool,
@@ -208,42 +203,15 @@ impl Connection {
                 Poll::Pending => {
                     if !self.armed {
                         self.armed = true;
-                        self.deadline = Instant::now() + self.header_timeout;
+                        self.head_clock.touch(Instant::now());
                     }
-                    ready!(self.poll_timer(cx));
-                    return Poll::Ready(None);
+                    return match self.head_clock.poll_expired(cx) {
+                        Some(_) => Poll::Ready(None),
+                        None => Poll::Pending,
+                    };
                 }
             }
         }
-    }
-
-    /// Ready once the head's deadline has passed. The timer is moved lazily,
-    /// as a stream's clock is (`stream/clock.rs`): it stays set for an
-    /// earlier head's deadline, and only when it fires is it moved to the
-    /// current one; while it holds the task's waker it is not polled. A
-    /// kept-alive connection under load then spends a clock read per request
-    /// on it instead of a timer reset and a poll (~300 instructions).
-    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let deadline = self.deadline;
-        let timer = self
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if !timer.is_elapsed()
-            && self
-                .timer_waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-        {
-            return Poll::Pending;
-        }
-        while timer.as_mut().poll(cx).is_ready() {
-            if Instant::now() >= deadline {
-                return Poll::Ready(());
-            }
-            timer.as_mut().reset(deadline);
-        }
-        self.timer_waker = Some(cx.waker().clone());
-        Poll::Pending
     }
 
     /// A request whose head is read: its body as far as it came, and its
@@ -537,24 +505,9 @@ impl Io {
             if rbuf.capacity() - rbuf.len() < READ_BYTES / 4 {
                 rbuf.reserve(READ_BYTES);
             }
-            let tcp = &self.tcp;
-            let mut got = None;
-            let read = tcp.try_io(Interest::READABLE, || {
-                let offered = rbuf.capacity() - rbuf.len();
-                let n = tcp.try_read_buf(rbuf)?;
-                got = Some(n);
-                // A short read emptied the socket: its readiness is cleared
-                // now, and the next poll waits for the reactor instead of
-                // spending a `recv` on `EAGAIN` (as `upstream/conn.rs` does).
-                if n > 0 && n < offered {
-                    Err(io::ErrorKind::WouldBlock.into())
-                } else {
-                    Ok(n)
-                }
-            });
-            match (read, got) {
-                (_, Some(n)) if n > 0 => return Poll::Ready(n),
-                (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => {}
+            match read_draining(&self.tcp, rbuf) {
+                Ok(Some((n, _))) if n > 0 => return Poll::Ready(n),
+                Ok(None) => {}
                 _ => {
                     self.read_closed = true;
                     return Poll::Ready(0);

@@ -427,6 +427,11 @@ async fn the_drain_deadline_ends_open_streams_with_an_error_event() {
     );
 }
 
+/// How many times the body has asked its upstream for data.
+fn asked(b: &TimedBody<Script>) -> usize {
+    b.upstream.as_ref().map_or(0, |u| u.asked)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_body_pending_in_a_turn_answers_again_without_asking_its_upstream() {
     use crate::stream::turn;
@@ -439,7 +444,6 @@ async fn a_body_pending_in_a_turn_answers_again_without_asking_its_upstream() {
     ];
     let mut body = rig.body(steps, true);
     let mut cx = Context::from_waker(std::task::Waker::noop());
-    let asked = |b: &TimedBody<Script>| b.upstream.as_ref().map_or(0, |u| u.asked);
     turn::take(|| {
         assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
         let once = asked(&body);
@@ -470,7 +474,6 @@ async fn data_that_drained_its_upstream_in_a_turn_leaves_the_next_poll_answered(
     ];
     let mut body = rig.body(steps, true);
     let mut cx = Context::from_waker(std::task::Waker::noop());
-    let asked = |b: &TimedBody<Script>| b.upstream.as_ref().map_or(0, |u| u.asked);
     turn::take(|| {
         let first = Pin::new(&mut body).poll_frame(&mut cx);
         assert!(matches!(first, Poll::Ready(Some(Ok(_)))), "the token");
