@@ -140,7 +140,7 @@ impl Api {
             Some(endpoint) => {
                 let state = self.live.load();
                 Box::pin(async move {
-                    Ok(request_id::around(req, |req| proxy::handle(state, endpoint, req)).await)
+                    Ok(request_id::given(req, |req, id| proxy::handle_as(state, endpoint, req, id)).await)
                 })
             }
             // The router is always ready (axum's `poll_ready` is `Ready(Ok)`).

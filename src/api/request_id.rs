@@ -5,8 +5,7 @@
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
-use http::HeaderValue;
-use http::request::Parts;
+use http::{Extensions, HeaderMap, HeaderValue};
 
 use crate::upstream::client::{X_REQUEST_ID, request_id};
 
@@ -17,10 +16,10 @@ pub(crate) struct RequestId(pub HeaderValue);
 impl RequestId {
     /// The id of a request (assigned by [`layer`]; derived from the headers
     /// when the request did not pass through it).
-    pub(crate) fn of(parts: &Parts) -> HeaderValue {
-        match parts.extensions.get::<RequestId>() {
+    pub(crate) fn of(extensions: &Extensions, headers: &HeaderMap) -> HeaderValue {
+        match extensions.get::<RequestId>() {
             Some(id) => id.0.clone(),
-            None => request_id(&parts.headers),
+            None => request_id(headers),
         }
     }
 }
@@ -39,6 +38,19 @@ where
     let id = request_id(req.headers());
     req.extensions_mut().insert(RequestId(id.clone()));
     let mut resp = handler(req).await;
+    resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
+    resp
+}
+
+/// [`around`] for a handler that takes the id as an argument: the same
+/// answer, without storing the id in the request's extensions (a map
+/// allocated per request).
+pub(crate) async fn given<F>(req: Request, handler: impl FnOnce(Request, HeaderValue) -> F) -> Response
+where
+    F: Future<Output = Response>,
+{
+    let id = request_id(req.headers());
+    let mut resp = handler(req, id.clone()).await;
     resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
     resp
 }

@@ -24,7 +24,7 @@ use crate::error::GatewayError;
 use crate::routing::sessions::response_key;
 use crate::state::AppState;
 use crate::telemetry::metrics::StatusLabel;
-use crate::upstream::client::{X_REQUEST_ID, downstream_headers, upstream_headers};
+use crate::upstream::client::{X_REQUEST_ID, upstream_headers};
 use crate::upstream::pool::Replica;
 
 /// Largest answer read from a replica (a stored response with its output).
@@ -35,7 +35,7 @@ const ENDPOINT: &str = "responses_by_id";
 
 pub(crate) async fn by_id(state: Arc<AppState>, req: Request<Body>) -> Response {
     let (parts, _) = req.into_parts();
-    let rid = RequestId::of(&parts);
+    let rid = RequestId::of(&parts.extensions, &parts.headers);
     let id = parts
         .uri
         .path()
@@ -182,7 +182,9 @@ async fn relay(
                 }
                 let (head, ()) = resp.into_parts();
                 let mut out = (head.status, body).into_response();
-                *out.headers_mut() = downstream_headers(&head.headers, rid);
+                // The replica's headers are already those that go on.
+                *out.headers_mut() = head.headers;
+                out.headers_mut().insert(X_REQUEST_ID.clone(), rid.clone());
                 let model = replica
                     .models()
                     .first()

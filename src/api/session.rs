@@ -22,13 +22,13 @@ pub(crate) fn key(
     let (hash, explicit) = cfg.sources.iter().find_map(|src| {
         let h = match src {
             SessionSource::Header(name) => headers
-                .get(name.as_str())
+                .get(name)
                 .map(|v| v.as_bytes())
                 .filter(|v| !v.is_empty())
                 .map(|v| {
                     xxhash_rust::xxh3::xxh3_64_with_seed(
                         v,
-                        xxhash_rust::xxh3::xxh3_64(name.as_bytes()),
+                        xxhash_rust::xxh3::xxh3_64(name.as_str().as_bytes()),
                     )
                 }),
             SessionSource::PromptCacheKey => fields.prompt_cache_key,

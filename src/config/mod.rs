@@ -316,8 +316,9 @@ impl Default for ResponsesConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum SessionSource {
-    /// A request header, e.g. `header:x-session-id`.
-    Header(String),
+    /// A request header, e.g. `header:x-session-id` (parsed once, at load:
+    /// a lookup by a parsed name skips parsing it again per request).
+    Header(http::HeaderName),
     /// The body's `prompt_cache_key` (OpenAI).
     PromptCacheKey,
     /// The body's `metadata.user_id` (Anthropic Messages).
@@ -340,11 +341,13 @@ impl TryFrom<String> for SessionSource {
             "previous_response_id" => SessionSource::PreviousResponseId,
             "user" => SessionSource::User,
             "derived" => SessionSource::Derived,
-            other => match other.strip_prefix("header:") {
-                Some(h) if http::HeaderName::from_bytes(h.as_bytes()).is_ok() => {
-                    SessionSource::Header(h.to_ascii_lowercase())
-                }
-                _ => {
+            other => match other
+                .strip_prefix("header:")
+                .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok())
+            {
+                // `from_bytes` lowercases the name.
+                Some(h) => SessionSource::Header(h),
+                None => {
                     return Err(format!(
                         "unknown session source `{other}` (header:NAME, prompt_cache_key, metadata.user_id, previous_response_id, user, derived)"
                     ));
@@ -357,7 +360,7 @@ impl TryFrom<String> for SessionSource {
 impl From<SessionSource> for String {
     fn from(s: SessionSource) -> String {
         match s {
-            SessionSource::Header(h) => format!("header:{h}"),
+            SessionSource::Header(h) => format!("header:{}", h.as_str()),
             SessionSource::PromptCacheKey => "prompt_cache_key".into(),
             SessionSource::MetadataUserId => "metadata.user_id".into(),
             SessionSource::PreviousResponseId => "previous_response_id".into(),
@@ -388,8 +391,8 @@ impl Default for SessionsConfig {
         Self {
             enabled: true,
             sources: vec![
-                SessionSource::Header("x-session-id".into()),
-                SessionSource::Header("x-claude-code-session-id".into()),
+                SessionSource::Header(http::HeaderName::from_static("x-session-id")),
+                SessionSource::Header(http::HeaderName::from_static("x-claude-code-session-id")),
                 SessionSource::PromptCacheKey,
                 SessionSource::MetadataUserId,
                 SessionSource::PreviousResponseId,

@@ -16,13 +16,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, header};
+use http::{HeaderMap, HeaderName, HeaderValue, header};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::{ApiKey, Config, OnStoreError, RedisConfig, StoreKind, TierConfig};
 use crate::error::GatewayError;
 use crate::telemetry::metrics::Metrics;
+
+/// Anthropic's key header, parsed once (not per request).
+static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 use crate::vocab::{LimitKind, Wire};
 use gcra::{Rate, Window};
 use memory::MemoryStore;
@@ -290,7 +293,7 @@ impl Limiter {
     /// Who is calling, from `Authorization: Bearer KEY` or, as Anthropic
     /// clients send it, `x-api-key: KEY` (Authorization wins when both come).
     pub(crate) fn identify(&self, headers: &HeaderMap) -> Result<Arc<Identity>, GatewayError> {
-        let key = match (headers.get(header::AUTHORIZATION), headers.get("x-api-key")) {
+        let key = match (headers.get(header::AUTHORIZATION), headers.get(&X_API_KEY)) {
             (Some(value), _) => value
                 .to_str()
                 .ok()

@@ -5,7 +5,10 @@
 //! hands the replica as parent is the id of the span it may export later
 //! (tail sampling decides only when the request ends).
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// Parsed once: a lookup by `&str` parses the name on every request.
+pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceCtx {
@@ -33,7 +36,7 @@ impl TraceCtx {
     /// From the client's `traceparent` if valid, else a new trace.
     pub fn from_headers(h: &HeaderMap) -> Self {
         let parsed = h
-            .get("traceparent")
+            .get(&TRACEPARENT)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_traceparent);
         match parsed {

@@ -27,7 +27,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
-use super::http1::{BodyState, Wire, body_kind, encode_request, keeps_alive, parse_head};
+use super::http1::{BodyState, Wire, encode_request, forwarded};
 use crate::error::{GatewayError, TimeoutPhase, UpstreamFault};
 
 /// Largest response head accepted from a replica.
@@ -233,7 +233,8 @@ impl Conn {
     }
 
     /// Send the request and read the response head. The body follows through
-    /// [`poll_data`](Self::poll_data).
+    /// [`poll_data`](Self::poll_data). The head's headers are those that go
+    /// on to the client (see [`forwarded::Forwarded::resp`]).
     pub(crate) async fn send(&mut self, req: &Request<Bytes>) -> Result<Response<()>, SendError> {
         let head_only = req.method() == Method::HEAD;
         let wire = encode_request(req);
@@ -248,9 +249,9 @@ impl Conn {
         // for one the replica had already closed.
         let mut answered = false;
         for _ in 0..=MAX_INTERIM {
-            let (resp, head_len) = loop {
-                if let Some(parsed) =
-                    parse_head(&self.wire.rbuf).map_err(|e| SendError::Failed(e.into()))?
+            let (head, head_len) = loop {
+                if let Some(parsed) = forwarded::read(&self.wire.rbuf, head_only)
+                    .map_err(|e| SendError::Failed(e.into()))?
                 {
                     break parsed;
                 }
@@ -284,7 +285,7 @@ impl Conn {
                 }
             };
             self.wire.rbuf.advance(head_len);
-            let status = resp.status();
+            let status = head.resp.status();
             if status == StatusCode::SWITCHING_PROTOCOLS {
                 return Err(SendError::Failed(
                     "the replica switched protocols unasked (101)".into(),
@@ -294,10 +295,10 @@ impl Conn {
                 // 100 Continue, 103 Early Hints: the real answer follows.
                 continue;
             }
-            let framing = body_kind(&resp, head_only).map_err(|e| SendError::Failed(e.into()))?;
+            let framing = head.framing.map_err(|e| SendError::Failed(e.into()))?;
             self.wire.body = framing.body;
-            self.keep_alive = keeps_alive(&resp) && framing.reusable;
-            return Ok(resp);
+            self.keep_alive = head.keep_alive && framing.reusable;
+            return Ok(head.resp);
         }
         Err(SendError::Failed(
             format!("more than {MAX_INTERIM} interim (1xx) responses").into(),
