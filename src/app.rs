@@ -140,7 +140,12 @@ impl Api {
             Some(endpoint) => {
                 let state = self.live.load();
                 Box::pin(async move {
-                    Ok(request_id::given(req, |req, id| proxy::handle_as(state, endpoint, req, id)).await)
+                    Ok(
+                        request_id::given(req, |req, id| {
+                            proxy::handle_as(state, endpoint, req, id)
+                        })
+                        .await,
+                    )
                 })
             }
             // The router is always ready (axum's `poll_ready` is `Ready(Ok)`).

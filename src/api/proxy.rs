@@ -32,7 +32,7 @@ use crate::stream::relay::Mode;
 use crate::stream::{protocols, quality};
 use crate::telemetry::record::FlowOutcome;
 use crate::telemetry::tracecontext::{TRACEPARENT, TraceCtx};
-use crate::upstream::client::{X_REQUEST_ID, upstream_headers};
+use crate::upstream::client::{X_REQUEST_ID, proxied_request};
 use crate::upstream::pool::{Candidates, Replica};
 use crate::vocab::{Endpoint, RouteReason, Wire};
 
@@ -462,33 +462,26 @@ async fn forward(
                 inbound::with_priority(&inbound.body, i64::from(band))?
             }
         };
-        // A replica at the root takes the client's path as it came (the
-        // common case: no string built and parsed again).
-        let uri = if replica.path_prefix.is_empty() {
-            parts.uri.path_and_query().map_or_else(
-                || http::Uri::from_static("/"),
-                |p| http::Uri::from(p.clone()),
-            )
+        // A replica at the root takes the client's path as it came.
+        let prefixed;
+        let path = if replica.path_prefix.is_empty() {
+            path
         } else {
-            http::Uri::try_from(format!("{}{}", replica.path_prefix, path))
-                .map_err(|e| GatewayError::Internal(e.to_string()))?
+            prefixed = format!("{}{}", replica.path_prefix, path);
+            prefixed.as_str()
         };
-        let mut req = Request::builder()
-            .method(parts.method.clone())
-            .uri(uri)
-            .body(body)
-            .map_err(|e| GatewayError::Internal(e.to_string()))?;
-        // Built for each attempt, with room for what is added here: a
-        // clone of a map built once had none, and grew (rehashing) for `host`.
-        let mut headers = upstream_headers(&parts.headers, rid);
+        let mut added: [(&http::HeaderName, &HeaderValue); 3] =
+            [(&header::HOST, &replica.conns.host); 3];
+        let mut n = 1;
         if let Some(t) = &traceparent {
-            headers.insert(TRACEPARENT.clone(), t.clone());
+            added[n] = (&TRACEPARENT, t);
+            n += 1;
         }
-        headers.insert(header::HOST, replica.conns.host.clone());
         if let Some(key) = &replica.api_key {
-            headers.insert(header::AUTHORIZATION, key.clone());
+            added[n] = (&header::AUTHORIZATION, key);
+            n += 1;
         }
-        *req.headers_mut() = headers;
+        let req = proxied_request(&parts.method, path, &parts.headers, rid, &added[..n], &body);
 
         let sent = Instant::now();
         // Where the prompt went is remembered for every attempt; a retry

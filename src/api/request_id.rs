@@ -45,7 +45,10 @@ where
 /// [`around`] for a handler that takes the id as an argument: the same
 /// answer, without storing the id in the request's extensions (a map
 /// allocated per request).
-pub(crate) async fn given<F>(req: Request, handler: impl FnOnce(Request, HeaderValue) -> F) -> Response
+pub(crate) async fn given<F>(
+    req: Request,
+    handler: impl FnOnce(Request, HeaderValue) -> F,
+) -> Response
 where
     F: Future<Output = Response>,
 {

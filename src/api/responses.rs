@@ -25,6 +25,7 @@ use crate::routing::sessions::response_key;
 use crate::state::AppState;
 use crate::telemetry::metrics::StatusLabel;
 use crate::upstream::client::{X_REQUEST_ID, upstream_headers};
+use crate::upstream::http1::Outgoing;
 use crate::upstream::pool::Replica;
 
 /// Largest answer read from a replica (a stored response with its output).
@@ -89,7 +90,9 @@ pub(crate) async fn locate(
             if let Some(key) = &replica.api_key {
                 req.headers_mut().insert(header::AUTHORIZATION, key.clone());
             }
-            let (_, mut conn) = super::send::send(&replica, req, by, false).await.ok()?;
+            let (_, mut conn) = super::send::send(&replica, Outgoing::of(&req), by, false)
+                .await
+                .ok()?;
             // Read the stored response so the connection can be reused.
             if let Ok(Ok(_)) = tokio::time::timeout_at(by, conn.collect(MAX_ANSWER)).await {
                 replica.conns.checkin(conn);
@@ -160,7 +163,7 @@ async fn relay(
             req.headers_mut().insert(header::AUTHORIZATION, key.clone());
         }
         let by = Instant::now() + timeout;
-        match super::send::send(replica, req, by, false).await {
+        match super::send::send(replica, Outgoing::of(&req), by, false).await {
             Ok((resp, mut conn)) => {
                 let body = tokio::time::timeout_at(by, conn.collect(MAX_ANSWER))
                     .await

@@ -3,11 +3,11 @@
 //! (normalised) body. Shared by the proxied API and the Responses by-id routes.
 
 use bytes::Bytes;
-use http::Request;
 use tokio::time::Instant;
 
 use crate::error::{GatewayError, TimeoutPhase, normalise_upstream_error};
 use crate::upstream::conn::{Conn, SendError};
+use crate::upstream::http1::Outgoing;
 use crate::upstream::pool::Replica;
 
 /// Largest error body read from a replica before giving up on it.
@@ -17,7 +17,7 @@ const MAX_ERROR_BODY: usize = 1 << 20;
 /// carrying the replica's (normalised) body.
 pub(crate) async fn send(
     replica: &Replica,
-    req: Request<Bytes>,
+    req: Outgoing,
     headers_by: Instant,
     stream: bool,
 ) -> Result<(http::Response<()>, Conn), GatewayError> {

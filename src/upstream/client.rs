@@ -9,12 +9,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::http1::Outgoing;
 use crate::config::UpstreamConfig;
 
 pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -91,6 +92,69 @@ pub(crate) fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> 
     out
 }
 
+/// The request a replica gets for a proxied one, written straight to the
+/// wire: the client's headers that [`upstream_headers`] keeps, the request
+/// id, `content-type: application/json`, then `added` (trace context,
+/// `Host`, the replica's key: each replaces the client's of that name), the
+/// length and the body. Building [`upstream_headers`]' map and encoding it
+/// cost ~2,400 instructions a request (callgrind); this is one pass with no
+/// map. The test below holds it to that map's encoding.
+pub(crate) fn proxied_request(
+    method: &Method,
+    path: &str,
+    client: &HeaderMap,
+    request_id: &HeaderValue,
+    added: &[(&HeaderName, &HeaderValue)],
+    body: &[u8],
+) -> Outgoing {
+    let listed = connection_listed(client);
+    let mut out = Vec::with_capacity(192 + client.len() * 48 + body.len());
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut line = |name: &HeaderName, value: &HeaderValue| {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    };
+    for (name, value) in client {
+        if is_hop_by_hop(name)
+            || listed.contains(name)
+            || name == header::AUTHORIZATION
+            || name == "x-api-key"
+            || name == header::HOST
+            || name == header::CONTENT_LENGTH
+            || name == header::ACCEPT_ENCODING
+            || name == X_REQUEST_ID
+            || name == header::CONTENT_TYPE
+            || added.iter().any(|(n, _)| *n == name)
+        {
+            continue;
+        }
+        line(name, value);
+    }
+    line(&X_REQUEST_ID, request_id);
+    line(&header::CONTENT_TYPE, &APPLICATION_JSON);
+    for (name, value) in added {
+        line(name, value);
+    }
+    if !body.is_empty() || method != Method::GET {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    Outgoing {
+        wire: out,
+        head_only: method == Method::HEAD,
+    }
+}
+
+static APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
+
 /// The headers returned to the client from a replica's response: the
 /// reference of what `http1::forwarded` passes on (its test compares the two).
 #[cfg(test)]
@@ -157,6 +221,102 @@ mod tests {
         assert!(out.get(header::ACCEPT_ENCODING).is_none());
         assert_eq!(out.get("traceparent"), h.get("traceparent"));
         assert_eq!(out.get(&X_REQUEST_ID), Some(&id));
+    }
+
+    /// A request's head lines as (name, value) pairs grouped by name in
+    /// order of first appearance, values in order (what a `HeaderMap`
+    /// keeps), and the request line and body.
+    type Lines = (String, Vec<(String, Vec<String>)>, Vec<u8>);
+
+    fn lines_by_name(wire: &[u8]) -> Lines {
+        let text = String::from_utf8_lossy(wire).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.split("\r\n");
+        let first = lines.next().unwrap().to_string();
+        let mut grouped: Vec<(String, Vec<String>)> = Vec::new();
+        for l in lines {
+            let (n, v) = l.split_once(": ").unwrap();
+            match grouped.iter_mut().find(|(g, _)| g == n) {
+                Some((_, vs)) => vs.push(v.to_string()),
+                None => grouped.push((n.to_string(), vec![v.to_string()])),
+            }
+        }
+        grouped.sort_by(|a, b| a.0.cmp(&b.0));
+        (first, grouped, body.as_bytes().to_vec())
+    }
+
+    proptest::proptest! {
+        /// The direct writer sends what the header map, encoded, sends.
+        #[test]
+        fn proxied_requests_are_what_the_map_encodes(
+            headers in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        proptest::strategy::Just("connection".to_string()),
+                        proptest::strategy::Just("authorization".to_string()),
+                        proptest::strategy::Just("x-api-key".to_string()),
+                        proptest::strategy::Just("host".to_string()),
+                        proptest::strategy::Just("content-type".to_string()),
+                        proptest::strategy::Just("content-length".to_string()),
+                        proptest::strategy::Just("transfer-encoding".to_string()),
+                        proptest::strategy::Just("accept-encoding".to_string()),
+                        proptest::strategy::Just("traceparent".to_string()),
+                        proptest::strategy::Just("x-request-id".to_string()),
+                        proptest::strategy::Just("te".to_string()),
+                        "x-[a-c]",
+                        "[a-z][a-z-]{0,10}",
+                    ],
+                    proptest::prop_oneof![
+                        proptest::strategy::Just("close, x-a".to_string()),
+                        proptest::strategy::Just("keep-alive".to_string()),
+                        "[ -~]{0,16}",
+                    ],
+                ),
+                0..10,
+            ),
+            with_trace in proptest::bool::ANY,
+            with_key in proptest::bool::ANY,
+            body in "[ -~]{0,40}",
+            get in proptest::bool::ANY,
+        ) {
+            let mut client = HeaderMap::new();
+            for (n, v) in &headers {
+                client.append(
+                    HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v.trim()).unwrap(),
+                );
+            }
+            let rid = HeaderValue::from_static("rid-1");
+            let trace = HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+            let host = HeaderValue::from_static("replica:8000");
+            let key = HeaderValue::from_static("Bearer replica");
+            let traceparent = HeaderName::from_static("traceparent");
+            let mut added: Vec<(&HeaderName, &HeaderValue)> = Vec::new();
+            if with_trace {
+                added.push((&traceparent, &trace));
+            }
+            added.push((&header::HOST, &host));
+            if with_key {
+                added.push((&header::AUTHORIZATION, &key));
+            }
+            let method = if get { Method::GET } else { Method::POST };
+            let body = Bytes::from(body);
+            // The reference: the map, its additions, then the encoder.
+            let mut map = upstream_headers(&client, &rid);
+            for (n, v) in &added {
+                map.insert((*n).clone(), (*v).clone());
+            }
+            let mut req = http::Request::builder()
+                .method(method.clone())
+                .uri("/v1/chat/completions?x=1")
+                .body(body.clone())
+                .unwrap();
+            *req.headers_mut() = map;
+            let theirs = Outgoing::of(&req);
+            let ours = proxied_request(&method, "/v1/chat/completions?x=1", &client, &rid, &added, &body);
+            proptest::prop_assert_eq!(ours.head_only, theirs.head_only);
+            proptest::prop_assert_eq!(lines_by_name(&ours.wire), lines_by_name(&theirs.wire));
+        }
     }
 
     #[test]

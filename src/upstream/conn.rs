@@ -23,11 +23,11 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
-use super::http1::{BodyState, Wire, encode_request, forwarded};
+use super::http1::{BodyState, Outgoing, Wire, forwarded};
 use crate::error::{GatewayError, TimeoutPhase, UpstreamFault};
 
 /// Largest response head accepted from a replica.
@@ -235,10 +235,9 @@ impl Conn {
     /// Send the request and read the response head. The body follows through
     /// [`poll_data`](Self::poll_data). The head's headers are those that go
     /// on to the client (see [`forwarded::Forwarded::resp`]).
-    pub(crate) async fn send(&mut self, req: &Request<Bytes>) -> Result<Response<()>, SendError> {
-        let head_only = req.method() == Method::HEAD;
-        let wire = encode_request(req);
-        if let Err(e) = self.io.write_all(&wire).await {
+    pub(crate) async fn send(&mut self, req: &Outgoing) -> Result<Response<()>, SendError> {
+        let head_only = req.head_only;
+        if let Err(e) = self.io.write_all(&req.wire).await {
             return Err(SendError::NotSent(UpstreamFault::io(
                 "writing the request",
                 e,

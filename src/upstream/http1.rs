@@ -6,9 +6,9 @@
 //! for line ends), no copy of body bytes (they are split off the read buffer).
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{Method, Request};
 #[cfg(test)]
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Version};
+use http::{Method, Request};
 
 pub(super) mod forwarded;
 
@@ -236,6 +236,23 @@ fn take(left: u64, available: usize) -> usize {
 }
 
 /// The request on the wire: head and body in one buffer, one write.
+/// A request as it goes on the wire, encoded once: a retry on a fresh
+/// connection sends the same bytes.
+pub(crate) struct Outgoing {
+    pub(crate) wire: Vec<u8>,
+    /// A `HEAD` request: its answer has no body whatever it says.
+    pub(crate) head_only: bool,
+}
+
+impl Outgoing {
+    pub(crate) fn of(req: &Request<Bytes>) -> Self {
+        Self {
+            wire: encode_request(req),
+            head_only: req.method() == Method::HEAD,
+        }
+    }
+}
+
 pub(super) fn encode_request(req: &Request<Bytes>) -> Vec<u8> {
     let body = req.body();
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());

@@ -208,7 +208,12 @@ impl Facts {
     }
 
     /// [`body_kind`](super::body_kind)'s answer.
-    fn framing(&self, status: StatusCode, version: Version, head_only: bool) -> Result<Framing, String> {
+    fn framing(
+        &self,
+        status: StatusCode,
+        version: Version,
+        head_only: bool,
+    ) -> Result<Framing, String> {
         if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             return Ok(Framing {
                 body: BodyState::Done,
@@ -257,9 +262,7 @@ fn listed_in_connection(headers: &[httparse::Header<'_>], name: &[u8]) -> bool {
 
 /// What `HeaderValue::to_str` accepts: visible ASCII, spaces and tabs.
 fn visible(value: &[u8]) -> bool {
-    value
-        .iter()
-        .all(|&b| b == b'\t' || (32..127).contains(&b))
+    value.iter().all(|&b| b == b'\t' || (32..127).contains(&b))
 }
 
 /// What `HeaderValue::from_bytes` accepts.
@@ -275,12 +278,24 @@ mod tests {
     use super::*;
     use crate::upstream::client::downstream_headers;
 
-    /// The reference's answer for the same bytes: (status, headers passed
-    /// on, framing, keep-alive), or its error.
-    fn reference(
-        buf: &[u8],
-        head_only: bool,
-    ) -> Result<Option<(StatusCode, HeaderMap, Result<Framing, String>, bool, usize)>, String> {
+    /// A reading: status, headers passed on, framing, keep-alive and the
+    /// head's length; `None` while incomplete.
+    type Reading =
+        Result<Option<(StatusCode, HeaderMap, Result<Framing, String>, bool, usize)>, String>;
+    /// The same with the headers listed in order.
+    type Listed = Result<
+        Option<(
+            StatusCode,
+            Vec<(String, Vec<u8>)>,
+            Result<Framing, String>,
+            bool,
+            usize,
+        )>,
+        String,
+    >;
+
+    /// The reference's answer for the same bytes.
+    fn reference(buf: &[u8], head_only: bool) -> Reading {
         let rid = HeaderValue::from_static("rid");
         Ok(parse_head(buf)?.map(|(resp, n)| {
             let mut passed = downstream_headers(resp.headers(), &rid);
@@ -290,10 +305,7 @@ mod tests {
         }))
     }
 
-    fn this(
-        buf: &[u8],
-        head_only: bool,
-    ) -> Result<Option<(StatusCode, HeaderMap, Result<Framing, String>, bool, usize)>, String> {
+    fn this(buf: &[u8], head_only: bool) -> Reading {
         Ok(read(buf, head_only)?.map(|(f, n)| {
             let status = f.resp.status();
             let (parts, ()) = f.resp.into_parts();
@@ -303,10 +315,7 @@ mod tests {
 
     /// Header lists in the order they were received (a `HeaderMap` compares
     /// names in any order; the client sees them in this one).
-    fn in_order(
-        r: Result<Option<(StatusCode, HeaderMap, Result<Framing, String>, bool, usize)>, String>,
-    ) -> Result<Option<(StatusCode, Vec<(String, Vec<u8>)>, Result<Framing, String>, bool, usize)>, String>
-    {
+    fn in_order(r: Reading) -> Listed {
         r.map(|o| {
             o.map(|(s, h, f, k, n)| {
                 let list = h
