@@ -73,7 +73,9 @@ impl RequestGuard {
         trace: TraceCtx,
         stall_threshold: Duration,
     ) -> Self {
-        let mut record = RequestRecord::new(endpoint, Arc::from(""), false, arrival);
+        // The shared empty label: an `Arc::from("")` allocates.
+        let none = tele.metrics.no_tier.clone();
+        let mut record = RequestRecord::new(endpoint, none, false, arrival);
         record.request_id = request_id;
         record.trace = Some(trace);
         Self {

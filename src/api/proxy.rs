@@ -228,9 +228,10 @@ async fn proxy(
     let ask = Ask {
         model: model.clone(),
         tier: identity.as_ref().map(|i| i.tier.clone()),
-        tenant: identity
-            .as_ref()
-            .map_or_else(|| Arc::from(""), |i| i.name.clone()),
+        tenant: identity.as_ref().map_or_else(
+            || state.telemetry.metrics.no_tier.clone(),
+            |i| i.name.clone(),
+        ),
         asked_priority: asked_priority(&parts.headers)?,
         ttft_objective: ttft_objective(&parts.headers)?,
         prompt_tokens: inbound.prompt_estimate,
@@ -347,7 +348,7 @@ async fn forward(
     let cfg = &state.config.upstream;
     let deadline = guard.record.arrival + cfg.timeouts.total;
     // The replica's spans hang under the gateway's upstream span.
-    let traceparent = guard.record.trace.map(|t| t.upstream_header());
+    let traceparent = guard.record.trace.map(|t| t.upstream_value());
     let path = parts
         .uri
         .path_and_query()
@@ -470,15 +471,15 @@ async fn forward(
             prefixed = format!("{}{}", replica.path_prefix, path);
             prefixed.as_str()
         };
-        let mut added: [(&http::HeaderName, &HeaderValue); 3] =
-            [(&header::HOST, &replica.conns.host); 3];
+        let mut added: [(&http::HeaderName, &[u8]); 3] =
+            [(&header::HOST, replica.conns.host.as_bytes()); 3];
         let mut n = 1;
         if let Some(t) = &traceparent {
             added[n] = (&TRACEPARENT, t);
             n += 1;
         }
         if let Some(key) = &replica.api_key {
-            added[n] = (&header::AUTHORIZATION, key);
+            added[n] = (&header::AUTHORIZATION, key.as_bytes());
             n += 1;
         }
         let req = proxied_request(&parts.method, path, &parts.headers, rid, &added[..n], &body);

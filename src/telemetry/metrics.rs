@@ -190,7 +190,8 @@ pub struct Metrics {
     baseline_ns: AtomicU64,
     /// model, endpoint, tier ("" without keys; bounded by the configured tiers).
     pub models: Family<(Arc<str>, &'static str, Arc<str>), ModelSeries>,
-    /// The tier label of requests without one (shared, not allocated per request).
+    /// The empty label (a request without a tier, a model or a tenant yet):
+    /// shared, not allocated per request.
     pub no_tier: Arc<str>,
     pub requests: Family<RequestKey, Counter>,
     pub finish_reasons: Family<(Arc<str>, &'static str), Counter>,

@@ -287,7 +287,7 @@ impl Telemetry {
         if let Some(f) = r.finish_reason {
             m.finish_reasons.get(&(r.model.clone(), f.as_str())).inc();
         }
-        let tier = r.tier.clone().unwrap_or_else(|| Arc::from(""));
+        let tier = r.tier.clone().unwrap_or_else(|| m.no_tier.clone());
         m.requests
             .get(&(
                 r.model.clone(),

@@ -104,7 +104,7 @@ pub(crate) fn proxied_request(
     path: &str,
     client: &HeaderMap,
     request_id: &HeaderValue,
-    added: &[(&HeaderName, &HeaderValue)],
+    added: &[(&HeaderName, &[u8])],
     body: &[u8],
 ) -> Outgoing {
     let listed = connection_listed(client);
@@ -113,10 +113,10 @@ pub(crate) fn proxied_request(
     out.push(b' ');
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut line = |name: &HeaderName, value: &HeaderValue| {
+    let mut line = |name: &HeaderName, value: &[u8]| {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     };
     for (name, value) in client {
@@ -133,10 +133,10 @@ pub(crate) fn proxied_request(
         {
             continue;
         }
-        line(name, value);
+        line(name, value.as_bytes());
     }
-    line(&X_REQUEST_ID, request_id);
-    line(&header::CONTENT_TYPE, &APPLICATION_JSON);
+    line(&X_REQUEST_ID, request_id.as_bytes());
+    line(&header::CONTENT_TYPE, b"application/json");
     for (name, value) in added {
         line(name, value);
     }
@@ -152,8 +152,6 @@ pub(crate) fn proxied_request(
         head_only: method == Method::HEAD,
     }
 }
-
-static APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 /// The headers returned to the client from a replica's response: the
 /// reference of what `http1::forwarded` passes on (its test compares the two).
@@ -291,20 +289,20 @@ mod tests {
             let host = HeaderValue::from_static("replica:8000");
             let key = HeaderValue::from_static("Bearer replica");
             let traceparent = HeaderName::from_static("traceparent");
-            let mut added: Vec<(&HeaderName, &HeaderValue)> = Vec::new();
+            let mut added: Vec<(&HeaderName, &[u8])> = Vec::new();
             if with_trace {
-                added.push((&traceparent, &trace));
+                added.push((&traceparent, trace.as_bytes()));
             }
-            added.push((&header::HOST, &host));
+            added.push((&header::HOST, host.as_bytes()));
             if with_key {
-                added.push((&header::AUTHORIZATION, &key));
+                added.push((&header::AUTHORIZATION, key.as_bytes()));
             }
             let method = if get { Method::GET } else { Method::POST };
             let body = Bytes::from(body);
             // The reference: the map, its additions, then the encoder.
             let mut map = upstream_headers(&client, &rid);
             for (n, v) in &added {
-                map.insert((*n).clone(), (*v).clone());
+                map.insert((*n).clone(), HeaderValue::from_bytes(v).unwrap());
             }
             let mut req = http::Request::builder()
                 .method(method.clone())

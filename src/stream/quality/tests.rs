@@ -253,3 +253,36 @@ fn detector_of(chars: usize) -> Arc<Refusal> {
     })
     .unwrap()
 }
+
+/// The one-pass search says what a search per name says.
+#[test]
+fn a_call_is_noticed_as_a_search_per_name_notices_it() {
+    let names: [&[u8]; 3] = [b"\"tool_calls\"", b"\"function_call\"", b"\"tool_use\""];
+    let per_name = |b: &[u8]| names.iter().any(|n| memchr::memmem::find(b, n).is_some());
+    let cases: [&[u8]; 10] = [
+        br#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]}"#,
+        br#"{"choices":[{"message":{"tool_calls":[]}}]}"#,
+        br#"{"content":[{"type":"tool_use","id":"x"}]}"#,
+        br#"{"message":{"function_call":{"name":"f"}}}"#,
+        br#"{"finish_reason":"tool_calls"}"#,
+        br#"{"a":"tool_calls","b":"\"tool_x\" \"tool_"}"#,
+        br#""tool_"#,
+        br#""tool_use"#,
+        br#""tool_usetool_calls""#,
+        br#"{"x":"\"tool_\"tool_use\""}"#,
+    ];
+    for c in cases {
+        assert_eq!(
+            mentions_a_call(c),
+            per_name(c),
+            "{}",
+            String::from_utf8_lossy(c)
+        );
+    }
+    // Every cut of a mention, and the mention alone.
+    for n in names {
+        for end in 0..=n.len() {
+            assert_eq!(mentions_a_call(&n[..end]), per_name(&n[..end]));
+        }
+    }
+}
