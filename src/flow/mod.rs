@@ -148,8 +148,8 @@ impl Flow {
         };
 
         // At once, when nothing of this band or above waits and there is room.
-        let (tx, mut rx) = oneshot::channel();
-        let id = {
+        // (The waiter's channel is made only for a waiter: it allocates.)
+        let (id, mut rx) = {
             let mut st = gate.state.lock();
             let free = gate.free_on(candidates, &rules);
             if st.queue.at_or_above(band) == 0
@@ -191,12 +191,13 @@ impl Flow {
                 }
             }
             let deadline = arrival + ask.ttft_objective.unwrap_or(max_wait);
+            let (tx, rx) = oneshot::channel();
             let id = st.queue.push(band, ask.tenant.clone(), cost, deadline, tx);
             self.shared.set_waiting(&gate, &st.queue, &rules);
             drop(st);
             // The shed waiter's channel closes: it answers 503 itself.
             drop(shed);
-            id
+            (id, rx)
         };
         let waiting = Waiting {
             gate: gate.clone(),
