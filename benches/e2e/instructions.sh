@@ -17,6 +17,10 @@
 # HTTP1=hyper: the gateway's API listener on hyper's HTTP/1.1 server
 # (`server.http1: hyper`) instead of its own, to compare the two.
 #
+# EXTRA_YAML='...': more of the gateway's configuration, appended to its file
+# (top-level keys other than `telemetry` and `server`), e.g. the features off:
+#   EXTRA_YAML=$'routing:\n  policy: round_robin\n  sessions:\n    enabled: false\nflow_control:\n  enabled: false\n'
+#
 # Needs valgrind (`apt-get install valgrind`) and a release build. Prints the
 # count per request and the functions of the request path by inclusive cost
 # (per request); the full profile is left in OUT (callgrind_annotate OUT).
@@ -32,6 +36,7 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 SIM_PORT=$(port); GW_PORT=$(port); ADMIN_PORT=$(port)
 printf 'telemetry:\n  access_log:\n    enabled: false\n' > "$dir/gw.yaml"
 if [ -n "${HTTP1:-}" ]; then printf 'server:\n  http1: %s\n' "$HTTP1" >> "$dir/gw.yaml"; fi
+if [ -n "${EXTRA_YAML:-}" ]; then printf '%s\n' "$EXTRA_YAML" >> "$dir/gw.yaml"; fi
 "$BIN" sim --listen 127.0.0.1:$SIM_PORT --profile fixed --prefill-delay 0ms --token-delay 0ms \
   --output-tokens 32 2>/dev/null & SIM=$!
 if [ "$PACED" = 1 ]; then
