@@ -98,7 +98,9 @@ pub(crate) fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> 
 /// `Host`, the replica's key: each replaces the client's of that name), the
 /// length and the body. Building [`upstream_headers`]' map and encoding it
 /// cost ~2,400 instructions a request (callgrind); this is one pass with no
-/// map. The test below holds it to that map's encoding.
+/// map. The test below holds it to that map's encoding. `added` values are
+/// written as they are: they must be header values (no CR or LF; checked in
+/// debug builds), as `HeaderValue`s' bytes and the hex `traceparent` are.
 pub(crate) fn proxied_request(
     method: &Method,
     path: &str,
@@ -138,6 +140,11 @@ pub(crate) fn proxied_request(
     line(&X_REQUEST_ID, request_id.as_bytes());
     line(&header::CONTENT_TYPE, b"application/json");
     for (name, value) in added {
+        // Raw bytes go on the wire as they are: only a header value's may.
+        debug_assert!(
+            HeaderValue::from_bytes(value).is_ok(),
+            "{name}: not a header value"
+        );
         line(name, value);
     }
     if !body.is_empty() || method != Method::GET {
