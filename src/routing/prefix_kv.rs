@@ -146,10 +146,10 @@ impl RoutingPolicy for PrefixKv {
             return None;
         }
         let views: Vec<View> = candidates.iter().map(|r| self.view(ctx, r)).collect();
-        let open: Vec<usize> = (0..n)
-            .filter(|&i| views[i].blocked == Blocked::No)
-            .collect();
-        if open.is_empty() {
+        // The replicas not under pressure, as an iterator (no list allocated
+        // per request).
+        let open = || (0..n).filter(|&i| views[i].blocked == Blocked::No);
+        if open().next().is_none() {
             // Everything is under pressure or unknown: least work wins.
             let i = (0..n).min_by(|&a, &b| {
                 least_loaded::work(&candidates[a], ctx, self.stale_after)
@@ -183,11 +183,13 @@ impl RoutingPolicy for PrefixKv {
         };
         // Stay or detour, by predicted TTFT.
         let tpb = self.tokens_per_block();
-        let known_rates: Vec<f64> = open.iter().filter_map(|&i| views[i].rate).collect();
-        let fleet_rate = if known_rates.is_empty() {
+        let (rates, known) = open()
+            .filter_map(|i| views[i].rate)
+            .fold((0.0, 0usize), |(sum, k), r| (sum + r, k + 1));
+        let fleet_rate = if known == 0 {
             1.0
         } else {
-            known_rates.iter().sum::<f64>() / known_rates.len() as f64
+            rates / known as f64
         };
         let predict = |i: usize, history: u32| {
             let v = &views[i];
@@ -196,10 +198,8 @@ impl RoutingPolicy for PrefixKv {
             v.rate.unwrap_or(fleet_rate) * (v.ahead + uncached)
         };
         let stay = predict(home.index, home.history);
-        let best = open
-            .iter()
-            .copied()
-            .min_by(|&a, &b| predict(a, 0).total_cmp(&predict(b, 0)).then(a.cmp(&b)))?;
+        let best =
+            open().min_by(|&a, &b| predict(a, 0).total_cmp(&predict(b, 0)).then(a.cmp(&b)))?;
         // A session is worth more than this turn's cache: its next turns
         // come back to its home. Its turns leave only for a much faster
         // replica, and an explicit session's first turn does not leave (its
