@@ -101,6 +101,11 @@ impl RequestGuard {
         self.record.key_name = Some(id.name.clone());
     }
 
+    /// The model's series, once the model is known.
+    pub(crate) fn series(&self) -> Option<&ModelSeries> {
+        self.series.as_deref()
+    }
+
     /// The served model is known (aliases resolved): its series label the
     /// request and count it in flight.
     pub fn set_model(&mut self, model: Arc<str>) {
@@ -320,5 +325,69 @@ impl RequestGuard {
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.end();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderMap;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::telemetry::metrics::{Metrics, StatusLabel};
+    use crate::vocab::FinishReason;
+
+    /// The handles a model's series keeps (`ModelSeries::ok_requests`,
+    /// `finishes`) are the exposed series: requests counted through them
+    /// and through a lookup land in the same counters.
+    #[test]
+    fn requests_counted_through_kept_handles_are_the_exposed_series() {
+        let metrics = Arc::new(Metrics::new(&Config::default().telemetry.buckets));
+        let tele = Arc::new(Telemetry {
+            metrics: metrics.clone(),
+            traces: None,
+            access_log: None,
+            refusal: None,
+        });
+        let end = |status: u16, finish: FinishReason| {
+            let mut g = RequestGuard::new(
+                tele.clone(),
+                Endpoint::Chat,
+                Instant::now(),
+                "t".into(),
+                TraceCtx::from_headers(&HeaderMap::new()),
+                Duration::from_secs(2),
+            );
+            g.set_model(Arc::from("m"));
+            g.record.status = status;
+            g.record.finish_reason = Some(finish);
+        };
+        for _ in 0..3 {
+            end(200, FinishReason::Stop);
+        }
+        end(200, FinishReason::Length);
+        end(400, FinishReason::Stop);
+        let requests = |status| {
+            metrics
+                .requests
+                .get(&(
+                    Arc::from("m"),
+                    "chat",
+                    Arc::from(""),
+                    StatusLabel(status),
+                    "",
+                ))
+                .get()
+        };
+        assert_eq!(requests(200), 4);
+        assert_eq!(requests(400), 1);
+        let finishes = |f: FinishReason| {
+            metrics
+                .finish_reasons
+                .get(&(Arc::from("m"), f.as_str()))
+                .get()
+        };
+        assert_eq!(finishes(FinishReason::Stop), 4);
+        assert_eq!(finishes(FinishReason::Length), 1);
     }
 }

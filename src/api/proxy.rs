@@ -438,11 +438,12 @@ async fn forward(
         } else {
             decision.reason
         };
-        state
-            .metrics
-            .routing
-            .get(&(model.clone(), reason.as_str()))
-            .inc();
+        let count = || state.metrics.routing.get(&(model.clone(), reason.as_str()));
+        // Kept in the model's series after the first lookup (see `ModelSeries`).
+        match guard.series().and_then(|s| s.routes.get(reason as usize)) {
+            Some(cell) => cell.get_or_init(count).inc(),
+            None => count().inc(),
+        }
         if decision.moved {
             state
                 .metrics

@@ -42,7 +42,24 @@ pub struct ModelSeries {
     pub tool_calls: Counter,
     pub invalid_tool_calls: Counter,
     pub refusals: Counter,
+    /// Series of other families that a request with these labels ends in,
+    /// looked up once: a family lookup hashes its whole label set (~200
+    /// instructions, callgrind) and a request's end made two. These families
+    /// never drop a series, so a kept handle stays the one exposed.
+    /// `sluice_requests_total{status="200",error_kind=""}` of this model,
+    /// endpoint and tier:
+    pub(crate) ok_requests: OnceLock<Arc<Counter>>,
+    /// `sluice_finish_reasons_total` of this model, by `FinishReason as usize`.
+    pub(crate) finishes: [OnceLock<Arc<Counter>>; FINISH_REASONS],
+    /// `sluice_routing_decisions_total` of this model, by `RouteReason as usize`.
+    pub(crate) routes: [OnceLock<Arc<Counter>>; ROUTE_REASONS],
 }
+
+/// How many `RouteReason`s there are (the size of `ModelSeries::routes`).
+pub(crate) const ROUTE_REASONS: usize = crate::vocab::RouteReason::Retry as usize + 1;
+
+/// How many `FinishReason`s there are (the size of `ModelSeries::finishes`).
+pub(crate) const FINISH_REASONS: usize = crate::vocab::FinishReason::Other as usize + 1;
 
 /// The re-exported part of a replica's scrape.
 #[derive(Debug, Clone, Copy, Default)]
@@ -428,6 +445,9 @@ impl Metrics {
                 tool_calls: Counter::default(),
                 invalid_tool_calls: Counter::default(),
                 refusals: Counter::default(),
+                ok_requests: OnceLock::new(),
+                finishes: Default::default(),
+                routes: Default::default(),
             }),
             requests: Family::new(
                 &["model", "endpoint", "tier", "status", "error_kind"],

@@ -285,18 +285,32 @@ impl Telemetry {
         }
         let m = &self.metrics;
         if let Some(f) = r.finish_reason {
-            m.finish_reasons.get(&(r.model.clone(), f.as_str())).inc();
+            let get = || m.finish_reasons.get(&(r.model.clone(), f.as_str()));
+            match series {
+                // The series is the request's model's (`set_model` sets both).
+                Some(s) if let Some(cell) = s.finishes.get(f as usize) => {
+                    cell.get_or_init(get).inc();
+                }
+                _ => get().inc(),
+            }
         }
-        let tier = r.tier.clone().unwrap_or_else(|| m.no_tier.clone());
-        m.requests
-            .get(&(
+        let get = || {
+            let tier = r.tier.clone().unwrap_or_else(|| m.no_tier.clone());
+            m.requests.get(&(
                 r.model.clone(),
                 r.endpoint.as_str(),
                 tier,
                 StatusLabel(r.status),
                 r.error_kind.unwrap_or(""),
             ))
-            .inc();
+        };
+        match series {
+            // The series' labels are this request's model, endpoint and tier.
+            Some(s) if r.status == 200 && r.error_kind.is_none() => {
+                s.ok_requests.get_or_init(get).inc();
+            }
+            _ => get().inc(),
+        }
         // Tail sampling: decided now that the request is over.
         let kept = self.traces.as_ref().and_then(|t| t.finish(r));
         if let (Some(_), Some(t), Some(s)) = (kept, r.trace, series) {
