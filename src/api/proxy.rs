@@ -32,7 +32,7 @@ use crate::stream::relay::Mode;
 use crate::stream::{protocols, quality};
 use crate::telemetry::record::FlowOutcome;
 use crate::telemetry::tracecontext::{TRACEPARENT, TraceCtx};
-use crate::upstream::client::{X_REQUEST_ID, proxied_request};
+use crate::upstream::client::proxied_request;
 use crate::upstream::pool::{Candidates, Replica};
 use crate::vocab::{Endpoint, RouteReason, Wire};
 
@@ -517,7 +517,7 @@ async fn forward(
         let error = match send::send(&replica, req, headers_by, inbound.stream).await {
             Ok((resp, conn)) => {
                 let up = ReplicaConn { conn, replica };
-                return respond(state, endpoint, inbound, resp, up, rid, headers_by, guard).await;
+                return respond(state, endpoint, inbound, resp, up, headers_by, guard).await;
             }
             Err(e) => e,
         };
@@ -537,29 +537,24 @@ async fn forward(
     }
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one call site; a struct would only rename them"
-)]
 async fn respond(
     state: &AppState,
     endpoint: Endpoint,
     inbound: &Inbound,
     resp: http::Response<()>,
     mut up: ReplicaConn,
-    rid: &HeaderValue,
     first_by: Instant,
     guard: &mut RequestGuard,
 ) -> Result<Reply, GatewayError> {
     guard.record.upstream_first_byte = Some(Instant::now());
     let (mut parts, ()) = resp.into_parts();
     // The replica's headers are already those that go on to the client.
-    let mut headers = std::mem::take(&mut parts.headers);
+    let headers = std::mem::take(&mut parts.headers);
+    // (`x-request-id` is set on every response by `request_id::given`.)
     let is_sse = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    headers.insert(X_REQUEST_ID.clone(), rid.clone());
     guard.record.status = parts.status.as_u16();
     let deadline = guard.record.arrival + state.config.upstream.timeouts.total;
 

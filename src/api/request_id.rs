@@ -29,22 +29,23 @@ pub(crate) async fn layer(req: Request, next: Next) -> Response {
     around(req, |req| next.run(req)).await
 }
 
-/// Assign the id, run `handler`, and answer with the id whatever the response
-/// (the router's layer, and the routes served without the router).
-pub(crate) async fn around<F>(mut req: Request, handler: impl FnOnce(Request) -> F) -> Response
+/// Assign the id, run `handler` with the id in the request's extensions, and
+/// answer with the id whatever the response (the router's layer).
+pub(crate) async fn around<F>(req: Request, handler: impl FnOnce(Request) -> F) -> Response
 where
     F: Future<Output = Response>,
 {
-    let id = request_id(req.headers());
-    req.extensions_mut().insert(RequestId(id.clone()));
-    let mut resp = handler(req).await;
-    resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
-    resp
+    given(req, |mut req, id| {
+        req.extensions_mut().insert(RequestId(id));
+        handler(req)
+    })
+    .await
 }
 
-/// [`around`] for a handler that takes the id as an argument: the same
-/// answer, without storing the id in the request's extensions (a map
-/// allocated per request).
+/// Assign the id, run `handler` with it as an argument, and answer with the
+/// id whatever the response: the routes served without the router, which
+/// skip the request's extensions (a map allocated per request). Every
+/// response's `x-request-id` is set here (or by [`around`]), once.
 pub(crate) async fn given<F>(
     req: Request,
     handler: impl FnOnce(Request, HeaderValue) -> F,

@@ -61,6 +61,21 @@ fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
+/// A client's header that never reaches a replica (`listed`: the names its
+/// `Connection` lists): one connection's headers, the client's credentials,
+/// and what the gateway writes itself. The one rule of [`upstream_headers`]
+/// and [`proxied_request`].
+fn stays_here(name: &HeaderName, listed: &[HeaderName]) -> bool {
+    is_hop_by_hop(name)
+        || listed.contains(name)
+        || name == header::AUTHORIZATION
+        || name == "x-api-key"
+        || name == header::HOST
+        || name == header::CONTENT_LENGTH
+        || name == header::ACCEPT_ENCODING
+        || name == X_REQUEST_ID
+}
+
 /// The headers sent to a replica: the client's, minus hop-by-hop headers, its
 /// `Authorization` and `x-api-key` (a gateway key is not the replica's key), `Host`, the body
 /// framing (recomputed) and `Accept-Encoding` (streams must stay readable to
@@ -71,18 +86,9 @@ pub(crate) fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> 
     // `authorization`: a full map grows by rehashing every entry.
     let mut out = HeaderMap::with_capacity(client.len() + 5);
     for (name, value) in client {
-        if is_hop_by_hop(name)
-            || listed.contains(name)
-            || name == header::AUTHORIZATION
-            || name == "x-api-key"
-            || name == header::HOST
-            || name == header::CONTENT_LENGTH
-            || name == header::ACCEPT_ENCODING
-            || name == X_REQUEST_ID
-        {
-            continue;
+        if !stays_here(name, &listed) {
+            out.append(name.clone(), value.clone());
         }
-        out.append(name.clone(), value.clone());
     }
     out.insert(X_REQUEST_ID.clone(), request_id.clone());
     out.insert(
@@ -122,14 +128,8 @@ pub(crate) fn proxied_request(
         out.extend_from_slice(b"\r\n");
     };
     for (name, value) in client {
-        if is_hop_by_hop(name)
-            || listed.contains(name)
-            || name == header::AUTHORIZATION
-            || name == "x-api-key"
-            || name == header::HOST
-            || name == header::CONTENT_LENGTH
-            || name == header::ACCEPT_ENCODING
-            || name == X_REQUEST_ID
+        // `content-type` and `added` are written below, in the client's place.
+        if stays_here(name, &listed)
             || name == header::CONTENT_TYPE
             || added.iter().any(|(n, _)| *n == name)
         {
