@@ -9,6 +9,7 @@ ENV CARGO_PROFILE_RELEASE_DEBUG=false \
     CARGO_PROFILE_RELEASE_STRIP=symbols
 # Dependencies first, so source edits reuse the cached dependency layer.
 COPY Cargo.toml Cargo.lock ./
+COPY .cargo ./.cargo
 COPY benches ./benches
 RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && cargo build --release --locked --bin sluice \

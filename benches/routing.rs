@@ -45,21 +45,36 @@ fn replicas(n: usize) -> Vec<Arc<Replica>> {
         .collect()
 }
 
-fn body(kb: usize) -> Bytes {
-    let doc: String = "The gateway routes each prompt to the replica that holds its prefix. "
-        .chars()
-        .cycle()
-        .take(kb * 1024)
-        .collect();
+/// A chat body whose system prompt is `line` repeated to `kb` KB.
+fn chat_body(line: &str, kb: usize, question: &str) -> Bytes {
+    let doc: String = line.chars().cycle().take(kb * 1024).collect();
     let v = serde_json::json!({
         "model": "m",
         "stream": true,
         "messages": [
             {"role": "system", "content": doc},
-            {"role": "user", "content": "What does it do?"},
+            {"role": "user", "content": question},
         ],
     });
     Bytes::from(serde_json::to_vec(&v).expect("json"))
+}
+
+fn body(kb: usize) -> Bytes {
+    chat_body(
+        "The gateway routes each prompt to the replica that holds its prefix. ",
+        kb,
+        "What does it do?",
+    )
+}
+
+/// A prompt as agents send it: lines of code and prose, so JSON escapes
+/// (`\n`, `\"`) all through its strings.
+fn body_with_lines(kb: usize) -> Bytes {
+    chat_body(
+        "    let x = route(\"prefix\");\n// The gateway routes each prompt.\n",
+        kb,
+        "What does it do?\nExplain.",
+    )
 }
 
 fn decision(c: &mut Criterion) {
@@ -101,6 +116,16 @@ fn decision(c: &mut Criterion) {
             &b,
             |bench, b| bench.iter(|| inspect(Endpoint::Chat, black_box(b.clone()), Some(params))),
         );
+        if matches!(kb, 1 | 10) {
+            let lines = body_with_lines(kb);
+            g.bench_with_input(
+                BenchmarkId::new("read prompt + hash (inspect), lines with escapes", kb),
+                &lines,
+                |bench, b| {
+                    bench.iter(|| inspect(Endpoint::Chat, black_box(b.clone()), Some(params)))
+                },
+            );
+        }
         let hashes = inspect(Endpoint::Chat, b.clone(), Some(params))
             .map(|i| i.prefix)
             .unwrap_or_default();

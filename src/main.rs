@@ -7,7 +7,8 @@ use sluice::cli::Cli;
 
 // The allocator, chosen by measurement (docs/BENCHMARKS.md, "Idle streams:
 // memory given back"): jemalloc, whose background thread gives the memory of
-// finished streams back to the system. The features are in Cargo.toml.
+// finished streams back to the system. The features are in Cargo.toml, its
+// run-time options in .cargo/config.toml.
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -12,6 +12,8 @@ use serde::Deserialize;
 use crate::error::GatewayError;
 use crate::vocab::Endpoint;
 
+mod fast;
+
 /// The parts of a request body the gateway acts on.
 #[derive(Debug, Clone)]
 pub struct Inbound {
@@ -71,7 +73,8 @@ pub struct PrefixParams {
     pub max_blocks: usize,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Lite<'a> {
     #[serde(default, borrow)]
     model: Option<Cow<'a, str>>,
@@ -113,6 +116,7 @@ struct Lite<'a> {
 
 /// Anthropic's `metadata` (only `user_id` is read; anything else is skipped).
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct MetadataLite<'a> {
     #[serde(default, borrow)]
     user_id: Option<Cow<'a, str>>,
@@ -243,6 +247,7 @@ impl PromptLite<'_> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct MessageLite<'a> {
     #[serde(default, borrow)]
     role: Option<Cow<'a, str>>,
@@ -252,6 +257,7 @@ struct MessageLite<'a> {
 
 /// Message content: a string, or parts of which the text ones count.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 #[serde(untagged)]
 enum ContentLite<'a> {
     #[serde(borrow)]
@@ -283,6 +289,7 @@ impl<'a> ContentLite<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct PartLite<'a> {
     #[serde(default, borrow)]
     text: Option<Cow<'a, str>>,
@@ -293,6 +300,7 @@ struct PartLite<'a> {
 
 /// A Responses `input` item: a message, a function call or its output.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct ItemLite<'a> {
     #[serde(rename = "type", default, borrow)]
     kind: Option<Cow<'a, str>>,
@@ -334,6 +342,7 @@ impl<'a> ItemLite<'a> {
 /// A completion prompt: a string or a list of strings (token-id prompts do not
 /// hash: they route by model only).
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 #[serde(untagged)]
 enum PromptLite<'a> {
     #[serde(borrow)]
@@ -354,6 +363,8 @@ fn prompt_pieces<'a>(
 ) -> crate::routing::prefix::PromptText<'a> {
     let mut pieces = Vec::new();
     if let Some(turns) = turns {
+        // Role, newline, texts, newline per turn: sized once, not regrown.
+        pieces.reserve(3 * turns.turns.len() + turns.texts.len());
         for (role, texts) in turns.iter() {
             pieces.push(role);
             pieces.push("\n");
@@ -371,6 +382,7 @@ fn prompt_pieces<'a>(
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
@@ -445,7 +457,10 @@ pub(crate) fn inspect_with(
     needs: Needs,
 ) -> Result<Inbound, GatewayError> {
     let (prefix, estimate) = (needs.prefix, needs.estimate);
-    let lite: Lite<'_> = serde_json::from_slice(&body).map_err(|e| {
+    // The fast reader takes the common shapes; serde reads the rest and
+    // words every error.
+    let read = fast::read(&body).map_or_else(|| serde_json::from_slice(&body), Ok);
+    let lite: Lite<'_> = read.map_err(|e| {
         let msg = if e.is_data() && body.trim_ascii_start().first() != Some(&b'{') {
             "the request body must be a JSON object".to_string()
         } else if e.is_data() {

@@ -39,6 +39,9 @@ pub(crate) fn block_hashes(
     let mut out = Vec::new();
     // The current block's bytes from earlier pieces, when it spans pieces.
     let mut spanning: Option<Box<Xxh3>> = None;
+    // A finished spanning block's hasher, reset for the next one instead of
+    // allocated again (it is 64-byte aligned: jemalloc's slow path).
+    let mut spare: Option<Box<Xxh3>> = None;
     let mut chars = 0usize;
     for piece in &prompt.pieces {
         let bytes = piece.as_bytes();
@@ -62,7 +65,9 @@ pub(crate) fn block_hashes(
                     None => xxh3_64_with_seed(&bytes[start..i], seed),
                     Some(mut block) => {
                         block.update(&bytes[start..i]);
-                        block.digest()
+                        let digest = block.digest();
+                        spare = Some(block);
+                        digest
                     }
                 };
                 out.push(seed);
@@ -77,7 +82,13 @@ pub(crate) fn block_hashes(
         }
         if start < bytes.len() {
             spanning
-                .get_or_insert_with(|| Box::new(Xxh3::with_seed(seed)))
+                .get_or_insert_with(|| match spare.take() {
+                    Some(mut block) => {
+                        *block = Xxh3::with_seed(seed);
+                        block
+                    }
+                    None => Box::new(Xxh3::with_seed(seed)),
+                })
                 .update(&bytes[start..]);
         }
     }

@@ -196,13 +196,14 @@ impl ConnPool {
         c.wire.body = BodyState::Idle;
         c.reused = true;
         {
+            let now = Instant::now();
             let mut idle = self.idle.lock();
             // Checkout takes the newest; the oldest may have outlived the idle
             // timeout (the replica has likely closed them): drop those here so
             // a pool that never drains to them does not keep dead sockets.
             let expired = idle
                 .iter()
-                .take_while(|i| i.since.elapsed() >= self.idle_timeout)
+                .take_while(|i| now.saturating_duration_since(i.since) >= self.idle_timeout)
                 .count();
             idle.drain(..expired);
             if idle.len() >= self.max_idle {
@@ -210,7 +211,7 @@ impl ConnPool {
             }
             idle.push(Idle {
                 conn: c,
-                since: Instant::now(),
+                since: now,
             });
         }
     }

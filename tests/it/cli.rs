@@ -328,3 +328,24 @@ async fn sim_refuses_options_it_cannot_honour() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// The binary's jemalloc options are in force: the build's background
+/// thread and the thread-cache collection interval of `src/main.rs` (a
+/// performance setting nothing else would notice losing). jemalloc prints
+/// its options at exit when asked to through the environment.
+#[tokio::test]
+async fn the_allocator_runs_with_the_binarys_options() {
+    let out = Command::new(BIN)
+        .arg("--version")
+        .env("_RJEM_MALLOC_CONF", "stats_print:true")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let stats = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stats.contains("opt.tcache_gc_incr_bytes: 4194304"),
+        "{stats}"
+    );
+    assert!(stats.contains("opt.background_thread: true"), "{stats}");
+}

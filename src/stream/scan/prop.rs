@@ -14,7 +14,7 @@ use crate::stream::event::chunk_info_serde;
 
 /// A JSON value as text, built with optional whitespace around tokens.
 #[derive(Debug, Clone)]
-enum J {
+pub(crate) enum J {
     Raw(String),
     Str(String),
     Arr(Vec<J>),
@@ -61,7 +61,7 @@ impl J {
     }
 }
 
-fn text() -> impl Strategy<Value = String> {
+pub(crate) fn text() -> impl Strategy<Value = String> {
     prop_oneof![
         Just(String::new()),
         "[a-z ]{1,12}",
@@ -72,7 +72,7 @@ fn text() -> impl Strategy<Value = String> {
     ]
 }
 
-fn scalar() -> impl Strategy<Value = J> {
+pub(crate) fn scalar() -> impl Strategy<Value = J> {
     prop_oneof![
         Just(J::Raw("null".into())),
         Just(J::Raw("true".into())),
@@ -84,7 +84,7 @@ fn scalar() -> impl Strategy<Value = J> {
     ]
 }
 
-fn any_value() -> impl Strategy<Value = J> {
+pub(crate) fn any_value() -> impl Strategy<Value = J> {
     scalar().prop_recursive(3, 16, 4, |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..4).prop_map(J::Arr),
@@ -95,7 +95,7 @@ fn any_value() -> impl Strategy<Value = J> {
 
 /// Unknown keys: mostly short, some long (the scanner must read and skip
 /// both itself).
-fn object_key() -> impl Strategy<Value = String> {
+pub(crate) fn object_key() -> impl Strategy<Value = String> {
     prop_oneof![3 => "[a-z_]{1,8}", 1 => "[a-z_]{20,40}"]
 }
 
@@ -221,14 +221,14 @@ fn chunk() -> impl Strategy<Value = J> {
     proptest::collection::vec(member, 0..6).prop_map(J::Obj)
 }
 
-fn render(j: &J, ws: &[&'static str]) -> String {
+pub(crate) fn render(j: &J, ws: &[&'static str]) -> String {
     let mut out = String::new();
     let mut it = ws.iter().copied().cycle();
     j.render(&mut it, &mut out);
     out
 }
 
-fn whitespace() -> impl Strategy<Value = Vec<&'static str>> {
+pub(crate) fn whitespace() -> impl Strategy<Value = Vec<&'static str>> {
     proptest::collection::vec(
         prop_oneof![8 => Just(""), 1 => Just(" "), 1 => Just("\n  ")],
         1..8,
