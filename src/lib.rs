@@ -13,6 +13,7 @@ mod demo;
 pub mod doctor;
 mod error;
 pub mod flow;
+mod headers;
 mod limits;
 pub mod request;
 pub mod routing;

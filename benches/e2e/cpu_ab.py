@@ -14,6 +14,12 @@ and ratios taken within a round cancel most of it.
     python3 benches/e2e/cpu_ab.py --base /path/to/old/sluice --rounds 9
     python3 benches/e2e/cpu_ab.py --base OLD --stream --tokens 128 --token-delay 1ms \\
         --requests 768 --rounds 6
+    sudo python3 benches/e2e/cpu_ab.py --base OLD --cpu-quota 0.25   # capacity: req/s, proxy bound
+
+With `--cpu-quota`, each proxy gets that share of CPU 1 (a cgroup each), so
+the requests per second it passes are its capacity on that share of a core,
+and their ratio is the one "req/s on one core" asks for; without it, the load
+generator and the replica on CPU 0 bound them.
 """
 
 import argparse
@@ -46,6 +52,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--token-delay", default="0ms")
     ap.add_argument("--stream", action="store_true", help="streamed requests (default: non-streamed)")
+    ap.add_argument("--cpu-quota", type=float,
+                    help="cap each proxy at this share of a CPU (e.g. 0.25), each in its own cgroup "
+                         "(v1 cpu controller, a 10 ms period), so that it, not the load generator, "
+                         "bounds the requests per second: the proxies' capacity on that share of a core")
     ap.add_argument("--json", help="write every round's figures here")
     args = ap.parse_args()
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -54,6 +64,7 @@ def main():
 
     tmp = tempfile.mkdtemp()
     procs = []
+    groups = []
     try:
         sim_port = so.free_port()
         procs.append(subprocess.Popen(
@@ -87,6 +98,9 @@ def main():
         so.wait_http(f"http://127.0.0.1:{ngx_port}/health")
         time.sleep(0.5)  # let nginx fork its worker
         paths["nginx"] = (f"http://127.0.0.1:{ngx_port}", [ngx.pid] + so.children(ngx.pid))
+        if args.cpu_quota:
+            for label, (_, pids) in paths.items():
+                groups.append(capped(f"sluice_cpu_ab_{os.getpid()}_{label}", args.cpu_quota, pids))
 
         def run(url, n):
             return so.bench(url, args.concurrency, args.tokens, n, 0, args.stream)
@@ -94,6 +108,10 @@ def main():
         for url, _ in paths.values():  # warm each path's connections
             run(url, max(args.concurrency * 2, 500))
         us = {k: [] for k in paths}
+        # The same split into user and kernel time (the kernel's share is
+        # mostly loopback TCP, which no user-space cut reaches).
+        user_us = {k: [] for k in paths}
+        system_us = {k: [] for k in paths}
         # Requests per second as the load generator saw them (bounded by the
         # load generator and the replica sharing CPU 0, not by the proxy:
         # recorded to show that, not to rank the proxies).
@@ -103,16 +121,22 @@ def main():
             for k in labels[r % 3:] + labels[:r % 3]:
                 url, pids = paths[k]
                 before = so.cpu_seconds(pids)
+                user0, system0 = cpu_split(pids)
                 out = run(url, args.requests)
                 if out["ok"] != args.requests:
                     raise SystemExit(f"{k}: {out['ok']} of {args.requests} requests succeeded: {out['errors']}")
                 us[k].append((so.cpu_seconds(pids) - before) / args.requests * 1e6)
+                user1, system1 = cpu_split(pids)
+                user_us[k].append((user1 - user0) / args.requests * 1e6)
+                system_us[k].append((system1 - system0) / args.requests * 1e6)
                 rps[k].append(out.get("requests_per_second", 0.0))
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait()
+        for g in groups:
+            os.rmdir(g)
 
     def ratios(a, b):
         return [x / y for x, y in zip(us[a], us[b])]
@@ -127,16 +151,59 @@ def main():
           f"{args.requests} requests per proxy and round, {args.rounds} rounds")
     for k, v in us.items():
         print(f"  {k:5} CPU us/request: median {statistics.median(v):.1f} ({' '.join(f'{x:.1f}' for x in v)})")
+    for k in us:
+        print(f"  {k:5} of which user {statistics.median(user_us[k]):.1f}, "
+              f"kernel {statistics.median(system_us[k]):.1f} (medians)")
     for k, v in summary.items():
         print(f"  {k}: median {statistics.median(v):.2f}x ({' '.join(f'{x:.2f}' for x in v)})")
+    bound = "proxy bound: the capped proxy's capacity" if args.cpu_quota else "load-generator bound"
     for k, v in rps.items():
-        print(f"  {k:5} req/s (load-generator bound): median {statistics.median(v):.0f}")
+        print(f"  {k:5} req/s ({bound}): median {statistics.median(v):.0f}")
+    if args.cpu_quota:
+        for a, b in (("new", "nginx"), ("base", "nginx"), ("new", "base")):
+            r = [x / y for x, y in zip(rps[a], rps[b])]
+            summary[f"rps_{a}_over_{b}"] = r
+            print(f"  req/s {a}/{b}: median {statistics.median(r):.2f}x ({' '.join(f'{x:.2f}' for x in r)})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": so.machine(), "args": vars(args), "cpu_us_per_request": us,
+                       "user_us_per_request": user_us, "system_us_per_request": system_us,
                        "requests_per_second": rps,
                        "ratios_per_round": summary,
                        "medians": {k: statistics.median(v) for k, v in summary.items()}}, f, indent=1)
+
+
+def cpu_split(pids):
+    """User and kernel CPU seconds of `pids` (`/proc/PID/stat`)."""
+    user = system = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            user, system = user + int(fields[11]), system + int(fields[12])
+        except FileNotFoundError:
+            pass
+    tick = os.sysconf("SC_CLK_TCK")
+    return user / tick, system / tick
+
+
+def capped(name, share, pids):
+    """A cgroup (v1 cpu controller) allowed `share` of one CPU, holding the
+    processes `pids` and every thread they start; its path, to remove."""
+    root = "/sys/fs/cgroup/cpu"
+    if not os.path.exists(os.path.join(root, "cpu.cfs_quota_us")):
+        raise SystemExit("--cpu-quota needs the cgroup v1 cpu controller at /sys/fs/cgroup/cpu (and root)")
+    path = os.path.join(root, name)
+    os.mkdir(path)
+    period = 10_000
+    for key, value in (("cpu.cfs_period_us", period), ("cpu.cfs_quota_us", int(share * period))):
+        with open(os.path.join(path, key), "w") as f:
+            f.write(str(value))
+    for pid in pids:
+        # cgroup.procs moves every thread of the process.
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+    return path
 
 
 if __name__ == "__main__":

@@ -395,8 +395,7 @@ pub(crate) async fn read_body(
     body: axum::body::Body,
     limit: usize,
 ) -> Result<Bytes, GatewayError> {
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
+    let declared = crate::headers::get(headers, &http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {

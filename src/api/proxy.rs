@@ -277,7 +277,7 @@ async fn proxy(
 /// (`500ms`, `2s`); among its tenant's waiting requests, the earliest
 /// deadline goes first.
 fn ttft_objective(headers: &http::HeaderMap) -> Result<Option<Duration>, GatewayError> {
-    let Some(v) = headers.get(&TTFT_OBJECTIVE) else {
+    let Some(v) = crate::headers::get(headers, &TTFT_OBJECTIVE) else {
         return Ok(None);
     };
     v.to_str()
@@ -294,7 +294,7 @@ fn ttft_objective(headers: &http::HeaderMap) -> Result<Option<Duration>, Gateway
 /// `x-sluice-priority`: an integer band the request asks for (it may only
 /// lower its tier's).
 fn asked_priority(headers: &http::HeaderMap) -> Result<Option<i32>, GatewayError> {
-    let Some(v) = headers.get(&PRIORITY) else {
+    let Some(v) = crate::headers::get(headers, &PRIORITY) else {
         return Ok(None);
     };
     v.to_str()
@@ -504,7 +504,7 @@ async fn forward(
         }
         guard.start_attempt(replica.clone(), reason, sent);
         guard.placed(Placement::new(
-            state.affinity.of(&replica.name),
+            state.affinity.of(&replica.name, sent.into_std()),
             prompt_tokens.saturating_sub(decision.cached_tokens),
             decision.cached_tokens,
             hashes.clone(),
@@ -559,8 +559,7 @@ async fn respond(
     // The replica's headers are already those that go on to the client.
     let headers = std::mem::take(&mut parts.headers);
     // (`x-request-id` is set on every response by `request_id::given`.)
-    let is_sse = headers
-        .get(header::CONTENT_TYPE)
+    let is_sse = crate::headers::get(&headers, &header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     guard.record.status = parts.status.as_u16();
@@ -622,7 +621,10 @@ async fn respond(
             return Err(e);
         }
     };
-    up.replica.conns.checkin(up.conn);
+    // The answer's end: read once for the record and the pool (nothing
+    // awaits between here and the end of this function).
+    let now = Instant::now();
+    up.replica.conns.checkin_at(up.conn, now.into_std());
     match endpoint.wire() {
         Wire::OpenAi => {
             if let Some(info) = chunk_info(&bytes) {
@@ -642,7 +644,6 @@ async fn respond(
         guard.record.verdict =
             quality::whole(endpoint.wire(), &bytes, state.telemetry.refusal.as_ref());
     }
-    let now = Instant::now();
     guard.record.end = Some(now);
     guard.record.response_ready = Some(now);
     // Built in place: `into_response` would make a map with its own

@@ -21,8 +21,7 @@ pub(crate) fn key(
     }
     let (hash, explicit) = cfg.sources.iter().find_map(|src| {
         let h = match src {
-            SessionSource::Header(name) => headers
-                .get(name)
+            SessionSource::Header(name) => crate::headers::get(headers, name)
                 .map(|v| v.as_bytes())
                 .filter(|v| !v.is_empty())
                 .map(|v| {

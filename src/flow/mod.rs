@@ -152,7 +152,7 @@ impl Flow {
         // (The waiter's channel is made only for a waiter: it allocates.)
         let (id, mut rx) = {
             let mut st = gate.state.lock();
-            let free = gate.free_on(candidates, &rules);
+            let free = gate.free_on(candidates, &rules, arrival.into_std());
             if st.queue.at_or_above(band) == 0
                 && free.admits(band, &rules, st.reserve(band, arrival))
             {
@@ -465,16 +465,15 @@ impl Gate {
     /// no pressure.
     fn free(&self, pool: &Pool, rules: &Rules) -> Free {
         match pool.resolve(&self.model) {
-            Ok(c) => self.free_on(&c.replicas, rules),
+            Ok(c) => self.free_on(&c.replicas, rules, std::time::Instant::now()),
             // No replica at all: let the request through to fail as usual.
             Err(_) => Free::OPEN,
         }
     }
 
     /// [`Gate::free`] over these replicas of the model.
-    fn free_on(&self, replicas: &[Arc<Replica>], rules: &Rules) -> Free {
+    fn free_on(&self, replicas: &[Arc<Replica>], rules: &Rules, now: std::time::Instant) -> Free {
         let (mut top, mut rest, mut seats) = (0u32, 0u32, 0u32);
-        let now = std::time::Instant::now();
         for r in replicas {
             match rules.room(r, now) {
                 Room::Open => return Free::OPEN,

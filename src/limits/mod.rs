@@ -293,7 +293,10 @@ impl Limiter {
     /// Who is calling, from `Authorization: Bearer KEY` or, as Anthropic
     /// clients send it, `x-api-key: KEY` (Authorization wins when both come).
     pub(crate) fn identify(&self, headers: &HeaderMap) -> Result<Arc<Identity>, GatewayError> {
-        let key = match (headers.get(header::AUTHORIZATION), headers.get(&X_API_KEY)) {
+        let key = match (
+            crate::headers::get(headers, &header::AUTHORIZATION),
+            crate::headers::get(headers, &X_API_KEY),
+        ) {
             (Some(value), _) => value
                 .to_str()
                 .ok()

@@ -66,15 +66,18 @@ impl Decayed {
     }
 }
 
+/// Nanoseconds from `epoch()` to `now`.
+fn since_epoch(now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl ReplicaMemory {
-    fn touch(&self) {
-        let ns = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.used.store(ns, Relaxed);
+    fn touch(&self, now: Instant) {
+        self.used.store(since_epoch(now), Relaxed);
     }
 
-    fn idle_for(&self) -> Duration {
-        let now = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
-        Duration::from_nanos(now.saturating_sub(self.used.load(Relaxed)))
+    fn idle_for(&self, now: Instant) -> Duration {
+        Duration::from_nanos(since_epoch(now).saturating_sub(self.used.load(Relaxed)))
     }
 }
 
@@ -124,9 +127,10 @@ impl Affinity {
     }
 
     /// The memory of replica `name`, created on first use.
-    pub(crate) fn of(&self, name: &Arc<str>) -> Arc<ReplicaMemory> {
+    /// (`now`: the caller's clock reading; a decision reads it once.)
+    pub(crate) fn of(&self, name: &Arc<str>, now: Instant) -> Arc<ReplicaMemory> {
         if let Some(m) = self.replicas.load().get(name) {
-            m.touch();
+            m.touch(now);
             return m.clone();
         }
         let fresh = Arc::new(ReplicaMemory {
@@ -135,12 +139,12 @@ impl Affinity {
             session_turns: Mutex::new(Decayed::new()),
             used: AtomicU64::new(0),
         });
-        fresh.touch();
+        fresh.touch(now);
         let mut out = fresh.clone();
         self.replicas.rcu(|map| {
             let mut next: HashMap<_, _> = map
                 .iter()
-                .filter(|(_, m)| m.idle_for() < FORGET_AFTER)
+                .filter(|(_, m)| m.idle_for(now) < FORGET_AFTER)
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             // Another decision may have added it meanwhile: keep that one.
@@ -171,9 +175,10 @@ mod tests {
         let t = (16, Duration::from_secs(60));
         let a = Affinity::new(64, t, t);
         let x: Arc<str> = Arc::from("x");
-        a.of(&x).prefixes.lock().insert(&[1, 2, 3]);
+        let now = Instant::now();
+        a.of(&x, now).prefixes.lock().insert(&[1, 2, 3]);
         assert_eq!(a.blocks("x"), 3);
-        assert_eq!(a.of(&x).prefixes.lock().longest_match(&[1, 2, 9]), 2);
+        assert_eq!(a.of(&x, now).prefixes.lock().longest_match(&[1, 2, 9]), 2);
         assert_eq!(a.blocks("y"), 0);
     }
 

@@ -258,7 +258,7 @@ impl PrefixKv {
             Some(_) if waiting.unwrap_or(0.0) >= c.queue_high || r.full => Blocked::Queue,
             Some(_) => Blocked::No,
         };
-        let memory = self.affinity.of(&r.name);
+        let memory = self.affinity.of(&r.name, ctx.now);
         let matched = if ctx.hashes.is_empty() {
             0
         } else {

@@ -35,8 +35,7 @@ fn nonzero_u64() -> u64 {
 impl TraceCtx {
     /// From the client's `traceparent` if valid, else a new trace.
     pub fn from_headers(h: &HeaderMap) -> Self {
-        let parsed = h
-            .get(&TRACEPARENT)
+        let parsed = crate::headers::get(h, &TRACEPARENT)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_traceparent);
         match parsed {

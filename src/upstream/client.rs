@@ -184,7 +184,7 @@ pub(crate) fn downstream_headers(upstream: &HeaderMap, request_id: &HeaderValue)
 /// The client's `x-request-id` if it is sane (visible ASCII, at most 128
 /// bytes), else a fresh random one.
 pub(crate) fn request_id(client: &HeaderMap) -> HeaderValue {
-    if let Some(v) = client.get(&X_REQUEST_ID)
+    if let Some(v) = crate::headers::get(client, &X_REQUEST_ID)
         && !v.is_empty()
         && v.len() <= 128
         && v.as_bytes().iter().all(|b| b.is_ascii_graphic())

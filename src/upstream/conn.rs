@@ -189,14 +189,18 @@ impl ConnPool {
 
     /// Keep a connection whose response was read to the end, if it can carry
     /// another request.
-    pub(crate) fn checkin(&self, mut c: Conn) {
+    pub(crate) fn checkin(&self, c: Conn) {
+        self.checkin_at(c, Instant::now());
+    }
+
+    /// [`ConnPool::checkin`] at `now`, the caller's clock reading.
+    pub(crate) fn checkin_at(&self, mut c: Conn, now: Instant) {
         if c.wire.body != BodyState::Done || !c.keep_alive || !c.wire.rbuf.is_empty() {
             return;
         }
         c.wire.body = BodyState::Idle;
         c.reused = true;
         {
-            let now = Instant::now();
             let mut idle = self.idle.lock();
             // Checkout takes the newest; the oldest may have outlived the idle
             // timeout (the replica has likely closed them): drop those here so

@@ -258,9 +258,8 @@ pub(super) fn encode(
         }
         header(out, name.as_str().as_bytes(), value.as_bytes());
     }
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .map(|v| parse_length(v.as_bytes()));
+    let declared =
+        crate::headers::get(headers, &CONTENT_LENGTH).map(|v| parse_length(v.as_bytes()));
     let framing = if let Some(declared) = declared {
         match declared {
             _ if bodiless => Out::None,
