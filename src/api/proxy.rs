@@ -621,10 +621,6 @@ async fn respond(
             return Err(e);
         }
     };
-    // The answer's end: read once for the record and the pool (nothing
-    // awaits between here and the end of this function).
-    let now = Instant::now();
-    up.replica.conns.checkin_at(up.conn, now.into_std());
     match endpoint.wire() {
         Wire::OpenAi => {
             if let Some(info) = chunk_info(&bytes) {
@@ -644,6 +640,9 @@ async fn respond(
         guard.record.verdict =
             quality::whole(endpoint.wire(), &bytes, state.telemetry.refusal.as_ref());
     }
+    // The answer's end, read once for the record and the pool.
+    let now = Instant::now();
+    up.replica.conns.checkin_at(up.conn, now.into_std());
     guard.record.end = Some(now);
     guard.record.response_ready = Some(now);
     // Built in place: `into_response` would make a map with its own
