@@ -65,12 +65,9 @@ async fn four_turns(url: &str, sims: &[SimHandle], s: usize, id: &str) -> usize 
 #[tokio::test]
 async fn session_ids_keep_a_conversation_on_one_replica_and_spread_sessions() {
     let sims = sims(4).await;
-    let mut c = routing_config(&urls(&sims));
-    // A replica whose scrape ran late on a busy machine would count as
-    // saturated and take no new session, so sessions would crowd onto the
-    // others: not what this test is about (CI saw 12 sessions on 2 replicas).
-    c.routing.metrics.stale_after = Duration::from_secs(30);
-    let gw = start_routed(c, 4).await;
+    // (`routing_config` gives scrapes 30 s before a replica counts as
+    // stale: a late scrape would keep new sessions off a replica.)
+    let gw = start_routed(routing_config(&urls(&sims)), 4).await;
     let url = api(&gw);
     // 16 sessions: rendezvous hashing over 4 replicas (named by random ports)
     // puts them all on 2 or fewer with probability ~1e-4 (12: ~1.5e-3).
@@ -98,9 +95,6 @@ async fn least_loaded_placement_spreads_new_sessions_evenly() {
     let sims = sims(4).await;
     let mut c = routing_config(&urls(&sims));
     c.routing.prefix_kv.session_placement = sluice::config::SessionPlacement::LeastLoaded;
-    // A replica whose scrape ran late on a busy machine would count as
-    // saturated and take no new session: not what this test is about.
-    c.routing.metrics.stale_after = Duration::from_secs(30);
     let gw = start_routed(c, 4).await;
     let url = api(&gw);
     let mut homes = Vec::new();
