@@ -25,6 +25,7 @@ pub mod telemetry;
 mod term;
 mod tokens;
 pub mod top;
+mod turn;
 pub mod upstream;
 pub mod vocab;
 

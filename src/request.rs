@@ -295,7 +295,7 @@ impl RequestGuard {
                 let name = &attempt.replica().name;
                 homes
                     .responses
-                    .place(response_key(id), name, std::time::Instant::now());
+                    .place(response_key(id), name, crate::turn::now_std());
             }
             if r.stalls > 0 {
                 attempt.replica().series.stalls.add(u64::from(r.stalls));

@@ -32,6 +32,7 @@ use crate::stream::relay::Mode;
 use crate::stream::{protocols, quality};
 use crate::telemetry::record::FlowOutcome;
 use crate::telemetry::tracecontext::{TRACEPARENT, TraceCtx};
+use crate::turn;
 use crate::upstream::client::proxied_request;
 use crate::upstream::pool::{Candidates, Replica};
 use crate::vocab::{Endpoint, RouteReason, Wire};
@@ -62,7 +63,7 @@ pub(crate) async fn handle_as(
     req: Request<Body>,
     rid: HeaderValue,
 ) -> Response {
-    let arrival = Instant::now();
+    let arrival = turn::now();
     let (parts, body) = req.into_parts();
     // Boxed, as the answer in `forward` is: together they keep this
     // request's future under 4 KiB, which jemalloc allocates and frees on
@@ -125,8 +126,8 @@ async fn proxy(
     };
     let limit = state.config.server.max_body_bytes.as_usize();
     let body_timeout = state.config.server.body_timeout;
-    let bytes = tokio::time::timeout(
-        body_timeout,
+    let bytes = tokio::time::timeout_at(
+        guard.record.arrival + body_timeout,
         inbound::read_body(&parts.headers, body, limit),
     )
     .await
@@ -395,9 +396,7 @@ async fn forward(
     // that replica is gone, routing picks as usual and the engine answers
     // that it does not know the response.
     let mut pinned = match (endpoint, inbound.session.previous_response_id) {
-        (Endpoint::Responses, Some(key)) => {
-            state.affinity.responses.get(key, std::time::Instant::now())
-        }
+        (Endpoint::Responses, Some(key)) => state.affinity.responses.get(key, turn::now_std()),
         _ => None,
     };
     if endpoint == Endpoint::Responses {
@@ -418,7 +417,7 @@ async fn forward(
             session,
             prompt_tokens,
             tail_tokens,
-            now: std::time::Instant::now(),
+            now: turn::now_std(),
         };
         let home = pinned
             .take()
@@ -489,7 +488,8 @@ async fn forward(
         }
         let req = proxied_request(&parts.method, path, &parts.headers, rid, &added[..n], &body);
 
-        let sent = Instant::now();
+        // Read afresh: the gateway's overhead ends here.
+        let sent = turn::fresh();
         // Where the prompt went is remembered for every attempt; a retry
         // goes to another replica by design, so it is not counted as
         // scattering.
@@ -554,7 +554,7 @@ async fn respond(
     first_by: Instant,
     guard: &mut RequestGuard,
 ) -> Result<Reply, GatewayError> {
-    guard.record.upstream_first_byte = Some(Instant::now());
+    guard.record.upstream_first_byte = Some(turn::now());
     let (mut parts, ()) = resp.into_parts();
     // The replica's headers are already those that go on to the client.
     let headers = std::mem::take(&mut parts.headers);
@@ -591,7 +591,7 @@ async fn respond(
             }
             guard.record.upstream_first_byte = Some(timed.frame_time());
         }
-        guard.record.response_ready = Some(Instant::now());
+        guard.record.response_ready = Some(turn::fresh());
         let mut out = http::Response::new(timed);
         *out.status_mut() = parts.status;
         *out.headers_mut() = headers;
@@ -640,8 +640,9 @@ async fn respond(
         guard.record.verdict =
             quality::whole(endpoint.wire(), &bytes, state.telemetry.refusal.as_ref());
     }
-    // The answer's end, read once for the record and the pool.
-    let now = Instant::now();
+    // The answer's end, read once (afresh: the usage scan above counts) for
+    // the record and the pool.
+    let now = turn::fresh();
     up.replica.conns.checkin_at(up.conn, now.into_std());
     guard.record.end = Some(now);
     guard.record.response_ready = Some(now);

@@ -105,7 +105,7 @@ pub(crate) async fn locate(
             state
                 .affinity
                 .responses
-                .place(response_key(id), &name, std::time::Instant::now());
+                .place(response_key(id), &name, crate::turn::now_std());
             return Some(name);
         }
     }
@@ -119,7 +119,7 @@ async fn relay(
     id: &str,
     rid: &HeaderValue,
 ) -> Result<(Arc<str>, Response), GatewayError> {
-    let now = std::time::Instant::now();
+    let now = crate::turn::now_std();
     let replicas = state.pool.replicas();
     let home = state.affinity.responses.get(response_key(id), now);
     let known: Option<&Arc<Replica>> = home

@@ -26,27 +26,32 @@ pub(crate) async fn send(
     } else {
         TimeoutPhase::Total
     };
-    let attempt = async {
-        let mut conn = replica.conns.checkout().await?;
-        let resp = match conn.send(&req).await {
-            // The replica closed a kept-alive connection just as it was reused
-            // (servers time idle connections out: uvicorn after 5 s): the
-            // request never reached it. Once more on a fresh connection.
-            Err(SendError::NotSent(_)) if conn.reused() => {
-                conn = replica.conns.connect().await?;
-                conn.send(&req).await
-            }
-            r => r,
-        };
-        // A request that could not have reached the replica (the connection
-        // died first) is a connect error: safe to retry on another replica.
-        let resp = resp.map_err(SendError::into_gateway)?;
-        Ok::<_, GatewayError>((resp, conn))
+    let timed_out = || GatewayError::UpstreamTimeout { phase };
+    // Only a new connection is awaited under a timer of its own; the wait
+    // for the answer is bounded by the connection's kept timer
+    // (`Conn::send`).
+    let connect = || async {
+        tokio::time::timeout_at(headers_by, replica.conns.connect())
+            .await
+            .map_err(|_| timed_out())?
     };
-    let (resp, mut conn) = match tokio::time::timeout_at(headers_by, attempt).await {
-        Err(_) => return Err(GatewayError::UpstreamTimeout { phase }),
-        Ok(r) => r?,
+    let mut conn = match replica.conns.idle_conn() {
+        Some(conn) => conn,
+        None => connect().await?,
     };
+    let resp = match conn.send(&req, headers_by).await {
+        // The replica closed a kept-alive connection just as it was reused
+        // (servers time idle connections out: uvicorn after 5 s): the
+        // request never reached it. Once more on a fresh connection.
+        Err(SendError::NotSent(_)) if conn.reused() => {
+            conn = connect().await?;
+            conn.send(&req, headers_by).await
+        }
+        r => r,
+    };
+    // A request that could not have reached the replica (the connection
+    // died first) is a connect error: safe to retry on another replica.
+    let resp = resp.map_err(|e| e.into_gateway(phase))?;
     let status = resp.status();
     if status.is_success() {
         return Ok((resp, conn));

@@ -43,6 +43,7 @@ use crate::config::Config;
 use crate::error::GatewayError;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::registry::{Counter, Histogram};
+use crate::turn;
 use crate::upstream::pool::{Pool, Replica};
 use queue::Queue;
 use room::{Room, Rules};
@@ -131,7 +132,7 @@ impl Flow {
         if !rules.enabled {
             return Ok(None);
         }
-        let arrival = Instant::now();
+        let arrival = turn::now();
         let band = rules.band(ask.tier.as_deref(), ask.asked_priority);
         let max_wait = rules.max_wait(ask.tier.as_deref());
         let output = ask.max_tokens.map_or(DEFAULT_OUTPUT, f64::from);
@@ -230,7 +231,7 @@ impl Flow {
             }
         };
         drop(waiting);
-        let waited = arrival.elapsed();
+        let waited = turn::now().saturating_duration_since(arrival);
         match result {
             Ok(seat) => {
                 outcome("waited", waited);
@@ -465,7 +466,7 @@ impl Gate {
     /// no pressure.
     fn free(&self, pool: &Pool, rules: &Rules) -> Free {
         match pool.resolve(&self.model) {
-            Ok(c) => self.free_on(&c.replicas, rules, std::time::Instant::now()),
+            Ok(c) => self.free_on(&c.replicas, rules, turn::now_std()),
             // No replica at all: let the request through to fail as usual.
             Err(_) => Free::OPEN,
         }
@@ -540,7 +541,7 @@ impl Gate {
             if st.queue.len() == 0 {
                 return;
             }
-            let now = Instant::now();
+            let now = turn::now();
             let mut free = self.free(pool, rules);
             while let Some(band) = st.queue.highest_band() {
                 if !free.admits(band, rules, st.reserve(band, now)) {
@@ -602,14 +603,14 @@ impl Drop for Seat {
         if self.quiet {
             let mut st = self.gate.state.lock();
             if let Some(l) = st.bands.get_mut(&self.band) {
-                l.change(Instant::now(), false);
+                l.change(turn::now(), false);
             }
             return;
         }
         {
             let mut st = self.gate.state.lock();
             if let Some(l) = st.bands.get_mut(&self.band) {
-                l.change(Instant::now(), false);
+                l.change(turn::now(), false);
             }
             if let Some(actual) = self.actual {
                 st.queue.adjust(&self.tenant, actual - self.charged);

@@ -190,7 +190,7 @@ where
             let stopping = std::future::poll_fn(|cx| {
                 // Each poll of the connection is a turn: a response body
                 // pending once in it answers again without re-registering.
-                if crate::stream::turn::take(|| conn.as_mut().poll(cx)).is_ready() {
+                if crate::turn::take(|| conn.as_mut().poll(cx)).is_ready() {
                     return Poll::Ready(false);
                 }
                 if stop.poll(cx) {

@@ -22,9 +22,9 @@ use tokio::time::Instant;
 use super::clock::Deadlines;
 use super::relay::{Mode, Relay};
 use super::signal::{Signal, SignalWatch};
-use super::turn::{self, Turn};
 use crate::error::{GatewayError, UpstreamFault};
 use crate::request::RequestGuard;
+use crate::turn::{self, Turn};
 use crate::upstream::conn::Conn;
 use crate::upstream::pool::Replica;
 
@@ -38,7 +38,7 @@ pub(crate) trait Upstream: Send + Unpin + 'static {
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, UpstreamFault>>>;
     /// When the bytes `poll_data` last handed out arrived.
     fn read_at(&self) -> Instant {
-        Instant::now()
+        turn::now()
     }
     /// Whether a `poll_data` now is known to find nothing new (the bytes it
     /// last handed out emptied the source). `false` when unknown.
@@ -125,7 +125,7 @@ impl<U: Upstream> TimedBody<U> {
             upstream: Some(upstream),
             relay: Relay::new(mode),
             raw: mode == Mode::Raw,
-            clock: Deadlines::new(Instant::now(), idle, total),
+            clock: Deadlines::new(turn::now(), idle, total),
             guard: None,
             primed: None,
             cut: cut.watch(),
@@ -202,7 +202,7 @@ impl<U: Upstream> TimedBody<U> {
         self.upstream = None;
         self.state = State::Closing;
         if let Some(g) = self.guard.as_mut() {
-            g.on_cut(Instant::now());
+            g.on_cut(turn::now());
             if upstream_fault {
                 g.attempt_error(err);
             }
@@ -364,7 +364,7 @@ impl<U: Upstream> Drop for TimedBody<U> {
         {
             // Dropped mid-stream: hyper gave up on the client connection.
             g.record.disconnected = true;
-            g.on_cut(Instant::now());
+            g.on_cut(turn::now());
         }
         // First close the replica connection (which cancels the request
         // there), then end the request.

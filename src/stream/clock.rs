@@ -61,7 +61,10 @@ impl Deadlines {
             return None;
         }
         while self.timer.as_mut().poll(cx).is_ready() {
-            let now = Instant::now();
+            // The clock itself, not the turn's time (a moment old): a timer
+            // re-armed for a deadline at or before that time would fire at
+            // once, and this loop would not end.
+            let now = crate::turn::fresh();
             if now >= self.total {
                 return Some(TimeoutPhase::Total);
             }

@@ -11,7 +11,6 @@ pub(crate) mod scan;
 pub mod shape;
 pub(crate) mod signal;
 pub mod sse;
-pub(crate) mod turn;
 
 /// Benchmark support (`benches/hot_path.rs`): relay one chat stream's
 /// `chunks` (one `data:` event each, or several) as a response body does,

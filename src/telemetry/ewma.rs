@@ -20,7 +20,7 @@ impl Ewma {
         let old = f64::from_bits(self.bits.load(Relaxed));
         let new = if old == 0.0 { v } else { old * 0.8 + v * 0.2 };
         self.bits.store(new.to_bits(), Relaxed);
-        let ns = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let ns = u64::try_from(since_epoch().as_nanos()).unwrap_or(u64::MAX);
         self.at.store(ns.max(1), Relaxed);
     }
 
@@ -32,9 +32,14 @@ impl Ewma {
     /// The average if its last sample is younger than `max_age`.
     pub(crate) fn fresh(&self, max_age: std::time::Duration) -> Option<f64> {
         let at = self.at.load(Relaxed);
-        let age_ns = epoch().elapsed().as_nanos().saturating_sub(u128::from(at));
+        let age_ns = since_epoch().as_nanos().saturating_sub(u128::from(at));
         (at != 0 && age_ns <= max_age.as_nanos())
             .then(|| self.get())
             .flatten()
     }
+}
+
+/// The time since [`epoch`], by the turn's clock (`crate::turn`).
+fn since_epoch() -> std::time::Duration {
+    crate::turn::now_std().saturating_duration_since(epoch())
 }

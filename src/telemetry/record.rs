@@ -110,7 +110,7 @@ pub struct RequestRecord {
 impl RequestRecord {
     pub(crate) fn new(endpoint: Endpoint, model: Arc<str>, stream: bool, arrival: Instant) -> Self {
         let wall_arrival = std::time::SystemTime::now()
-            .checked_sub(arrival.elapsed())
+            .checked_sub(crate::turn::now().saturating_duration_since(arrival))
             .unwrap_or_else(std::time::SystemTime::now);
         Self {
             request_id: String::new(),

@@ -19,16 +19,19 @@
 //! interim 1xx responses are skipped.
 
 use parking_lot::Mutex;
+use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderValue, Response, StatusCode};
-use tokio::io::{AsyncWriteExt, Interest};
+use tokio::io::{AsyncWrite, Interest};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 
 use super::http1::{BodyState, Outgoing, Wire, forwarded};
 use crate::error::{GatewayError, TimeoutPhase, UpstreamFault};
+use crate::turn;
 
 /// Largest response head accepted from a replica.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -77,6 +80,9 @@ pub(crate) struct Conn {
     /// The latest read was shorter than the space offered: the socket had
     /// nothing more, and its readiness was cleared (see `poll_fill`).
     drained: bool,
+    /// The timer of a request's deadline while its answer is awaited
+    /// ([`Conn::passed`]), made with the first request and kept.
+    due: Option<Pin<Box<Sleep>>>,
 }
 
 /// Why a request got no response.
@@ -88,13 +94,17 @@ pub(crate) enum SendError {
     NotSent(UpstreamFault),
     /// The request went out; the answer was missing or malformed.
     Failed(UpstreamFault),
+    /// The deadline passed before the response head (`phase`: which
+    /// deadline that was, for the error).
+    TimedOut,
 }
 
 impl SendError {
-    pub(crate) fn into_gateway(self) -> GatewayError {
+    pub(crate) fn into_gateway(self, phase: TimeoutPhase) -> GatewayError {
         match self {
             SendError::NotSent(e) => GatewayError::UpstreamConnect(e),
             SendError::Failed(e) => GatewayError::UpstreamProtocol(e),
+            SendError::TimedOut => GatewayError::UpstreamTimeout { phase },
         }
     }
 }
@@ -117,15 +127,15 @@ impl ConnPool {
         }
     }
 
-    /// A live idle connection, or a new one.
-    pub(crate) async fn checkout(&self) -> Result<Conn, GatewayError> {
+    /// A live idle connection, if there is one (else [`connect`](Self::connect)).
+    pub(crate) fn idle_conn(&self) -> Option<Conn> {
         while let Some(c) = self.take_idle() {
-            let idle = c.since.elapsed();
+            let idle = turn::now_std().saturating_duration_since(c.since);
             if idle < self.idle_timeout && (idle < PEEK_AFTER || c.conn.is_quiet()) {
-                return Ok(c.conn);
+                return Some(c.conn);
             }
         }
-        self.connect().await
+        None
     }
 
     /// Drop idle connections past the idle timeout or closed by the replica.
@@ -182,15 +192,16 @@ impl ConnPool {
             },
             keep_alive: false,
             reused: false,
-            read_at: tokio::time::Instant::now(),
+            read_at: turn::now(),
             drained: false,
+            due: None,
         })
     }
 
     /// Keep a connection whose response was read to the end, if it can carry
     /// another request.
     pub(crate) fn checkin(&self, c: Conn) {
-        self.checkin_at(c, Instant::now());
+        self.checkin_at(c, turn::now_std());
     }
 
     /// [`ConnPool::checkin`] at `now`, the caller's clock reading.
@@ -237,17 +248,69 @@ impl Conn {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
-    /// Send the request and read the response head. The body follows through
+    /// Whether `by` has passed; if not, the task is woken when it does.
+    ///
+    /// The connection keeps one timer for every request it carries, moved
+    /// only when it fires (then to the current request's deadline) or when a
+    /// nearer deadline comes. A `tokio::time::timeout_at` per request put a
+    /// timer in tokio's wheel and took it out again, each under the wheel's
+    /// lock: ~500 instructions a request (callgrind). Deadlines grow with
+    /// time, so the kept timer is mostly due before the request's and fires
+    /// early at most once per timeout period, waking whichever task polled it
+    /// last (a spurious poll, no more).
+    fn passed(&mut self, by: tokio::time::Instant, cx: &mut Context<'_>) -> bool {
+        let timer = self
+            .due
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(by)));
+        if timer.deadline() > by {
+            timer.as_mut().reset(by);
+        }
+        while timer.as_mut().poll(cx).is_ready() {
+            // Fired: read the clock itself (the turn's time could be a
+            // moment old), and if the deadline is still ahead, wait for it.
+            if turn::fresh() >= by {
+                return true;
+            }
+            timer.as_mut().reset(by);
+        }
+        false
+    }
+
+    /// Send the request and read the response head, both by `by` (else
+    /// [`SendError::TimedOut`]). The body follows through
     /// [`poll_data`](Self::poll_data). The head's headers are those that go
     /// on to the client (see [`forwarded::Forwarded::resp`]).
-    pub(crate) async fn send(&mut self, req: &Outgoing) -> Result<Response<()>, SendError> {
+    pub(crate) async fn send(
+        &mut self,
+        req: &Outgoing,
+        by: tokio::time::Instant,
+    ) -> Result<Response<()>, SendError> {
         let head_only = req.head_only;
-        if let Err(e) = self.io.write_all(&req.wire).await {
-            return Err(SendError::NotSent(UpstreamFault::io(
-                "writing the request",
-                e,
-            )));
-        }
+        let mut written = 0;
+        std::future::poll_fn(|cx| {
+            while written < req.wire.len() {
+                match Pin::new(&mut self.io).poll_write(cx, &req.wire[written..]) {
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(SendError::NotSent(
+                            "writing the request: the connection is closed".into(),
+                        )));
+                    }
+                    Poll::Ready(Ok(n)) => written += n,
+                    Poll::Ready(Err(e)) => {
+                        return Poll::Ready(Err(SendError::NotSent(UpstreamFault::io(
+                            "writing the request",
+                            e,
+                        ))));
+                    }
+                    Poll::Pending if self.passed(by, cx) => {
+                        return Poll::Ready(Err(SendError::TimedOut));
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            Poll::Ready(Ok(()))
+        })
+        .await?;
         // Whether the replica answered anything (an interim response counts):
         // only a reused connection that closes with no answer at all is taken
         // for one the replica had already closed.
@@ -264,7 +327,12 @@ impl Conn {
                         format!("response head larger than {MAX_HEAD_BYTES} bytes").into(),
                     ));
                 }
-                let got = std::future::poll_fn(|cx| self.poll_fill(cx)).await;
+                let got = std::future::poll_fn(|cx| match self.poll_fill(cx) {
+                    Poll::Pending if self.passed(by, cx) => Poll::Ready(Err(None)),
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(r) => Poll::Ready(r.map_err(Some)),
+                })
+                .await;
                 answered |= matches!(got, Ok(n) if n > 0);
                 match got {
                     Ok(0) if !answered && self.reused => {
@@ -278,7 +346,8 @@ impl Conn {
                         ));
                     }
                     Ok(_) => {}
-                    Err(e) => {
+                    Err(None) => return Err(SendError::TimedOut),
+                    Err(Some(e)) => {
                         let msg = UpstreamFault::io("reading the response", e);
                         return Err(if !answered && self.reused {
                             SendError::NotSent(msg)
@@ -394,7 +463,7 @@ impl Conn {
                 Some((n, drained)) => {
                     self.drained = drained;
                     if n > 0 {
-                        self.read_at = tokio::time::Instant::now();
+                        self.read_at = turn::now();
                     }
                     return Poll::Ready(Ok(n));
                 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// Bottom to top. A module may import from modules of strictly lower layers
 /// only, so two modules of one layer never import each other.
 const LAYERS: &[&[&str]] = &[
-    &["vocab", "headers"],
+    &["vocab", "headers", "turn"],
     &["tokens", "term"],
     &["config"],
     &["error"],

@@ -254,3 +254,77 @@ async fn malformed_or_truncated_answers_are_clean_errors() {
     assert_eq!(err["error"]["code"], "upstream_protocol", "{body}");
     assert_eq!(payloads[2], "[DONE]");
 }
+
+#[tokio::test]
+async fn a_kept_connection_bounds_each_answer_by_its_own_requests_deadline() {
+    // A kept-alive connection keeps one timer for its requests' deadlines,
+    // moved lazily (`Conn::passed`). Whatever an earlier request left it at,
+    // nearer or later, each wait for an answer ends at its own deadline.
+    const TOTAL: Duration = Duration::from_secs(3);
+    const FIRST_TOKEN: Duration = Duration::from_millis(100);
+    let json = concat!(
+        r#"{"id":"c","object":"chat.completion","created":0,"model":"silent","#,
+        r#""choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"#,
+        r#""finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"#,
+        r#""total_tokens":2}}"#
+    );
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = sent.clone();
+    let replica = raw::start("silent", move |_| match count.fetch_add(1, Ordering::SeqCst) {
+        0 => Reply::KeepAlive(sized(SSE)),
+        2 => Reply::KeepAlive(
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{json}",
+                json.len()
+            )
+            .into_bytes(),
+        ),
+        _ => Reply::Silent,
+    })
+    .await;
+    let mut config = config_for(&[replica.url()]);
+    config.upstream.health_check.interval = Duration::from_secs(3600);
+    config.upstream.timeouts.total = TOTAL;
+    config.upstream.timeouts.first_token = FIRST_TOKEN;
+    let gw = start_gateway(config, 1).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+
+    // A stream leaves the timer at its first-token deadline; the whole
+    // answer asked next on that connection gets its later, total one.
+    let (s, _, b) = post(&url, &chat_for("silent", true)).await;
+    assert_eq!((s, b.as_str()), (200, SSE));
+    let t = std::time::Instant::now();
+    let (s, _, b) = post(&url, &chat_for("silent", false)).await;
+    let waited = t.elapsed();
+    assert_eq!(s, 504, "{b}");
+    assert_eq!(error_of(&b)["code"], "timeout_total");
+    assert!(waited >= TOTAL, "cut at {waited:?}, before its deadline");
+    assert!(waited < TOTAL * 5, "waited {waited:?}");
+    assert_eq!(
+        replica.connections.load(Ordering::SeqCst),
+        1,
+        "one kept connection"
+    );
+
+    // A whole answer leaves it at the total deadline; a stream asked next
+    // on that (new) connection must not wait that long for its first token.
+    let (s, _, b) = post(&url, &chat_for("silent", false)).await;
+    assert_eq!(s, 200, "{b}");
+    let t = std::time::Instant::now();
+    let (s, _, b) = post(&url, &chat_for("silent", true)).await;
+    let waited = t.elapsed();
+    assert_eq!(s, 504, "{b}");
+    assert_eq!(error_of(&b)["code"], "timeout_first_token");
+    assert!(
+        waited >= FIRST_TOKEN,
+        "cut at {waited:?}, before its deadline"
+    );
+    // Broken, it would wait for the earlier request's deadline: TOTAL after
+    // that request came, a few milliseconds before this one.
+    assert!(
+        waited < TOTAL / 2,
+        "waited {waited:?}: the earlier request's deadline"
+    );
+    assert_eq!(replica.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(replica.requests.load(Ordering::SeqCst), 4);
+}

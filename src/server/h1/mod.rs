@@ -101,7 +101,7 @@ pub(super) async fn serve_conn(
         }
         // Each poll is a turn: a response body that registered every waker
         // answers the poll that follows its data at once (`stream/turn.rs`).
-        crate::stream::turn::take(|| conn.poll(cx))
+        crate::turn::take(|| conn.poll(cx))
     })
     .await;
 }
@@ -203,7 +203,7 @@ impl Connection {
                 Poll::Pending => {
                     if !self.armed {
                         self.armed = true;
-                        self.head_clock.touch(Instant::now());
+                        self.head_clock.touch(crate::turn::now());
                     }
                     return match self.head_clock.poll_expired(cx) {
                         Some(_) => Poll::Ready(None),

@@ -202,7 +202,7 @@ async fn frames(body: &mut TimedBody<Script>) -> Vec<(Duration, String)> {
 /// The body's next frame, each poll a turn of its own, asked twice when pending.
 async fn in_turns(body: &mut TimedBody<Script>) -> Option<Result<Frame<Bytes>, Infallible>> {
     std::future::poll_fn(|cx| {
-        crate::stream::turn::take(|| {
+        crate::turn::take(|| {
             let first = Pin::new(&mut *body).poll_frame(cx);
             if first.is_pending() {
                 let again = Pin::new(&mut *body).poll_frame(cx);
@@ -434,7 +434,7 @@ fn asked(b: &TimedBody<Script>) -> usize {
 
 #[tokio::test(start_paused = true)]
 async fn a_body_pending_in_a_turn_answers_again_without_asking_its_upstream() {
-    use crate::stream::turn;
+    use crate::turn;
     let rig = Rig::new();
     let steps = vec![
         (10, Step::Data(TOKEN)),
@@ -464,7 +464,7 @@ async fn a_body_pending_in_a_turn_answers_again_without_asking_its_upstream() {
 
 #[tokio::test(start_paused = true)]
 async fn data_that_drained_its_upstream_in_a_turn_leaves_the_next_poll_answered() {
-    use crate::stream::turn;
+    use crate::turn;
     let rig = Rig::new();
     let steps = vec![
         (0, Step::Data(TOKEN)),

@@ -20,6 +20,8 @@ pub enum Reply {
     Close(Vec<u8>),
     /// Close the connection without answering.
     Hangup,
+    /// Never answer: hold the connection until the gateway closes it.
+    Silent,
 }
 
 pub struct Raw {
@@ -129,6 +131,10 @@ async fn serve(
                 return;
             }
             Reply::Hangup => return,
+            Reply::Silent => {
+                while read_more(&mut tcp, &mut buf).await > 0 {}
+                return;
+            }
         }
     }
 }
