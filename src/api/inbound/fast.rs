@@ -18,7 +18,7 @@
 use std::borrow::Cow;
 
 use super::{ContentLite, Lite, MessageLite, PromptLite, StreamOptions};
-use crate::stream::scan::{escape_len, number_len, string_stop};
+use crate::stream::scan::{escape_len, number_len, string_stop, text_stop};
 
 /// Nesting the reader follows before it declines: it recurses (serde_json
 /// skips unknown values with a loop), so a body of brackets must not reach
@@ -192,7 +192,7 @@ impl<'a> R<'a> {
     fn skip_string(&mut self) -> Option<()> {
         self.expect(b'"')?;
         loop {
-            let at = string_stop(self.b, self.i)?;
+            let at = text_stop(self.b, self.i)?;
             match self.b[at] {
                 b'"' => {
                     self.i = at + 1;
@@ -297,7 +297,7 @@ impl<'a> R<'a> {
     fn kept_str(&mut self) -> Option<Cow<'a, str>> {
         self.expect(b'"')?;
         let start = self.i;
-        let at = string_stop(self.b, start)?;
+        let at = text_stop(self.b, start)?;
         match self.b[at] {
             b'"' => {
                 self.i = at + 1;
