@@ -16,7 +16,7 @@
 # 2. an instrumented copy (`llvm-bolt -instrument`) serves a training load on
 #    loopback: the gateway in front of `sluice sim`, driven by `sluice bench`,
 #    every API (chat, Messages, Responses), streamed and whole, fixed and
-#    varied shapes, prefix-sharing and agent sessions (~35,000 requests, a
+#    varied shapes, prefix-sharing and agent sessions (~32,000 requests, a
 #    few seconds against a replica that answers at once);
 #    the profile is written when it exits;
 # 3. `llvm-bolt` lays out the build from the profile; the result must serve
@@ -39,6 +39,7 @@ if [ -z "$BOLT" ]; then
         say "installing bolt-15"
         apt-get update -qq >/dev/null && apt-get install -y -qq bolt-15 >/dev/null
         BOLT=$(find_bolt)
+        [ -n "$BOLT" ] || { say "bolt-15 installed, but no llvm-bolt found"; exit 1; }
     else
         say "needs llvm-bolt (Debian: apt-get install bolt-15)"
         exit 1
@@ -57,12 +58,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
+taken=" "
 port() {
-    # A free loopback port: bash's /dev/tcp fails to connect to a free one.
+    # A free loopback port (bash's /dev/tcp fails to connect to a free one),
+    # not one handed out before.
     local p
     while :; do
         p=$((20000 + RANDOM % 40000))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+        case "$taken" in *" $p "*) continue ;; esac
+        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
+        echo "$p"
+        return
     done
 }
 wait_port() {
@@ -77,7 +83,9 @@ wait_port() {
 # The training load against GATEWAY (a binary); its requests must all succeed.
 load() {
     local gw=$1 sim_port gw_port admin_port sim gwpid
-    sim_port=$(port); gw_port=$(port); admin_port=$(port)
+    sim_port=$(port); taken+="$sim_port "
+    gw_port=$(port); taken+="$gw_port "
+    admin_port=$(port); taken+="$admin_port "
     "$BUILT" sim --listen "127.0.0.1:$sim_port" --profile fixed --prefill-delay 0ms --token-delay 0ms \
         2>/dev/null & sim=$!; pids+=("$sim")
     printf 'telemetry:\n  access_log:\n    enabled: false\n' > "$work/gw.yaml"
@@ -101,8 +109,8 @@ load() {
         # shellcheck disable=SC2086 # each run is a list of options
         "$BUILT" bench --url "$url" --quiet --json "$work/run.json" $r >/dev/null
         local asked ok
-        asked=$(grep -o '"requests": *[0-9]*' "$work/run.json" | head -1 | grep -o '[0-9]*$')
-        ok=$(grep -o '"ok": *[0-9]*' "$work/run.json" | head -1 | grep -o '[0-9]*$')
+        asked=$(grep -o '"requests": *[0-9]*' "$work/run.json" | head -1 | grep -o '[0-9]*$' || true)
+        ok=$(grep -o '"ok": *[0-9]*' "$work/run.json" | head -1 | grep -o '[0-9]*$' || true)
         if [ -z "$ok" ] || [ "$ok" != "$asked" ]; then
             say "requests failed under $gw ($r):"
             cat "$work/run.json" >&2
@@ -112,6 +120,8 @@ load() {
     # A clean stop, so that an instrumented gateway writes its profile.
     kill -TERM "$gwpid"; wait "$gwpid" || true
     kill "$sim" 2>/dev/null || true; wait "$sim" 2>/dev/null || true
+    # Both reaped: their numbers may go to other processes now.
+    pids=()
 }
 
 say "instrumenting"

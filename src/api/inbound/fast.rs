@@ -188,11 +188,13 @@ impl<'a> R<'a> {
         Some(k.as_bytes())
     }
 
-    /// Any string, escapes checked, skipped.
+    /// Any string, escapes checked, skipped: its first piece by
+    /// [`text_stop`] (it may be long), the pieces between escapes by
+    /// [`string_stop`] (they are short).
     fn skip_string(&mut self) -> Option<()> {
         self.expect(b'"')?;
+        let mut at = text_stop(self.b, self.i)?;
         loop {
-            let at = text_stop(self.b, self.i)?;
             match self.b[at] {
                 b'"' => {
                     self.i = at + 1;
@@ -201,6 +203,7 @@ impl<'a> R<'a> {
                 b'\\' => self.i = at + 1 + escape_len(self.b.get(at + 1..)?)?,
                 _ => return None,
             }
+            at = string_stop(self.b, self.i)?;
         }
     }
 

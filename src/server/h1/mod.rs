@@ -100,7 +100,7 @@ pub(super) async fn serve_conn(
             conn.stopping = true;
         }
         // Each poll is a turn: a response body that registered every waker
-        // answers the poll that follows its data at once (`stream/turn.rs`).
+        // answers the poll that follows its data at once (`src/turn.rs`).
         crate::turn::take(|| conn.poll(cx))
     })
     .await;
