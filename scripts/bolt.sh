@@ -80,6 +80,20 @@ wait_port() {
     exit 1
 }
 
+# Until the gateway's admin port answers /readyz with 200 (a replica found
+# healthy, its models known).
+wait_ready() {
+    local status
+    for _ in $(seq 200); do
+        status=$( (exec 3<>"/dev/tcp/127.0.0.1/$1" \
+            && printf 'GET /readyz HTTP/1.0\r\n\r\n' >&3 && head -c 12 <&3) 2>/dev/null || true)
+        case "$status" in "HTTP/1."[01]" 200") return 0 ;; esac
+        sleep 0.05
+    done
+    say "the gateway on admin port $1 never became ready"
+    exit 1
+}
+
 # The training load against GATEWAY (a binary); its requests must all succeed.
 load() {
     local gw=$1 sim_port gw_port admin_port sim gwpid
@@ -92,7 +106,7 @@ load() {
     RUST_LOG=warn "$gw" serve --config "$work/gw.yaml" --backend "http://127.0.0.1:$sim_port" \
         --listen "127.0.0.1:$gw_port" --admin-listen "127.0.0.1:$admin_port" & gwpid=$!
     pids+=("$gwpid")
-    wait_port "$sim_port"; wait_port "$gw_port"
+    wait_port "$sim_port"; wait_port "$gw_port"; wait_ready "$admin_port"
     local url=http://127.0.0.1:$gw_port
     local runs=(
         "--workload fixed --no-stream --requests 20000 --concurrency 64 --max-tokens 32"
