@@ -58,49 +58,23 @@ def main():
                          "bounds the requests per second: the proxies' capacity on that share of a core")
     ap.add_argument("--json", help="write every round's figures here")
     args = ap.parse_args()
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if os.cpu_count() < 2:
         raise SystemExit("needs two CPUs (the proxy alone on CPU 1)")
 
-    tmp = tempfile.mkdtemp()
-    procs = []
-    groups = []
+    rig = Rig()
     try:
-        sim_port = so.free_port()
-        procs.append(subprocess.Popen(
-            [args.new, "sim", "--listen", f"127.0.0.1:{sim_port}", "--profile", "fixed", "--prefill-delay", "0ms",
-             "--token-delay", args.token_delay, "--output-tokens", str(args.tokens)],
-            stderr=subprocess.DEVNULL, preexec_fn=so.on_cpu(0)))
-        paths = {}
+        rig.sim(args.new, args.tokens, args.token_delay)
         for label, binary in (("new", args.new), ("base", args.base)):
-            conf = os.path.join(tmp, f"{label}.yaml")
-            with open(conf, "w") as f:
-                f.write("telemetry:\n  access_log:\n    enabled: false\n")
-                if label == "base" and args.base_http1:
-                    f.write(f"server:\n  http1: {args.base_http1}\n")
-                if label == "base" and args.base_yaml:
-                    f.write(args.base_yaml.rstrip("\n") + "\n")
-            port, admin = so.free_port(), so.free_port()
-            gw = subprocess.Popen(
-                [binary, "serve", "--config", conf, "--backend", f"http://127.0.0.1:{sim_port}",
-                 "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
-                stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"}, preexec_fn=so.on_cpu(1))
-            procs.append(gw)
-            so.wait_http(f"http://127.0.0.1:{admin}/readyz")
-            paths[label] = (f"http://127.0.0.1:{port}", [gw.pid])
-        ngx_port = so.free_port()
-        with open(os.path.join(tmp, "nginx.conf"), "w") as f:
-            f.write(so.NGINX_CONF.format(workers=1, dir=tmp, sim_port=sim_port, port=ngx_port))
-        ngx = subprocess.Popen([nginx, "-c", os.path.join(tmp, "nginx.conf"), "-p", tmp],
-                               stderr=subprocess.DEVNULL, preexec_fn=so.on_cpu(1))
-        procs.append(ngx)
-        so.wait_http(f"http://127.0.0.1:{sim_port}/health")
-        so.wait_http(f"http://127.0.0.1:{ngx_port}/health")
-        time.sleep(0.5)  # let nginx fork its worker
-        paths["nginx"] = (f"http://127.0.0.1:{ngx_port}", [ngx.pid] + so.children(ngx.pid))
+            extra = ""
+            if label == "base" and args.base_http1:
+                extra += f"server:\n  http1: {args.base_http1}\n"
+            if label == "base" and args.base_yaml:
+                extra += args.base_yaml.rstrip("\n") + "\n"
+            rig.gateway(label, binary, extra)
+        rig.nginx()
+        paths = rig.paths
         if args.cpu_quota:
-            for label, (_, pids) in paths.items():
-                groups.append(capped(f"sluice_cpu_ab_{os.getpid()}_{label}", args.cpu_quota, pids))
+            rig.cap("sluice_cpu_ab", args.cpu_quota)
 
         def run(url, n):
             return so.bench(url, args.concurrency, args.tokens, n, 0, args.stream)
@@ -131,12 +105,7 @@ def main():
                 us[k].append(user_us[k][-1] + system_us[k][-1])
                 rps[k].append(out.get("requests_per_second", 0.0))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait()
-        for g in groups:
-            os.rmdir(g)
+        rig.close()
 
     def ratios(a, b, of=us):
         return [x / y for x, y in zip(of[a], of[b])]
@@ -171,6 +140,70 @@ def main():
                        "requests_per_second": rps,
                        "ratios_per_round": summary,
                        "medians": {k: statistics.median(v) for k, v in summary.items()}}, f, indent=1)
+
+
+class Rig:
+    """The benchmark's processes: one replica (`sluice sim`, fixed timing) on
+    CPU 0, and proxies each alone on CPU 1 (Sluice builds, one nginx worker),
+    each optionally capped by a cgroup of its own. `paths` maps each proxy's
+    label to its URL and PIDs. Shared by `cpu_ab.py` and `syscalls.py`."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp()
+        self.procs = []
+        self.groups = []
+        self.paths = {}
+        self.sim_port = None
+
+    def sim(self, binary, tokens, token_delay):
+        self.sim_port = so.free_port()
+        self.procs.append(subprocess.Popen(
+            [binary, "sim", "--listen", f"127.0.0.1:{self.sim_port}", "--profile", "fixed", "--prefill-delay",
+             "0ms", "--token-delay", token_delay, "--output-tokens", str(tokens)],
+            stderr=subprocess.DEVNULL, preexec_fn=so.on_cpu(0)))
+        so.wait_http(f"http://127.0.0.1:{self.sim_port}/health")
+
+    def gateway(self, label, binary, extra_yaml=""):
+        """A gateway of `binary` (access log off, `extra_yaml` appended) in
+        front of the replica, once ready."""
+        conf = os.path.join(self.tmp, f"{label}.yaml")
+        with open(conf, "w") as f:
+            f.write("telemetry:\n  access_log:\n    enabled: false\n" + extra_yaml)
+        port, admin = so.free_port(), so.free_port()
+        gw = subprocess.Popen(
+            [binary, "serve", "--config", conf, "--backend", f"http://127.0.0.1:{self.sim_port}",
+             "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
+            stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"}, preexec_fn=so.on_cpu(1))
+        self.procs.append(gw)
+        so.wait_http(f"http://127.0.0.1:{admin}/readyz")
+        self.paths[label] = (f"http://127.0.0.1:{port}", [gw.pid])
+
+    def nginx(self):
+        """One nginx worker (`proxy_buffering off`) in front of the replica."""
+        port = so.free_port()
+        conf = os.path.join(self.tmp, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(so.NGINX_CONF.format(workers=1, dir=self.tmp, sim_port=self.sim_port, port=port))
+        ngx = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c", conf, "-p", self.tmp],
+                               stderr=subprocess.DEVNULL, preexec_fn=so.on_cpu(1))
+        self.procs.append(ngx)
+        so.wait_http(f"http://127.0.0.1:{port}/health")
+        time.sleep(0.5)  # let nginx fork its worker
+        self.paths["nginx"] = (f"http://127.0.0.1:{port}", [ngx.pid] + so.children(ngx.pid))
+
+    def cap(self, prefix, share):
+        """Each proxy in a cgroup of its own, allowed `share` of a CPU."""
+        for label, (_, pids) in self.paths.items():
+            self.groups.append(capped(f"{prefix}_{os.getpid()}_{label}", share, pids))
+
+    def close(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait()
+        for g in self.groups:
+            os.rmdir(g)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def cpu_split(pids):

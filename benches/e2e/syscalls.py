@@ -12,15 +12,13 @@ requests. Root (cgroups, tracepoints).
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cpu_ab  # noqa: E402  (its cgroup helper)
+import cpu_ab  # noqa: E402  (its Rig: the replica, the proxies, the caps)
 import stream_overhead as so  # noqa: E402
 
 EVENTS = ["raw_syscalls:sys_enter", "context-switches"] + [
@@ -34,45 +32,24 @@ def main():
     ap.add_argument("--cpu-quota", type=float, default=0.25)
     ap.add_argument("--requests", type=int, default=16384)
     args = ap.parse_args()
-    tmp = tempfile.mkdtemp()
-    procs, groups = [], []
+    rig = cpu_ab.Rig()
     try:
-        sim = so.free_port()
-        procs.append(subprocess.Popen(
-            [args.bin, "sim", "--listen", f"127.0.0.1:{sim}", "--profile", "fixed", "--prefill-delay", "0ms",
-             "--token-delay", "0ms", "--output-tokens", "32"], stderr=subprocess.DEVNULL, preexec_fn=so.on_cpu(0)))
-        conf = os.path.join(tmp, "gw.yaml")
-        with open(conf, "w") as f:
-            f.write("telemetry:\n  access_log:\n    enabled: false\n")
-        port, admin = so.free_port(), so.free_port()
-        gw = subprocess.Popen(
-            [args.bin, "serve", "--config", conf, "--backend", f"http://127.0.0.1:{sim}",
-             "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}"],
-            stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"}, preexec_fn=so.on_cpu(1))
-        procs.append(gw)
-        so.wait_http(f"http://127.0.0.1:{admin}/readyz")
-        ngx_port = so.free_port()
-        with open(os.path.join(tmp, "nginx.conf"), "w") as f:
-            f.write(so.NGINX_CONF.format(workers=1, dir=tmp, sim_port=sim, port=ngx_port))
-        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-        ngx = subprocess.Popen([nginx, "-c", os.path.join(tmp, "nginx.conf"), "-p", tmp],
-                               stderr=subprocess.DEVNULL, preexec_fn=so.on_cpu(1))
-        procs.append(ngx)
-        so.wait_http(f"http://127.0.0.1:{ngx_port}/health")
-        time.sleep(0.5)  # let nginx fork its worker
-        paths = {"sluice": (f"http://127.0.0.1:{port}", [gw.pid]),
-                 "nginx": (f"http://127.0.0.1:{ngx_port}", [ngx.pid] + so.children(ngx.pid))}
-        for k, (_, pids) in paths.items():
-            groups.append(cpu_ab.capped(f"sluice_syscalls_{os.getpid()}_{k}", args.cpu_quota, pids))
+        rig.sim(args.bin, 32, "0ms")
+        rig.gateway("sluice", args.bin)
+        rig.nginx()
+        rig.cap("sluice_syscalls", args.cpu_quota)
+        paths = rig.paths
         for k, (url, pids) in paths.items():
             so.bench(url, 64, 32, 2000, 0, False)  # warm the connections
-            out_file = os.path.join(tmp, f"{k}.perf")
+            out_file = os.path.join(rig.tmp, f"{k}.perf")
             stat = subprocess.Popen(["perf", "stat", "-x", ",", "-e", ",".join(EVENTS), "-o", out_file,
                                      "-p", ",".join(map(str, pids))], stderr=subprocess.DEVNULL)
             time.sleep(0.5)  # perf attached
             out = so.bench(url, 64, 32, args.requests, 0, False)
             stat.send_signal(signal.SIGINT)
             stat.wait()
+            if out["ok"] != args.requests:
+                raise SystemExit(f"{k}: {out['ok']} of {args.requests} requests succeeded: {out['errors']}")
             print(f"{k}: {out['ok']} of {args.requests} requests, {out['requests_per_second']:.0f} req/s "
                   f"(capped at {args.cpu_quota} CPU)")
             with open(out_file) as f:
@@ -81,13 +58,7 @@ def main():
                     if len(fields) > 2 and fields[0].replace(".", "").isdigit():
                         print(f"  {fields[2]:34} {float(fields[0]) / args.requests:6.3f} per request")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait()
-        for g in groups:
-            os.rmdir(g)
-        shutil.rmtree(tmp, ignore_errors=True)
+        rig.close()
 
 
 if __name__ == "__main__":
