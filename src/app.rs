@@ -13,7 +13,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::api::{admin, models, proxy, request_id, responses};
+use crate::api::{Head, admin, models, proxy, request_id, responses};
 use crate::error::GatewayError;
 use crate::state::{Current, Live};
 use crate::vocab::Endpoint;
@@ -134,23 +134,43 @@ impl Api {
 pub(crate) type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
 impl Api {
-    /// Answer one request (the gateway's own HTTP/1.1 server calls this).
+    /// Answer one request from hyper's server.
     pub(crate) fn serve(&self, req: Request) -> Answer {
         match direct_route(req.method(), req.uri().path()) {
             Some(endpoint) => {
-                let state = self.live.load();
-                Box::pin(async move {
-                    Ok(
-                        request_id::given(req, |req, id| {
-                            proxy::handle_as(state, endpoint, req, id)
-                        })
-                        .await,
-                    )
-                })
+                let (parts, body) = req.into_parts();
+                self.direct(endpoint, Head::of(&parts), body)
             }
             // The router is always ready (axum's `poll_ready` is `Ready(Ok)`).
             None => Box::pin(tower_service::Service::call(&mut self.router.clone(), req)),
         }
+    }
+
+    /// Answer one request from the gateway's own HTTP/1.1 server: its head
+    /// as it came (`version` only matters to the router's handlers).
+    pub(crate) fn serve_head(&self, head: Head, version: http::Version, body: Body) -> Answer {
+        match direct_route(&head.method, head.uri.path()) {
+            Some(endpoint) => self.direct(endpoint, head, body),
+            None => {
+                let mut req = Request::new(body);
+                *req.method_mut() = head.method;
+                *req.uri_mut() = head.uri;
+                *req.version_mut() = version;
+                *req.headers_mut() = head.headers.to_map();
+                Box::pin(tower_service::Service::call(&mut self.router.clone(), req))
+            }
+        }
+    }
+
+    /// A generation route, without the router.
+    fn direct(&self, endpoint: Endpoint, head: Head, body: Body) -> Answer {
+        let state = self.live.load();
+        Box::pin(async move {
+            Ok(request_id::given(head, body, |head, body, id| {
+                proxy::handle_as(state, endpoint, head, body, id)
+            })
+            .await)
+        })
     }
 }
 

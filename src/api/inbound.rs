@@ -5,7 +5,6 @@
 use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
-use http::HeaderMap;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 
@@ -391,12 +390,13 @@ struct StreamOptions {
 /// Read the whole body, refusing more than `limit` bytes (413) early when the
 /// client declares its length.
 pub(crate) async fn read_body(
-    headers: &HeaderMap,
+    headers: &impl crate::headers::Lookup,
     body: axum::body::Body,
     limit: usize,
 ) -> Result<Bytes, GatewayError> {
-    let declared = crate::headers::get(headers, &http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
+    let declared = headers
+        .first(&http::header::CONTENT_LENGTH)
+        .and_then(crate::headers::text)
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(GatewayError::PayloadTooLarge { limit });

@@ -12,16 +12,17 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use http::request::Parts;
 use http::{HeaderValue, Request, header};
 use tokio::time::Instant;
 
+use super::Head;
 use super::inbound::{self, Inbound};
 use super::request_id::RequestId;
 use super::send;
 use crate::config::EnginePriority;
 use crate::error::{GatewayError, TimeoutPhase};
 use crate::flow::Ask;
+use crate::headers::Lookup;
 use crate::request::RequestGuard;
 use crate::routing::placement::Placement;
 use crate::routing::{LoadView, ReplicaView, RouteCtx};
@@ -51,8 +52,9 @@ pub(crate) async fn handle(
     endpoint: Endpoint,
     req: Request<Body>,
 ) -> Response {
-    let rid = RequestId::of(req.extensions(), req.headers());
-    handle_as(state, endpoint, req, rid).await
+    let (parts, body) = req.into_parts();
+    let rid = RequestId::of(&parts.extensions, &parts.headers);
+    handle_as(state, endpoint, Head::of(&parts), body, rid).await
 }
 
 /// [`handle`] with the request id already assigned (the direct dispatch of
@@ -60,11 +62,11 @@ pub(crate) async fn handle(
 pub(crate) async fn handle_as(
     state: Arc<AppState>,
     endpoint: Endpoint,
-    req: Request<Body>,
+    parts: Head,
+    body: Body,
     rid: HeaderValue,
 ) -> Response {
     let arrival = turn::now();
-    let (parts, body) = req.into_parts();
     // Boxed, as the answer in `forward` is: together they keep this
     // request's future under 4 KiB, which jemalloc allocates and frees on
     // its fast path (5,696 bytes before; ~430 instructions a request).
@@ -73,7 +75,7 @@ pub(crate) async fn handle_as(
         endpoint,
         arrival,
         rid.to_str().unwrap_or_default().to_string(),
-        TraceCtx::from_headers(&parts.headers),
+        TraceCtx::from_fields(&parts.headers),
         state.config.telemetry.stall_threshold,
     ));
     let reply = proxy(&state, endpoint, &parts, body, &rid, &mut guard).await;
@@ -110,7 +112,7 @@ enum Reply {
 async fn proxy(
     state: &AppState,
     endpoint: Endpoint,
-    parts: &Parts,
+    parts: &Head,
     body: Body,
     rid: &HeaderValue,
     guard: &mut RequestGuard,
@@ -277,12 +279,11 @@ async fn proxy(
 /// `x-sluice-ttft-objective`: how soon the request wants its first token
 /// (`500ms`, `2s`); among its tenant's waiting requests, the earliest
 /// deadline goes first.
-fn ttft_objective(headers: &http::HeaderMap) -> Result<Option<Duration>, GatewayError> {
-    let Some(v) = crate::headers::get(headers, &TTFT_OBJECTIVE) else {
+fn ttft_objective(headers: &impl Lookup) -> Result<Option<Duration>, GatewayError> {
+    let Some(v) = headers.first(&TTFT_OBJECTIVE) else {
         return Ok(None);
     };
-    v.to_str()
-        .ok()
+    crate::headers::text(v)
         .and_then(|s| humantime::parse_duration(s.trim()).ok())
         .map(Some)
         .ok_or_else(|| {
@@ -294,12 +295,11 @@ fn ttft_objective(headers: &http::HeaderMap) -> Result<Option<Duration>, Gateway
 
 /// `x-sluice-priority`: an integer band the request asks for (it may only
 /// lower its tier's).
-fn asked_priority(headers: &http::HeaderMap) -> Result<Option<i32>, GatewayError> {
-    let Some(v) = crate::headers::get(headers, &PRIORITY) else {
+fn asked_priority(headers: &impl Lookup) -> Result<Option<i32>, GatewayError> {
+    let Some(v) = headers.first(&PRIORITY) else {
         return Ok(None);
     };
-    v.to_str()
-        .ok()
+    crate::headers::text(v)
         .and_then(|s| s.trim().parse::<i32>().ok())
         .map(Some)
         .ok_or_else(|| {
@@ -342,7 +342,7 @@ pub fn view(r: &Replica) -> ReplicaView {
 async fn forward(
     state: &AppState,
     endpoint: Endpoint,
-    parts: &Parts,
+    parts: &Head,
     inbound: &Inbound,
     candidates: Candidates,
     rid: &HeaderValue,

@@ -2,11 +2,13 @@
 //! generated; set on every response (errors, 404s and 405s included) and sent
 //! to the replica. The app's outermost layer assigns it.
 
+use axum::body::Body;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
 use http::{Extensions, HeaderMap, HeaderValue};
 
+use super::Head;
 use crate::upstream::client::{X_REQUEST_ID, request_id};
 
 /// The id assigned to a request, in its extensions.
@@ -35,11 +37,14 @@ pub(crate) async fn around<F>(req: Request, handler: impl FnOnce(Request) -> F) 
 where
     F: Future<Output = Response>,
 {
-    given(req, |mut req, id| {
-        req.extensions_mut().insert(RequestId(id));
-        handler(req)
-    })
-    .await
+    let id = request_id(req.headers());
+    let mut req = req;
+    req.extensions_mut().insert(RequestId(id.clone()));
+    // Awaited in place, as in `given`: a future passed to another async fn
+    // would be held twice in this one (the argument, then the awaitee).
+    let mut resp = handler(req).await;
+    resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
+    resp
 }
 
 /// Assign the id, run `handler` with it as an argument, and answer with the
@@ -47,14 +52,15 @@ where
 /// skip the request's extensions (a map allocated per request). Every
 /// response's `x-request-id` is set here (or by [`around`]), once.
 pub(crate) async fn given<F>(
-    req: Request,
-    handler: impl FnOnce(Request, HeaderValue) -> F,
+    head: Head,
+    body: Body,
+    handler: impl FnOnce(Head, Body, HeaderValue) -> F,
 ) -> Response
 where
     F: Future<Output = Response>,
 {
-    let id = request_id(req.headers());
-    let mut resp = handler(req, id.clone()).await;
+    let id = request_id(&head.headers);
+    let mut resp = handler(head, body, id.clone()).await;
     resp.headers_mut().insert(X_REQUEST_ID.clone(), id);
     resp
 }

@@ -3,16 +3,15 @@
 //! prompt. Hashed and bound to the served model, so the same id under two
 //! models is two sessions.
 
-use http::HeaderMap;
-
 use super::inbound::SessionFields;
 use crate::config::{SessionSource, SessionsConfig};
+use crate::headers::Lookup;
 use crate::routing::SessionKey;
 
 /// The session of a request, if sessions are on and it has one.
 pub(crate) fn key(
     cfg: &SessionsConfig,
-    headers: &HeaderMap,
+    headers: &impl Lookup,
     fields: &SessionFields,
     model: &str,
 ) -> Option<SessionKey> {
@@ -21,15 +20,12 @@ pub(crate) fn key(
     }
     let (hash, explicit) = cfg.sources.iter().find_map(|src| {
         let h = match src {
-            SessionSource::Header(name) => crate::headers::get(headers, name)
-                .map(|v| v.as_bytes())
-                .filter(|v| !v.is_empty())
-                .map(|v| {
-                    xxhash_rust::xxh3::xxh3_64_with_seed(
-                        v,
-                        xxhash_rust::xxh3::xxh3_64(name.as_str().as_bytes()),
-                    )
-                }),
+            SessionSource::Header(name) => headers.first(name).filter(|v| !v.is_empty()).map(|v| {
+                xxhash_rust::xxh3::xxh3_64_with_seed(
+                    v,
+                    xxhash_rust::xxh3::xxh3_64(name.as_str().as_bytes()),
+                )
+            }),
             SessionSource::PromptCacheKey => fields.prompt_cache_key,
             SessionSource::MetadataUserId => fields.metadata_user_id,
             SessionSource::PreviousResponseId => fields.previous_response_id,

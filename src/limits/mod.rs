@@ -292,14 +292,15 @@ impl Limiter {
 
     /// Who is calling, from `Authorization: Bearer KEY` or, as Anthropic
     /// clients send it, `x-api-key: KEY` (Authorization wins when both come).
-    pub(crate) fn identify(&self, headers: &HeaderMap) -> Result<Arc<Identity>, GatewayError> {
+    pub(crate) fn identify(
+        &self,
+        headers: &impl crate::headers::Lookup,
+    ) -> Result<Arc<Identity>, GatewayError> {
         let key = match (
-            crate::headers::get(headers, &header::AUTHORIZATION),
-            crate::headers::get(headers, &X_API_KEY),
+            headers.first(&header::AUTHORIZATION),
+            headers.first(&X_API_KEY),
         ) {
-            (Some(value), _) => value
-                .to_str()
-                .ok()
+            (Some(value), _) => crate::headers::text(value)
                 .and_then(|v| {
                     let (scheme, key) = v.trim().split_once(' ')?;
                     scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
@@ -310,9 +311,7 @@ impl Limiter {
                         "The Authorization header must be `Bearer KEY`.".into(),
                     )
                 })?,
-            (None, Some(value)) => value
-                .to_str()
-                .ok()
+            (None, Some(value)) => crate::headers::text(value)
                 .map(str::trim)
                 .filter(|k| !k.is_empty())
                 .ok_or_else(|| {

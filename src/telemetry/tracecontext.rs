@@ -5,7 +5,7 @@
 //! hands the replica as parent is the id of the span it may export later
 //! (tail sampling decides only when the request ends).
 
-use http::{HeaderMap, HeaderName};
+use http::HeaderName;
 
 /// Parsed once: a lookup by `&str` parses the name on every request.
 pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -34,9 +34,15 @@ fn nonzero_u64() -> u64 {
 
 impl TraceCtx {
     /// From the client's `traceparent` if valid, else a new trace.
-    pub fn from_headers(h: &HeaderMap) -> Self {
-        let parsed = crate::headers::get(h, &TRACEPARENT)
-            .and_then(|v| v.to_str().ok())
+    pub fn from_headers(h: &http::HeaderMap) -> Self {
+        Self::from_fields(h)
+    }
+
+    /// [`TraceCtx::from_headers`] of any request's headers.
+    pub(crate) fn from_fields(h: &impl crate::headers::Lookup) -> Self {
+        let parsed = h
+            .first(&TRACEPARENT)
+            .and_then(crate::headers::text)
             .and_then(parse_traceparent);
         match parsed {
             Some((trace_id, parent, flags)) => Self {
@@ -107,7 +113,7 @@ fn parse_traceparent(v: &str) -> Option<(u128, u64, u8)> {
 
 #[cfg(test)]
 mod tests {
-    use http::HeaderValue;
+    use http::{HeaderMap, HeaderValue};
 
     use super::*;
 

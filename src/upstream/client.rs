@@ -17,6 +17,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::http1::Outgoing;
 use crate::config::UpstreamConfig;
+use crate::headers::{Fields, Lookup, is_name, text};
 
 pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -64,7 +65,7 @@ fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
 /// A client's header that never reaches a replica (`listed`: the names its
 /// `Connection` lists): one connection's headers, the client's credentials,
 /// and what the gateway writes itself. The one rule of [`upstream_headers`]
-/// and [`proxied_request`].
+/// and (by name as it came, [`stays_here_raw`]) [`proxied_request`].
 fn stays_here(name: &HeaderName, listed: &[HeaderName]) -> bool {
     is_hop_by_hop(name)
         || listed.contains(name)
@@ -74,6 +75,45 @@ fn stays_here(name: &HeaderName, listed: &[HeaderName]) -> bool {
         || name == header::CONTENT_LENGTH
         || name == header::ACCEPT_ENCODING
         || name == X_REQUEST_ID
+}
+
+/// [`stays_here`] for a name as it came (any case): by its length, then at
+/// most three comparisons. `listed` holds the tokens `Connection` lists.
+fn stays_here_raw(name: &[u8], listed: &[&[u8]]) -> bool {
+    let is = |n: &[u8]| name.eq_ignore_ascii_case(n);
+    let fixed = match name.len() {
+        2 => is(b"te"),
+        4 => is(b"host"),
+        7 => is(b"trailer") || is(b"upgrade"),
+        9 => is(b"x-api-key"),
+        10 => is(b"connection") || is(b"keep-alive"),
+        12 => is(b"x-request-id"),
+        13 => is(b"authorization"),
+        14 => is(b"content-length"),
+        15 => is(b"accept-encoding"),
+        16 => is(b"proxy-connection"),
+        17 => is(b"transfer-encoding"),
+        18 => is(b"proxy-authenticate"),
+        19 => is(b"proxy-authorization"),
+        _ => false,
+    };
+    fixed || listed.iter().any(|l| l.eq_ignore_ascii_case(name))
+}
+
+/// The names a client's `Connection` fields list, as they came.
+fn connection_listed_raw(client: &Fields) -> Vec<&[u8]> {
+    let mut listed = Vec::new();
+    for (name, value) in client.iter() {
+        if is_name(name, b"connection") && text(value).is_some() {
+            listed.extend(
+                value
+                    .split(|b| *b == b',')
+                    .map(<[u8]>::trim_ascii)
+                    .filter(|n| !n.is_empty()),
+            );
+        }
+    }
+    listed
 }
 
 /// The headers sent to a replica: the client's, minus hop-by-hop headers, its
@@ -99,8 +139,9 @@ pub(crate) fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> 
 }
 
 /// The request a replica gets for a proxied one, written straight to the
-/// wire: the client's headers that [`upstream_headers`] keeps, the request
-/// id, `content-type: application/json`, then `added` (trace context,
+/// wire: the client's headers that [`upstream_headers`] keeps (names in
+/// lower case, as a map writes them), the request id,
+/// `content-type: application/json`, then `added` (trace context,
 /// `Host`, the replica's key: each replaces the client's of that name), the
 /// length and the body. Building [`upstream_headers`]' map and encoding it
 /// cost ~2,400 instructions a request (callgrind); this is one pass with no
@@ -110,42 +151,46 @@ pub(crate) fn upstream_headers(client: &HeaderMap, request_id: &HeaderValue) -> 
 pub(crate) fn proxied_request(
     method: &Method,
     path: &str,
-    client: &HeaderMap,
+    client: &Fields,
     request_id: &HeaderValue,
     added: &[(&HeaderName, &[u8])],
     body: &[u8],
 ) -> Outgoing {
-    let listed = connection_listed(client);
+    let listed = connection_listed_raw(client);
     let mut out = Vec::with_capacity(192 + client.len() * 48 + body.len());
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut line = |name: &HeaderName, value: &[u8]| {
-        out.extend_from_slice(name.as_str().as_bytes());
+    let mut line = |name: &[u8], value: &[u8]| {
+        let at = out.len();
+        out.extend_from_slice(name);
+        out[at..].make_ascii_lowercase();
         out.extend_from_slice(b": ");
         out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     };
-    for (name, value) in client {
+    for (name, value) in client.iter() {
         // `content-type` and `added` are written below, in the client's place.
-        if stays_here(name, &listed)
-            || name == header::CONTENT_TYPE
-            || added.iter().any(|(n, _)| *n == name)
+        if stays_here_raw(name, &listed)
+            || is_name(name, b"content-type")
+            || added
+                .iter()
+                .any(|(n, _)| is_name(name, n.as_str().as_bytes()))
         {
             continue;
         }
-        line(name, value.as_bytes());
+        line(name, value);
     }
-    line(&X_REQUEST_ID, request_id.as_bytes());
-    line(&header::CONTENT_TYPE, b"application/json");
+    line(X_REQUEST_ID.as_str().as_bytes(), request_id.as_bytes());
+    line(b"content-type", b"application/json");
     for (name, value) in added {
         // Raw bytes go on the wire as they are: only a header value's may.
         debug_assert!(
             HeaderValue::from_bytes(value).is_ok(),
             "{name}: not a header value"
         );
-        line(name, value);
+        line(name.as_str().as_bytes(), value);
     }
     if !body.is_empty() || method != Method::GET {
         out.extend_from_slice(b"content-length: ");
@@ -183,13 +228,14 @@ pub(crate) fn downstream_headers(upstream: &HeaderMap, request_id: &HeaderValue)
 
 /// The client's `x-request-id` if it is sane (visible ASCII, at most 128
 /// bytes), else a fresh random one.
-pub(crate) fn request_id(client: &HeaderMap) -> HeaderValue {
-    if let Some(v) = crate::headers::get(client, &X_REQUEST_ID)
+pub(crate) fn request_id(client: &impl Lookup) -> HeaderValue {
+    if let Some(v) = client.first(&X_REQUEST_ID)
         && !v.is_empty()
         && v.len() <= 128
-        && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+        && v.iter().all(|b| b.is_ascii_graphic())
+        && let Ok(v) = HeaderValue::from_bytes(v)
     {
-        return v.clone();
+        return v;
     }
     // 32 hex digits written in place (`format!` cost ~1,000 instructions a
     // request; the test below checks the same digits).
@@ -250,6 +296,27 @@ mod tests {
         (first, grouped, body.as_bytes().to_vec())
     }
 
+    /// The fields of a head that carries `map`'s headers, the `upper`-th
+    /// names in upper case.
+    fn as_written(map: &HeaderMap, upper: &[bool]) -> Fields {
+        let mut head = Vec::new();
+        let mut at = Vec::new();
+        for (i, (name, value)) in map.iter().enumerate() {
+            let n = head.len();
+            head.extend_from_slice(name.as_str().as_bytes());
+            if upper.get(i).copied().unwrap_or(false) {
+                head[n..].make_ascii_uppercase();
+            }
+            let end = head.len();
+            head.extend_from_slice(b": ");
+            let v = head.len();
+            head.extend_from_slice(value.as_bytes());
+            at.push(crate::headers::Field::new(n..end, v..head.len()));
+            head.extend_from_slice(b"\r\n");
+        }
+        Fields::new(Bytes::from(head), at)
+    }
+
     proptest::proptest! {
         /// The direct writer sends what the header map, encoded, sends.
         #[test]
@@ -283,6 +350,7 @@ mod tests {
             with_key in proptest::bool::ANY,
             body in "[ -~]{0,40}",
             get in proptest::bool::ANY,
+            upper in proptest::collection::vec(proptest::bool::ANY, 10),
         ) {
             let mut client = HeaderMap::new();
             for (n, v) in &headers {
@@ -318,7 +386,9 @@ mod tests {
                 .unwrap();
             *req.headers_mut() = map;
             let theirs = Outgoing::of(&req);
-            let ours = proxied_request(&method, "/v1/chat/completions?x=1", &client, &rid, &added, &body);
+            // Ours from the fields as they came, names in any case.
+            let fields = as_written(&client, &upper);
+            let ours = proxied_request(&method, "/v1/chat/completions?x=1", &fields, &rid, &added, &body);
             proptest::prop_assert_eq!(ours.head_only, theirs.head_only);
             proptest::prop_assert_eq!(lines_by_name(&ours.wire), lines_by_name(&theirs.wire));
         }

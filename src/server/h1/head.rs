@@ -2,8 +2,9 @@
 //! own HTTP/1.1 server. No I/O here.
 //!
 //! A request head is parsed by `httparse` in the connection's read buffer,
-//! then split off it: the URI and every header value are slices of the head
-//! (no copy, no allocation per header). The limits are hyper's, so that both
+//! then split off it: the URI and the header fields are where they lie in
+//! the head (`headers::Fields`: no map, no copy, one allocation for where
+//! they lie). The limits are hyper's, so that both
 //! servers refuse the same requests with the same status: at most 100
 //! headers (431), a head of at most 408 KiB (431), a URI of at most 65,534
 //! bytes (414, `http::Uri`'s own limit), anything else that does not parse
@@ -13,8 +14,10 @@ use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, Version};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, StatusCode, Uri, Version};
+
+use crate::headers::{Field, Fields, is_name};
 
 /// Headers per request head (hyper's `max_headers` default).
 pub(super) const MAX_HEADERS: usize = 100;
@@ -22,6 +25,9 @@ pub(super) const MAX_HEADERS: usize = 100;
 pub(super) const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 /// Longest request target `http::Uri` accepts.
 const MAX_URI_BYTES: usize = u16::MAX as usize - 1;
+/// Longest header name `http::HeaderName` accepts (hyper answers 400 past
+/// it). Every other rule of its names and values is `httparse`'s own.
+const MAX_NAME_BYTES: usize = u16::MAX as usize;
 
 /// How the request body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +40,10 @@ pub(super) enum BodyFraming {
 /// A parsed request head.
 #[derive(Debug)]
 pub(super) struct Head {
-    pub(super) req: Request<()>,
+    pub(super) method: Method,
+    pub(super) uri: Uri,
+    pub(super) version: Version,
+    pub(super) fields: Fields,
     pub(super) body: BodyFraming,
     /// The client allows the connection to carry another request.
     pub(super) keep_alive: bool,
@@ -81,7 +90,7 @@ pub(super) fn take(rbuf: &mut BytesMut) -> Result<Option<Head>, Refused> {
         spans[2 * i + 1] = at(h.value);
     }
     let head = rbuf.split_to(len).freeze();
-    build(&head, method, target, version, &spans[..2 * n])
+    build(head, method, target, version, &spans[..2 * n])
 }
 
 /// Where a piece of the head lies in it.
@@ -90,26 +99,30 @@ struct Span(u32, u32);
 
 impl Span {
     fn of(self, head: &Bytes) -> &[u8] {
-        &head[self.0 as usize..self.1 as usize]
+        &head[self.range()]
+    }
+
+    fn range(self) -> std::ops::Range<usize> {
+        self.0 as usize..self.1 as usize
     }
 }
 
 /// The request of a parsed head; `headers` holds each header's name and
 /// value in turn.
 fn build(
-    head: &Bytes,
+    head: Bytes,
     method: Option<Span>,
     target: Option<Span>,
     version: Option<u8>,
     headers: &[Span],
 ) -> Result<Option<Head>, Refused> {
     const BAD: Refused = Refused(400);
-    let method = Method::from_bytes(method.ok_or(BAD)?.of(head)).map_err(|_| BAD)?;
+    let method = Method::from_bytes(method.ok_or(BAD)?.of(&head)).map_err(|_| BAD)?;
     let target = target.ok_or(BAD)?;
     if (target.1 - target.0) as usize > MAX_URI_BYTES {
         return Err(Refused(414));
     }
-    let uri = match known_uri(target.of(head)) {
+    let uri = match known_uri(target.of(&head)) {
         Some(uri) => uri,
         None => Uri::from_maybe_shared(head.slice(target.0 as usize..target.1 as usize))
             .map_err(|_| BAD)?,
@@ -118,39 +131,47 @@ fn build(
         Some(1) => Version::HTTP_11,
         _ => Version::HTTP_10,
     };
-    let mut map = HeaderMap::with_capacity(headers.len() / 2);
+    let mut fields = Vec::with_capacity(headers.len() / 2);
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = false;
     let mut keep_alive = false;
     let mut expect_continue = false;
     for pair in headers.chunks_exact(2) {
-        let name = HeaderName::from_bytes(pair[0].of(head)).map_err(|_| BAD)?;
-        let raw = pair[1].of(head);
-        let value =
-            HeaderValue::from_maybe_shared(head.slice(pair[1].0 as usize..pair[1].1 as usize))
-                .map_err(|_| BAD)?;
-        if name == CONTENT_LENGTH {
-            let n = parse_length(raw).ok_or(BAD)?;
-            if length.is_some_and(|l| l != n) {
-                return Err(BAD);
-            }
-            length = Some(n);
-        } else if name == TRANSFER_ENCODING {
-            // The last coding of the last field is the one that frames.
-            let last = raw.rsplit(|b| *b == b',').next().unwrap_or_default();
-            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name == CONNECTION {
-            for token in raw.split(|b| *b == b',') {
-                let token = token.trim_ascii();
-                close |= token.eq_ignore_ascii_case(b"close");
-                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
-            }
-        } else if name == EXPECT {
-            expect_continue = raw.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+        let name = pair[0].of(&head);
+        if name.len() > MAX_NAME_BYTES {
+            return Err(BAD);
         }
-        map.append(name, value);
+        let raw = pair[1].of(&head);
+        // The names the server reads, by length first (most are none).
+        match name.len() {
+            14 if is_name(name, b"content-length") => {
+                let n = parse_length(raw).ok_or(BAD)?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(BAD);
+                }
+                length = Some(n);
+            }
+            17 if is_name(name, b"transfer-encoding") => {
+                // The last coding of the last field is the one that frames.
+                let last = raw.rsplit(|b| *b == b',').next().unwrap_or_default();
+                chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            }
+            10 if is_name(name, b"connection") => {
+                for token in raw.split(|b| *b == b',') {
+                    let token = token.trim_ascii();
+                    close |= token.eq_ignore_ascii_case(b"close");
+                    keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+            6 if is_name(name, b"expect") => {
+                expect_continue = raw.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+            }
+            _ => {}
+        }
+        fields.push(Field::new(pair[0].range(), pair[1].range()));
     }
+    let mut fields = Fields::new(head, fields);
     let mut keep_alive = match version {
         Version::HTTP_11 => !close,
         _ => keep_alive && !close,
@@ -164,7 +185,7 @@ fn build(
             // Both: chunked frames it, and the connection is not trusted
             // with another request (a smuggling attempt, RFC 9112 6.3).
             if length.is_some() {
-                map.remove(CONTENT_LENGTH);
+                fields.remove(&CONTENT_LENGTH);
                 keep_alive = false;
             }
             BodyFraming::Chunked
@@ -172,13 +193,11 @@ fn build(
         (None, Some(0) | None) => BodyFraming::None,
         (None, Some(n)) => BodyFraming::Length(n),
     };
-    let mut req = Request::new(());
-    *req.method_mut() = method;
-    *req.uri_mut() = uri;
-    *req.version_mut() = version;
-    *req.headers_mut() = map;
     Ok(Some(Head {
-        req,
+        method,
+        uri,
+        version,
+        fields,
         body,
         keep_alive,
         expect_continue: expect_continue && version == Version::HTTP_11,

@@ -218,10 +218,9 @@ impl Connection {
     /// handler started.
     fn start(&mut self, head: head::Head) -> Exchange {
         let io = &mut self.io;
-        let (parts, ()) = head.req.into_parts();
         let asked = Asked {
-            head_method: parts.method == http::Method::HEAD,
-            version: parts.version,
+            head_method: head.method == http::Method::HEAD,
+            version: head.version,
             close: !head.keep_alive,
         };
         let mut feed = None;
@@ -241,9 +240,13 @@ impl Connection {
                 Body::new(streamed)
             }
         };
-        let req = http::Request::from_parts(parts, body);
+        let asked_head = crate::api::Head {
+            method: head.method,
+            uri: head.uri,
+            headers: head.fields,
+        };
         let mut exchange = Exchange {
-            handler: Some(self.api.serve(req)),
+            handler: Some(self.api.serve_head(asked_head, head.version, body)),
             expect_continue: head.expect_continue && feed.is_some(),
             feed,
             asked,
