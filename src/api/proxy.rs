@@ -605,7 +605,7 @@ async fn respond(
 
     // Non-streamed JSON: read it whole (bounded), take usage and finish reason.
     let limit = state.config.upstream.max_response_bytes.as_usize();
-    let bytes = match tokio::time::timeout_at(deadline, up.conn.collect(limit)).await {
+    let bytes = match up.conn.collect(limit, deadline).await {
         Err(_) => Err(GatewayError::UpstreamTimeout {
             phase: TimeoutPhase::Total,
         }),

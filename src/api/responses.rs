@@ -94,7 +94,7 @@ pub(crate) async fn locate(
                 .await
                 .ok()?;
             // Read the stored response so the connection can be reused.
-            if let Ok(Ok(_)) = tokio::time::timeout_at(by, conn.collect(MAX_ANSWER)).await {
+            if let Ok(Ok(_)) = conn.collect(MAX_ANSWER, by).await {
                 replica.conns.checkin(conn);
             }
             Some(replica.name.clone())
@@ -165,7 +165,8 @@ async fn relay(
         let by = Instant::now() + timeout;
         match super::send::send(replica, Outgoing::of(&req), by, false).await {
             Ok((resp, mut conn)) => {
-                let body = tokio::time::timeout_at(by, conn.collect(MAX_ANSWER))
+                let body = conn
+                    .collect(MAX_ANSWER, by)
                     .await
                     .map_err(|_| GatewayError::UpstreamTimeout {
                         phase: crate::error::TimeoutPhase::Total,

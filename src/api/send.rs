@@ -56,7 +56,7 @@ pub(crate) async fn send(
     if status.is_success() {
         return Ok((resp, conn));
     }
-    let read = tokio::time::timeout_at(headers_by, conn.collect(MAX_ERROR_BODY));
+    let read = conn.collect(MAX_ERROR_BODY, headers_by);
     let body = match read.await {
         Ok(Ok(b)) => {
             replica.conns.checkin(conn);

@@ -328,3 +328,54 @@ async fn a_kept_connection_bounds_each_answer_by_its_own_requests_deadline() {
     assert_eq!(replica.connections.load(Ordering::SeqCst), 2);
     assert_eq!(replica.requests.load(Ordering::SeqCst), 4);
 }
+
+#[tokio::test]
+async fn a_whole_answer_whose_body_stops_is_cut_at_the_total_deadline() {
+    // The body of a whole answer is read on the connection's kept timer
+    // (`Conn::collect`): a replica that sends the head and half the body,
+    // then nothing, is answered 504 at the total deadline, not held open.
+    const TOTAL: Duration = Duration::from_secs(2);
+    let replica = raw::start("stalls", move |i| {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n";
+        match i {
+            // The first request on the connection gets its whole answer, so
+            // the second waits on a kept connection's timer.
+            0 => Reply::KeepAlive(
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{WHOLE}",
+                    WHOLE.len()
+                )
+                .into_bytes(),
+            ),
+            _ => Reply::Stall(format!("{head}{{\"id\":\"c\",").into_bytes()),
+        }
+    })
+    .await;
+    let mut config = config_for(&[replica.url()]);
+    config.upstream.health_check.interval = Duration::from_secs(3600);
+    config.upstream.timeouts.total = TOTAL;
+    let gw = start_gateway(config, 1).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let (s, _, b) = post(&url, &chat_for("stalls", false)).await;
+    assert_eq!(s, 200, "{b}");
+    let t = std::time::Instant::now();
+    let (s, _, b) = post(&url, &chat_for("stalls", false)).await;
+    let waited = t.elapsed();
+    assert_eq!(s, 504, "{b}");
+    assert_eq!(error_of(&b)["code"], "timeout_total");
+    assert!(waited >= TOTAL, "cut at {waited:?}, before its deadline");
+    assert!(waited < TOTAL * 5, "waited {waited:?}");
+    assert_eq!(
+        replica.connections.load(Ordering::SeqCst),
+        1,
+        "one kept connection"
+    );
+}
+
+/// A whole chat answer.
+const WHOLE: &str = concat!(
+    r#"{"id":"c","object":"chat.completion","created":0,"model":"stalls","#,
+    r#""choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"#,
+    r#""finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"#,
+    r#""total_tokens":2}}"#
+);

@@ -22,6 +22,9 @@ pub enum Reply {
     Hangup,
     /// Never answer: hold the connection until the gateway closes it.
     Silent,
+    /// Write these bytes (a head and part of its body), then say nothing
+    /// more and hold the connection until the gateway closes it.
+    Stall(Vec<u8>),
 }
 
 pub struct Raw {
@@ -132,6 +135,13 @@ async fn serve(
             }
             Reply::Hangup => return,
             Reply::Silent => {
+                while read_more(&mut tcp, &mut buf).await > 0 {}
+                return;
+            }
+            Reply::Stall(bytes) => {
+                if tcp.write_all(&bytes).await.is_err() {
+                    return;
+                }
                 while read_more(&mut tcp, &mut buf).await > 0 {}
                 return;
             }
