@@ -84,27 +84,31 @@ impl Sessions {
     /// on another replica before (a move).
     pub(crate) fn place(&self, key: u64, replica: &Arc<str>, now: Instant) -> bool {
         let mut shard = self.shard(key).lock();
-        if let Some(e) = shard.get_mut(&key) {
-            let moved = e.replica != *replica;
-            if moved {
-                e.replica = replica.clone();
-            }
-            e.seen = now;
-            e.turns = e.turns.saturating_add(1);
-            return moved;
-        }
-        if shard.len() >= self.per_shard {
+        // Room first (a new key in a full shard), then one probe for the
+        // key: a lookup and then an insert probed twice.
+        if shard.len() >= self.per_shard && !shard.contains_key(&key) {
             evict(&mut shard, self.ttl, now);
         }
-        shard.insert(
-            key,
-            Entry {
-                replica: replica.clone(),
-                seen: now,
-                turns: 1,
-            },
-        );
-        false
+        match shard.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let e = e.get_mut();
+                let moved = e.replica != *replica;
+                if moved {
+                    e.replica = replica.clone();
+                }
+                e.seen = now;
+                e.turns = e.turns.saturating_add(1);
+                moved
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Entry {
+                    replica: replica.clone(),
+                    seen: now,
+                    turns: 1,
+                });
+                false
+            }
+        }
     }
 
     /// Forget `key`.
@@ -163,11 +167,20 @@ impl Sessions {
 /// largest user-space item once a table filled). Stopping after the expired
 /// ones whenever any expired would bring the scan per insert back when
 /// entries expire about as fast as new ones come.
+///
+/// Entries are compared by when they were seen, not by how long ago: the
+/// duration per entry cost a clock subtraction each (~40 instructions), and
+/// these scans were most of `Sessions::place`'s time in a `perf` profile of
+/// non-streamed requests (docs/BENCHMARKS.md, "2026-11-26 midday"). The test
+/// below holds this to the earlier reading by durations.
 fn evict(shard: &mut Shard, ttl: Duration, now: Instant) {
     let full = shard.len();
     // At least one goes (a shard of fewer than 8 has no eighth).
     let keep = full - (full / 8).max(1);
-    shard.retain(|_, e| now.saturating_duration_since(e.seen) < ttl);
+    // Expired: seen `ttl` or longer before `now`. (No such instant: none.)
+    if let Some(expired) = now.checked_sub(ttl) {
+        shard.retain(|_, e| e.seen > expired);
+    }
     if shard.len() <= keep {
         return;
     }
@@ -253,5 +266,50 @@ mod eviction {
         assert_eq!(s.len(), 56 + 1);
         assert!((31..=38u64).all(|k| s.get(k * 16, then).is_none()));
         assert!((39..=95u64).all(|k| s.get(k * 16, then).is_some()));
+    }
+
+    /// The eviction as first written: by durations since each entry was seen.
+    fn evict_by_durations(shard: &mut Shard, ttl: Duration, now: Instant) {
+        let full = shard.len();
+        let keep = full - (full / 8).max(1);
+        shard.retain(|_, e| now.saturating_duration_since(e.seen) < ttl);
+        if shard.len() <= keep {
+            return;
+        }
+        let mut seen: Vec<Instant> = shard.values().map(|e| e.seen).collect();
+        let k = (seen.len() - keep).saturating_sub(1);
+        let (_, &mut cutoff, _) = seen.select_nth_unstable(k);
+        shard.retain(|_, e| e.seen > cutoff);
+    }
+
+    proptest::proptest! {
+        /// Comparing instants keeps exactly the entries comparing durations
+        /// kept: any ages (some seen after `now`), any TTL from 1 ms.
+        #[test]
+        fn eviction_by_instants_is_eviction_by_durations(
+            ages in proptest::collection::vec(-50i64..5_000, 1..80),
+            ttl_ms in 1u64..3_000,
+        ) {
+            let now = Instant::now() + Duration::from_secs(10);
+            let a: Arc<str> = Arc::from("a");
+            let mut ours = Shard::default();
+            for (k, age) in ages.iter().enumerate() {
+                let seen = if *age >= 0 {
+                    now - Duration::from_millis(*age as u64)
+                } else {
+                    now + Duration::from_millis(age.unsigned_abs())
+                };
+                ours.insert(k as u64, Entry { replica: a.clone(), seen, turns: 1 });
+            }
+            let mut theirs = ours.clone();
+            let ttl = Duration::from_millis(ttl_ms);
+            evict(&mut ours, ttl, now);
+            evict_by_durations(&mut theirs, ttl, now);
+            let mut ours: Vec<u64> = ours.into_keys().collect();
+            let mut theirs: Vec<u64> = theirs.into_keys().collect();
+            ours.sort_unstable();
+            theirs.sort_unstable();
+            proptest::prop_assert_eq!(ours, theirs);
+        }
     }
 }
