@@ -133,12 +133,16 @@ fn id_hash(source: &str, v: &Option<Cow<'_, str>>) -> Option<u64> {
 /// messages, function calls and their outputs). The same conversation gives
 /// the same turns in every protocol, so its prefix blocks, session and
 /// estimate agree.
+/// Both lists are inline up to a few turns (most prompts): no allocation.
 #[derive(Default)]
 struct Turns<'a> {
-    texts: Vec<&'a str>,
+    texts: Texts<'a>,
     /// Role, and the range of `texts` that is its content.
-    turns: Vec<(&'a str, std::ops::Range<usize>)>,
+    turns: smallvec::SmallVec<[(&'a str, std::ops::Range<usize>); 4]>,
 }
+
+/// The texts of a prompt's turns, in order.
+type Texts<'a> = smallvec::SmallVec<[&'a str; 8]>;
 
 impl<'a> Turns<'a> {
     /// `None` for a prompt that is not a conversation (completions, embeddings).
@@ -173,7 +177,7 @@ impl<'a> Turns<'a> {
         (!t.turns.is_empty()).then_some(t)
     }
 
-    fn push(&mut self, role: &'a str, fill: impl FnOnce(&mut Vec<&'a str>)) {
+    fn push(&mut self, role: &'a str, fill: impl FnOnce(&mut Texts<'a>)) {
         let start = self.texts.len();
         fill(&mut self.texts);
         self.turns.push((role, start..self.texts.len()));
@@ -269,7 +273,7 @@ enum ContentLite<'a> {
 impl<'a> ContentLite<'a> {
     /// The texts of a content: the string, or its text parts and the
     /// content of tool results (Anthropic `tool_result`), in order.
-    fn texts(&'a self, out: &mut Vec<&'a str>) {
+    fn texts(&'a self, out: &mut Texts<'a>) {
         match self {
             ContentLite::Text(t) => out.push(t),
             ContentLite::Parts(parts) => {
@@ -325,7 +329,7 @@ impl<'a> ItemLite<'a> {
         }
     }
 
-    fn texts(&'a self, out: &mut Vec<&'a str>) {
+    fn texts(&'a self, out: &mut Texts<'a>) {
         if let Some(c) = &self.content {
             c.texts(out);
         }
@@ -360,7 +364,7 @@ fn prompt_pieces<'a>(
     turns: Option<&Turns<'a>>,
     lite: &'a Lite<'a>,
 ) -> crate::routing::prefix::PromptText<'a> {
-    let mut pieces = Vec::new();
+    let mut pieces = crate::routing::prefix::Pieces::new();
     if let Some(turns) = turns {
         // Role, newline, texts, newline per turn: sized once, not regrown.
         pieces.reserve(3 * turns.turns.len() + turns.texts.len());
@@ -532,6 +536,8 @@ pub(crate) fn inspect_with(
         .as_deref()
         .filter(|id| endpoint == Endpoint::Responses && !id.is_empty())
         .map(str::to_string);
+    // The turns borrow the body (their inline lists have drop glue).
+    drop(turns);
     let body = if stream && asks_usage && !client_wants_usage {
         with_usage_requested(&body, has_stream_options)?
     } else {

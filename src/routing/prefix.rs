@@ -12,11 +12,15 @@
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_64_with_seed};
 
-/// The pieces of a prompt, in order, as borrowed text.
+/// The pieces of a prompt, in order, as borrowed text. Inline up to 16
+/// (a conversation of four turns): most prompts need no allocation for them.
 #[derive(Debug, Default)]
 pub(crate) struct PromptText<'a> {
-    pub pieces: Vec<&'a str>,
+    pub pieces: Pieces<'a>,
 }
+
+/// A prompt's pieces (see [`PromptText`]).
+pub(crate) type Pieces<'a> = smallvec::SmallVec<[&'a str; 16]>;
 
 /// Hashes of the full blocks of `prompt`, at most `max_blocks`, not yet tied
 /// to a model (see [`bind_model`]: the served name is known only after alias
@@ -189,9 +193,11 @@ mod tests {
         let pieces: Vec<&str> = text.split_inclusive(' ').collect();
         for prompt in [
             PromptText {
-                pieces: vec![&text],
+                pieces: smallvec::smallvec![&text[..]],
             },
-            PromptText { pieces },
+            PromptText {
+                pieces: pieces.into(),
+            },
         ] {
             assert_eq!(
                 block_hashes(None, &prompt, 64, 4096),
@@ -202,7 +208,7 @@ mod tests {
 
     fn hashes(pieces: &[&str]) -> Vec<u64> {
         let p = PromptText {
-            pieces: pieces.to_vec(),
+            pieces: pieces.into(),
         };
         block_hashes(None, &p, 4, 100)
     }
@@ -233,7 +239,7 @@ mod tests {
     #[test]
     fn model_and_salt_separate_tenants() {
         let p = PromptText {
-            pieces: vec!["abcdefgh"],
+            pieces: smallvec::smallvec!["abcdefgh"],
         };
         let bound = |model: &str, salt| {
             let mut h = block_hashes(salt, &p, 4, 10);

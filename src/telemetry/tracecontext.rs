@@ -75,19 +75,52 @@ impl TraceCtx {
         // Hex digits written in place: `format!` cost ~2,500 instructions a
         // request here (callgrind); the test below checks the bytes against `format!`
         let mut v = *b"00-00000000000000000000000000000000-0000000000000000-00";
-        let hex = |bytes: &[u8], out: &mut [u8]| {
-            // Lengths match by construction (2 digits per byte).
-            let _ = hex::encode_to_slice(bytes, out);
-        };
-        hex(&self.trace_id.to_be_bytes(), &mut v[3..35]);
-        hex(&self.upstream_span_id.to_be_bytes(), &mut v[36..52]);
-        hex(&[u8::from(self.sampled)], &mut v[53..55]);
+        v[3..35].copy_from_slice(&hex32(self.trace_id));
+        v[36..52].copy_from_slice(&hex16(self.upstream_span_id));
+        v[54] = if self.sampled { b'1' } else { b'0' };
         v
     }
 
     pub(crate) fn trace_id_hex(&self) -> String {
-        format!("{:032x}", self.trace_id)
+        // Digits only: the bytes are ASCII.
+        String::from_utf8_lossy(&hex32(self.trace_id)).into_owned()
     }
+}
+
+/// The 16 lower-case hex digits of `n`, most significant first: its nibbles
+/// spread to a byte each, then made digits, eight at a time. The `hex`
+/// crate's table took ~7 instructions a byte (~340 a request for the request
+/// id and `traceparent`, callgrind, `benches/e2e/instructions.sh`); the
+/// property test below holds this to `format!("{n:016x}")`.
+pub(crate) fn hex16(n: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&digits(spread((n >> 32) as u32)).to_be_bytes());
+    out[8..].copy_from_slice(&digits(spread(n as u32)).to_be_bytes());
+    out
+}
+
+/// The 32 lower-case hex digits of `n`, most significant first.
+pub(crate) fn hex32(n: u128) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out[..16].copy_from_slice(&hex16((n >> 64) as u64));
+    out[16..].copy_from_slice(&hex16(n as u64));
+    out
+}
+
+/// The eight nibbles of `x` in eight bytes, the least significant nibble in
+/// the lowest byte.
+fn spread(x: u32) -> u64 {
+    let x = u64::from(x);
+    let x = ((x & 0xFFFF_0000) << 16) | (x & 0xFFFF);
+    let x = ((x & 0x0000_FF00_0000_FF00) << 8) | (x & 0x0000_00FF_0000_00FF);
+    ((x & 0x00F0_00F0_00F0_00F0) << 4) | (x & 0x000F_000F_000F_000F)
+}
+
+/// Each byte (0 to 15) made its lower-case hex digit: `'0' + b`, and past 9
+/// the 39 more that reach `'a'` (no byte carries into the next).
+fn digits(nibbles: u64) -> u64 {
+    let letters = ((nibbles + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    nibbles + 0x3030_3030_3030_3030 + letters * 0x27
 }
 
 /// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`; zero ids are invalid.
@@ -164,5 +197,24 @@ mod tests {
             h.insert("traceparent", HeaderValue::from_static(bad));
             assert_eq!(TraceCtx::from_headers(&h).parent_span_id, None, "{bad}");
         }
+    }
+
+    proptest::proptest! {
+        /// The digits are `format!`'s, for any number.
+        #[test]
+        fn hex_digits_are_formats(n in proptest::num::u128::ANY) {
+            let (wide, low) = (hex32(n), hex16(n as u64));
+            let (want_wide, want_low) = (format!("{n:032x}"), format!("{:016x}", n as u64));
+            proptest::prop_assert_eq!(&wide[..], want_wide.as_bytes());
+            proptest::prop_assert_eq!(&low[..], want_low.as_bytes());
+        }
+    }
+
+    #[test]
+    fn hex_digits_at_the_edges() {
+        assert_eq!(&hex16(0), b"0000000000000000");
+        assert_eq!(&hex16(u64::MAX), b"ffffffffffffffff");
+        assert_eq!(&hex16(0x0123_4567_89ab_cdef), b"0123456789abcdef");
+        assert_eq!(&hex16(0xfedc_ba98_7654_3210), b"fedcba9876543210");
     }
 }

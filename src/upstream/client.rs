@@ -239,8 +239,7 @@ pub(crate) fn request_id(client: &impl Lookup) -> HeaderValue {
     }
     // 32 hex digits written in place (`format!` cost ~1,000 instructions a
     // request; the test below checks the same digits).
-    let mut id = [0u8; 32];
-    let _ = hex::encode_to_slice(fastrand::u128(..).to_be_bytes(), &mut id);
+    let id = crate::telemetry::tracecontext::hex32(fastrand::u128(..));
     HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
