@@ -2,8 +2,11 @@
 //!
 //! Why not a crate: the `prometheus` crate has no exemplars, and `prometheus-client`
 //! takes a write lock on every histogram observation. Sluice observes a histogram
-//! on every token, so its histograms are plain atomics: a bucket add, a sum add
-//! (integer-scaled, no CAS loop) and a count add. Labelled series are resolved
+//! on every token, so its histograms are plain atomics: a bucket add and a sum
+//! add (integer-scaled, no CAS loop); the count is the buckets' sum, read when
+//! asked (a third locked add per observation cost more than every scrape's
+//! sum: locked instructions are where a `perf` profile of the request path
+//! put much of its time, docs/BENCHMARKS.md "2026-11-26 midday"). Labelled series are resolved
 //! once per request (a read lock and a hash) and then used lock-free.
 
 use foldhash::{HashMap, HashMapExt as _};
@@ -84,7 +87,6 @@ pub struct Histogram {
     /// One per bound, plus the +Inf bucket. Not cumulative; summed when rendered.
     counts: Box<[AtomicU64]>,
     sum_scaled: AtomicU64,
-    count: AtomicU64,
     scale: f64,
     /// Per bucket, the last exemplar; written only for kept traces, never on
     /// the per-token path.
@@ -101,7 +103,6 @@ impl Histogram {
             bounds,
             counts,
             sum_scaled: AtomicU64::new(0),
-            count: AtomicU64::new(0),
             scale,
             exemplars,
         }
@@ -122,7 +123,6 @@ impl Histogram {
         self.counts[idx].fetch_add(1, Relaxed);
         let scaled = (v.max(0.0) * self.scale) as u64;
         self.sum_scaled.fetch_add(scaled, Relaxed);
-        self.count.fetch_add(1, Relaxed);
     }
 
     #[inline]
@@ -132,7 +132,7 @@ impl Histogram {
 
     /// Observe several durations: the same counts and sum as one
     /// [`observe_duration`](Self::observe_duration) each, with one atomic
-    /// add per run of values in one bucket instead of three per value (the
+    /// add per run of values in one bucket instead of two per value (the
     /// inter-token gaps of a stream mostly fall in one or two buckets).
     pub(crate) fn observe_durations(&self, ds: &[std::time::Duration]) {
         let (mut idx, mut run, mut sum) = (usize::MAX, 0u64, 0u64);
@@ -151,7 +151,6 @@ impl Histogram {
         if run > 0 {
             self.counts[idx].fetch_add(run, Relaxed);
             self.sum_scaled.fetch_add(sum, Relaxed);
-            self.count.fetch_add(ds.len() as u64, Relaxed);
         }
     }
 
@@ -176,8 +175,9 @@ impl Histogram {
         })));
     }
 
+    /// Observations so far: the buckets' sum.
     pub(crate) fn count(&self) -> u64 {
-        self.count.load(Relaxed)
+        self.counts.iter().map(|c| c.load(Relaxed)).sum()
     }
 
     pub(crate) fn sum(&self) -> f64 {
