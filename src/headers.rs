@@ -94,8 +94,10 @@ impl Field {
 
 /// A request's header fields as they came, in order: the head's bytes and
 /// where each name and value lies in them. Names keep the client's case;
-/// lookups ignore it. Every name is a valid header name and every value a
-/// valid header value (the parser checked them, or they came from a map).
+/// lookups ignore it. Every name must be a valid header name and every value
+/// a valid header value: the caller's guarantee (`httparse` checked them, or
+/// they came from a map); [`Fields::new`] checks only that they lie in the
+/// head, and [`Fields::to_map`] leaves out a field that breaks it.
 #[derive(Clone, Default)]
 pub(crate) struct Fields {
     head: Bytes,

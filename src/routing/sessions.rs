@@ -177,7 +177,12 @@ fn evict(shard: &mut Shard, ttl: Duration, now: Instant) {
     let full = shard.len();
     // At least one goes (a shard of fewer than 8 has no eighth).
     let keep = full - (full / 8).max(1);
-    // Expired: seen `ttl` or longer before `now`. (No such instant: none.)
+    // Expired: seen `ttl` or longer before `now` (with no TTL, everything,
+    // as the reading by durations had it). No such instant: none.
+    if ttl.is_zero() {
+        shard.clear();
+        return;
+    }
     if let Some(expired) = now.checked_sub(ttl) {
         shard.retain(|_, e| e.seen > expired);
     }
@@ -284,11 +289,11 @@ mod eviction {
 
     proptest::proptest! {
         /// Comparing instants keeps exactly the entries comparing durations
-        /// kept: any ages (some seen after `now`), any TTL from 1 ms.
+        /// kept: any ages (some seen after `now`), any TTL, none included.
         #[test]
         fn eviction_by_instants_is_eviction_by_durations(
             ages in proptest::collection::vec(-50i64..5_000, 1..80),
-            ttl_ms in 1u64..3_000,
+            ttl_ms in 0u64..3_000,
         ) {
             let now = Instant::now() + Duration::from_secs(10);
             let a: Arc<str> = Arc::from("a");

@@ -506,8 +506,9 @@ impl Conn {
     /// (see [`read_draining`]).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
         let (io, rbuf) = (&self.io, &mut self.wire.rbuf);
-        // As the server's read buffer: an empty one starts again at its
-        // front when nothing else holds its bytes (`server::h1`).
+        // As the server's read buffer (`server::h1`): an empty one with less
+        // than a read's room left starts again at its front when nothing else
+        // holds its bytes (the last answer's body is dropped).
         if rbuf.is_empty() {
             let _ = rbuf.try_reclaim(READ_BYTES);
         }

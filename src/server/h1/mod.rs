@@ -505,10 +505,11 @@ impl Io {
                 }
             }
             let rbuf = &mut self.wire.rbuf;
-            // An empty buffer whose earlier bytes are all dropped starts again
-            // at its front (no copy, no allocation): each request lands in
-            // the same cache lines, as nginx reuses its buffers, instead of
-            // the next kilobyte of sixteen, cold.
+            // An empty buffer with less than a full read's room left starts
+            // again at its front when nothing else holds its bytes (the last
+            // request's head and body dropped): no copy, no allocation, and
+            // the next request lands in cache lines just used, as nginx
+            // reuses its buffers, instead of the next kilobyte of sixteen.
             if rbuf.is_empty() {
                 let _ = rbuf.try_reclaim(READ_BYTES);
             }
