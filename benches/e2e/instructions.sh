@@ -28,6 +28,12 @@
 # so read misses on freshly received bytes are counted that the machine does
 # not take. Ratios between builds, and against nginx, are what it is for.
 #
+# LOCKS=1: also count the locked instructions the gateway executes per request
+# (`lock`-prefixed and `xchg`: atomics, reference counts, mutexes), by function,
+# from callgrind's per-instruction counts and the binary's disassembly
+# (objdump). nginx's worker executes next to none; each costs tens of cycles
+# and waits for the stores before it.
+#
 # Needs valgrind (`apt-get install valgrind`) and a release build. Prints the
 # count per request and the functions of the request path by inclusive cost
 # (per request); the full profile is left in OUT (callgrind_annotate OUT).
@@ -43,6 +49,7 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 SIM_PORT=$(port); GW_PORT=$(port); ADMIN_PORT=$(port)
 VG_CACHE=()
 if [ "${CACHE:-0}" = 1 ]; then VG_CACHE=(--cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=524288,8,64); fi
+if [ "${LOCKS:-0}" = 1 ]; then VG_CACHE+=(--dump-instr=yes); fi
 printf 'telemetry:\n  access_log:\n    enabled: false\n' > "$dir/gw.yaml"
 if [ -n "${HTTP1:-}" ]; then printf 'server:\n  http1: %s\n' "$HTTP1" >> "$dir/gw.yaml"; fi
 if [ -n "${EXTRA_YAML:-}" ]; then printf '%s\n' "$EXTRA_YAML" >> "$dir/gw.yaml"; fi
@@ -115,3 +122,51 @@ for line in out.splitlines():
         seen.add(m.group(2))
         print(f"{int(m.group(1).replace(',', '')) / n:8.0f}  {m.group(2)}")
 PY
+if [ "${LOCKS:-0}" = 1 ] && [ "${NGINX:-0}" != 1 ]; then
+  objdump -d --no-show-raw-insn "$BIN" | awk '/^ +[0-9a-f]+:\t(lock |xchg )/ { sub(":", "", $1); print $1 }' \
+    > "$dir/locked.txt"
+  python3 - "$profile" "$N" "$dir/locked.txt" <<'PY'
+import collections, re, sys
+path, n, locked = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+locks = {int(a, 16) for a in open(locked)}
+names, objs = {}, {}
+def name(table, v):
+    m = re.match(r"\((\d+)\)(?: (.*))?$", v)
+    if not m:
+        return v
+    if m.group(2):
+        table[m.group(1)] = m.group(2)
+    return table.get(m.group(1), v)
+fn = ob = None
+addr, after_call, per_fn = 0, False, collections.Counter()
+for line in open(path):
+    line = line.rstrip("\n")
+    if line.startswith("ob="):
+        ob = name(objs, line[3:])
+    elif line.startswith("cob="):
+        name(objs, line[4:])
+    elif line.startswith("fn="):
+        fn = name(names, line[3:])
+    elif line.startswith("cfn="):
+        name(names, line[4:])
+    elif line.startswith("calls="):
+        after_call = True  # the next cost line is the call's, inclusive
+    elif line and line[0] in "0123456789+-*":
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        a = parts[0]
+        if a.startswith("0x"):
+            addr = int(a, 16)
+        elif a[0] in "+-":
+            addr += int(a, 0) if a[0] == "-" else int(a[1:], 0)
+        if after_call:
+            after_call = False
+        elif ob and "sluice" in ob and addr in locks:
+            per_fn[fn] += int(parts[2])
+total = sum(per_fn.values())
+print(f"locked instructions per request: {total / n:.0f} (in the binary; by function:)")
+for f, c in per_fn.most_common(20):
+    print(f"{c / n:8.1f}  {f[:110]}")
+PY
+fi

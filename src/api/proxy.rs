@@ -455,16 +455,19 @@ async fn forward(
                 .inc();
         }
 
+        // The client's body as it came unless the replica takes a priority
+        // field (borrowed: a clone is a reference count up and down).
+        let with_priority;
         let body = match (replica.engine_priority, guard.record.flow.map(|f| f.band)) {
-            (EnginePriority::Off, _) | (_, None) => inbound.body.clone(),
-            _ if !matches!(endpoint, Endpoint::Chat | Endpoint::Completions) => {
-                inbound.body.clone()
-            }
+            (EnginePriority::Off, _) | (_, None) => &inbound.body,
+            _ if !matches!(endpoint, Endpoint::Chat | Endpoint::Completions) => &inbound.body,
             (EnginePriority::Vllm, Some(band)) => {
-                inbound::with_priority(&inbound.body, -i64::from(band))?
+                with_priority = inbound::with_priority(&inbound.body, -i64::from(band))?;
+                &with_priority
             }
             (EnginePriority::Sglang, Some(band)) => {
-                inbound::with_priority(&inbound.body, i64::from(band))?
+                with_priority = inbound::with_priority(&inbound.body, i64::from(band))?;
+                &with_priority
             }
         };
         // A replica at the root takes the client's path as it came.
@@ -486,7 +489,7 @@ async fn forward(
             added[n] = (&header::AUTHORIZATION, key.as_bytes());
             n += 1;
         }
-        let req = proxied_request(&parts.method, path, &parts.headers, rid, &added[..n], &body);
+        let req = proxied_request(&parts.method, path, &parts.headers, rid, &added[..n], body);
 
         // Read afresh: the gateway's overhead ends here.
         let sent = turn::fresh();

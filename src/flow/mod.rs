@@ -138,14 +138,17 @@ impl Flow {
         let output = ask.max_tokens.map_or(DEFAULT_OUTPUT, f64::from);
         let cost = f64::from(ask.prompt_tokens) + rules.output_weight * output;
         let gate = self.gate(&ask.model, &rules);
-        let labels = (ask.model.clone(), rules.band_label(band));
         let m = &self.shared.metrics;
+        // The series' labels are made only where a series is looked up: on
+        // the common path (admitted at once, its series kept in the gate)
+        // they cost no reference counts.
         let outcome = |o: &'static str, waited: Duration| {
+            let band = rules.band_label(band);
             m.flow_requests
-                .get(&(labels.0.clone(), labels.1.clone(), o))
+                .get(&(ask.model.clone(), band.clone(), o))
                 .inc();
             m.flow_wait
-                .get(&(labels.0.clone(), labels.1.clone()))
+                .get(&(ask.model.clone(), band))
                 .observe(waited.as_secs_f64());
         };
 
@@ -157,23 +160,15 @@ impl Flow {
             if st.queue.at_or_above(band) == 0
                 && free.admits(band, &rules, st.reserve(band, arrival))
             {
-                let seat = gate.grant(
-                    &mut st,
-                    &self.shared,
-                    pool,
-                    band,
-                    ask.tenant.clone(),
-                    cost,
-                    arrival,
-                );
+                let seat = gate.grant(&mut st, &self.shared, pool, band, ask.tenant, cost, arrival);
                 // Counted under the gate's lock: two atomic adds, no handle
                 // cloned out.
-                let (count, wait) = st.immediate.entry(labels.1.clone()).or_insert_with(|| {
-                    let (model, band) = (labels.0.clone(), labels.1.clone());
+                let (count, wait) = st.immediate.entry(band).or_insert_with(|| {
+                    let label = rules.band_label(band);
                     (
                         m.flow_requests
-                            .get(&(model.clone(), band.clone(), "immediate")),
-                        m.flow_wait.get(&(model, band)),
+                            .get(&(ask.model.clone(), label.clone(), "immediate")),
+                        m.flow_wait.get(&(ask.model.clone(), label)),
                     )
                 });
                 count.inc();
@@ -266,6 +261,10 @@ impl Flow {
     /// waiting in each band, so the gauge is there before anything waits).
     fn gate(&self, model: &Arc<str>, rules: &Rules) -> Arc<Gate> {
         let mut gates = self.shared.gates.lock();
+        // Found without cloning the key (`entry` takes it owned).
+        if let Some(gate) = gates.get(model) {
+            return gate.clone();
+        }
         gates
             .entry(model.clone())
             .or_insert_with(|| {
@@ -381,11 +380,11 @@ struct GateState {
     synced: bool,
     /// The round sent and not yet confirmed by Redis.
     unconfirmed: Option<share::Round>,
-    /// By band label: this model's `immediate` count and wait histogram,
+    /// By band: this model's `immediate` count and wait histogram,
     /// kept after their first lookup (two family lookups hashed the whole
     /// label set on every admission, ~450 instructions; these families
     /// never drop a series).
-    immediate: HashMap<Arc<str>, (Arc<Counter>, Arc<Histogram>)>,
+    immediate: HashMap<i32, (Arc<Counter>, Arc<Histogram>)>,
 }
 
 /// Requests of one band in flight, their recent peak and their mean.
