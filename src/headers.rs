@@ -60,11 +60,9 @@ impl Lookup for HeaderMap {
 /// A value as text, as `HeaderValue::to_str` reads it: visible ASCII,
 /// spaces and tabs only.
 pub(crate) fn text(value: &[u8]) -> Option<&str> {
-    value
-        .iter()
-        .all(|&b| (32..127).contains(&b) || b == b'\t')
-        .then(|| std::str::from_utf8(value).ok())
-        .flatten()
+    let visible = value.iter().all(|&b| (32..127).contains(&b) || b == b'\t');
+    // ASCII only, so always UTF-8.
+    visible.then(|| std::str::from_utf8(value).ok()).flatten()
 }
 
 /// Where one header field's name and value lie in the head.
