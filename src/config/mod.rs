@@ -378,11 +378,12 @@ pub struct SessionsConfig {
     pub enabled: bool,
     /// Where the session id comes from, first match wins.
     pub sources: Vec<SessionSource>,
-    /// A session not seen for this long is forgotten.
+    /// A session not seen for this long is forgotten (at most 24 days:
+    /// longer reads as 24.8).
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
-    /// Sessions remembered (least recently seen forgotten first). About 100
-    /// bytes each.
+    /// Sessions remembered (rounded up to a multiple of 128; in a full set of
+    /// eight, the least recently seen is forgotten first). 16 bytes each.
     pub max_sessions: usize,
 }
 

@@ -161,7 +161,7 @@ impl RoutingPolicy for PrefixKv {
         // prompt (no id sent) starts where its prefix leads, and is
         // remembered there for its next turns.
         let by_session = ctx.session.filter(|s| {
-            s.explicit || s.continuing || self.affinity.sessions.get(s.key, ctx.now).is_some()
+            s.explicit || s.continuing || self.affinity.sessions.contains(s.key, ctx.now)
         });
         let home = match by_session {
             Some(_) => self.session_home(ctx, candidates, &views),

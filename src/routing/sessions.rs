@@ -1,23 +1,53 @@
 //! Sessions this gateway has placed: session key -> the replica holding its
 //! history, so that a conversation's next turn goes back there.
 //!
-//! Bounded: at most `capacity` sessions, each forgotten `ttl` after it was
-//! last seen; when full, the least recently seen go first (an eighth of a
-//! shard at a time). Sharded by key (16 locks), so decisions on different
-//! sessions rarely meet. Cost: a hash lookup under a short lock per
-//! decision; eviction scans one shard when it is full, which frees an
-//! eighth of it.
+//! Bounded: at most `capacity` sessions (rounded up to a multiple of 128),
+//! each forgotten `ttl` after it was last seen. The table is
+//! set-associative: a key can only live in the eight slots of its set (two
+//! cache lines, read together), and a new key in a full set takes the place
+//! of the one seen least recently there. So a decision touches one set, and
+//! the insert after a lookup writes the lines the lookup brought in.
+//!
+//! Why not a `HashMap` of entries, as before: every request of a workload of
+//! new conversations inserted a new key, and that store missed the cache
+//! (an entry of 48 bytes in a table of up to 100,000); the shard's unlock
+//! right after it waited for it. `Sessions::place` was the gateway's largest
+//! user-space item in a `perf` profile of non-streamed requests, 2.75-2.9%
+//! of all CPU, and a full shard also paid a scan to evict an eighth of it
+//! (docs/BENCHMARKS.md, "2026-11-26 afternoon"). Slots here are 16 bytes:
+//! the replica is an index into the shard's few names, the time a 32-bit
+//! millisecond count. The tests below hold the table to a plain model of
+//! per-set LRU (`Model`).
+//!
+//! What that costs: eviction is least recently seen within a set, not over
+//! the whole table, so a live session can go while other sets have room when
+//! more than eight live keys share its set. With keys hashed over the
+//! default 12,500 sets (100,000 sessions), the share of live sessions so
+//! displaced (the least recently seen of their set) is about 2 in 10^7 at
+//! 10,000 live, 1.5 in 10^4 at 25,000 and 0.8% at 50,000 (Poisson, with the
+//! excess over eight per set). Eight ways rather than four (one line): four
+//! displace 4.5x as many at 50,000 and 700x at 10,000. Times are milliseconds since the table was made, in 32 bits: an
+//! age is read modulo 2^32 ms, and ages past 2^31 ms (24.8 days) are taken
+//! as "just now", so a TTL is at most 24 days, and an entry left untouched
+//! in a set nobody wrote to for 24.8 days can come back as fresh (a routing
+//! hint pointing at where it was).
+//!
+//! Sharded by key (16 locks, each on its own cache line), so decisions on
+//! different sessions rarely meet.
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::index::Identity;
-
 const SHARDS: usize = 16;
+/// Slots per set: 8 x 16 bytes, two cache lines.
+const WAYS: usize = 8;
+/// Names a shard keeps before it drops those no slot points at.
+const NAMES: usize = 1024;
+/// The longest age that reads as an age (older reads as "just now").
+const HORIZON_MS: u32 = i32::MAX as u32;
 
 /// The key of an id from `source` (a header name, `prompt_cache_key`,
 /// `previous_response_id`...): the same id from two sources differs.
@@ -33,19 +63,39 @@ pub(crate) fn response_key(id: &str) -> u64 {
     id_key("previous_response_id", id)
 }
 
-#[derive(Debug, Clone)]
-struct Entry {
-    replica: Arc<str>,
-    seen: Instant,
-    turns: u32,
+/// One remembered session; `turns == 0`: an empty slot.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    key: u64,
+    /// Milliseconds since the table's epoch, modulo 2^32.
+    seen: u32,
+    /// Index into the shard's `names`.
+    name: u16,
+    turns: u16,
 }
 
-type Shard = HashMap<u64, Entry, BuildHasherDefault<Identity>>;
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(align(128))]
+struct Set([Slot; WAYS]);
+
+struct Shard {
+    sets: Box<[Set]>,
+    /// The replicas slots point at (by index), each name once.
+    names: Vec<Arc<str>>,
+    /// Occupied slots (expired ones included until taken or forgotten).
+    occupied: usize,
+}
+
+/// A shard's lock on a cache line of its own.
+#[repr(align(64))]
+struct Padded(Mutex<Shard>);
 
 pub(crate) struct Sessions {
-    shards: Vec<Mutex<Shard>>,
-    per_shard: usize,
-    ttl: Duration,
+    shards: Box<[Padded]>,
+    sets_per_shard: usize,
+    epoch: Instant,
+    /// The TTL in milliseconds (at most `HORIZON_MS`); 0: nothing is kept.
+    ttl_ms: u32,
 }
 
 /// One session, for `/admin/routing`.
@@ -59,146 +109,265 @@ pub(crate) struct SessionView {
 
 impl Sessions {
     pub(crate) fn new(capacity: usize, ttl: Duration) -> Self {
+        let sets_per_shard = capacity.div_ceil(SHARDS * WAYS).max(1);
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            per_shard: capacity.div_ceil(SHARDS).max(1),
-            ttl,
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Padded(Mutex::new(Shard {
+                        sets: vec![Set::default(); sets_per_shard].into_boxed_slice(),
+                        names: Vec::new(),
+                        occupied: 0,
+                    }))
+                })
+                .collect(),
+            sets_per_shard,
+            epoch: Instant::now(),
+            ttl_ms: u32::try_from(ttl.as_millis())
+                .unwrap_or(HORIZON_MS)
+                .min(HORIZON_MS),
         }
     }
 
-    fn shard(&self, key: u64) -> &Mutex<Shard> {
-        // The keys are hashes already: their low bits pick the shard.
-        &self.shards[(key as usize) % SHARDS]
+    /// `now` in the table's milliseconds (modulo 2^32; before the epoch
+    /// too, so that every age is a wrapping difference).
+    fn ms(&self, now: Instant) -> u32 {
+        let since = |d: Duration| {
+            (d.as_secs() as u32)
+                .wrapping_mul(1000)
+                .wrapping_add(d.subsec_millis())
+        };
+        match now.checked_duration_since(self.epoch) {
+            Some(d) => since(d),
+            None => since(self.epoch - now).wrapping_neg(),
+        }
+    }
+
+    /// The shard and the set of `key`: its low bits pick the shard, its
+    /// high ones the set (the keys are hashes already).
+    fn place_of(&self, key: u64) -> (&Mutex<Shard>, usize) {
+        let shard = &self.shards[(key as usize) % SHARDS].0;
+        let set = ((key >> 32) * self.sets_per_shard as u64) >> 32;
+        (shard, set as usize)
+    }
+
+    /// Whether a slot seen at `seen` is live at `now`.
+    fn live(&self, slot: &Slot, now: u32) -> bool {
+        slot.turns != 0 && age(now, slot.seen) < self.ttl_ms
     }
 
     /// The replica session `key` was last placed on, if remembered.
     pub(crate) fn get(&self, key: u64, now: Instant) -> Option<Arc<str>> {
-        let shard = self.shard(key).lock();
-        shard
-            .get(&key)
-            .filter(|e| now.saturating_duration_since(e.seen) < self.ttl)
-            .map(|e| e.replica.clone())
+        let now = self.ms(now);
+        let (shard, set) = self.place_of(key);
+        let shard = shard.lock();
+        shard.sets[set]
+            .0
+            .iter()
+            .find(|s| s.key == key && self.live(s, now))
+            .map(|s| shard.names[usize::from(s.name)].clone())
+    }
+
+    /// Whether session `key` is remembered (`get` without the name).
+    pub(crate) fn contains(&self, key: u64, now: Instant) -> bool {
+        let now = self.ms(now);
+        let (shard, set) = self.place_of(key);
+        let shard = shard.lock();
+        shard.sets[set]
+            .0
+            .iter()
+            .any(|s| s.key == key && self.live(s, now))
     }
 
     /// Session `key`'s turn went to `replica` at `now`; whether it had been
     /// on another replica before (a move).
     pub(crate) fn place(&self, key: u64, replica: &Arc<str>, now: Instant) -> bool {
-        let mut shard = self.shard(key).lock();
-        // Room first (a new key in a full shard), then one probe for the
-        // key: a lookup and then an insert probed twice.
-        if shard.len() >= self.per_shard && !shard.contains_key(&key) {
-            evict(&mut shard, self.ttl, now);
+        if self.ttl_ms == 0 {
+            return false;
         }
-        match shard.entry(key) {
-            std::collections::hash_map::Entry::Occupied(mut e) => {
-                let e = e.get_mut();
-                let moved = e.replica != *replica;
-                if moved {
-                    e.replica = replica.clone();
-                }
-                e.seen = now;
-                e.turns = e.turns.saturating_add(1);
-                moved
+        let now = self.ms(now);
+        let (shard, set) = self.place_of(key);
+        let mut shard = shard.lock();
+        let Some(name) = shard.name(replica) else {
+            // Over a thousand replicas in one shard: this one is not kept.
+            return false;
+        };
+        let shard = &mut *shard;
+        let slots = &mut shard.sets[set].0;
+        // The key's slot if live, else an empty or expired one, else the one
+        // seen least recently.
+        let mut found = None;
+        let mut free = None;
+        let mut oldest = (0, 0u32);
+        for (i, s) in slots.iter_mut().enumerate() {
+            if s.turns != 0 && age(now, s.seen) >= self.ttl_ms {
+                // Expired: emptied here, so that no set that is written to
+                // keeps an entry long enough for its age to wrap.
+                *s = Slot::default();
+                shard.occupied -= 1;
             }
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Entry {
-                    replica: replica.clone(),
-                    seen: now,
-                    turns: 1,
-                });
-                false
+            if s.turns == 0 {
+                free.get_or_insert(i);
+            } else if s.key == key {
+                found = Some(i);
+            } else if age(now, s.seen) >= oldest.1 {
+                oldest = (i, age(now, s.seen));
             }
         }
+        if let Some(i) = found {
+            let s = &mut slots[i];
+            let moved = s.name != name;
+            s.name = name;
+            s.seen = now;
+            s.turns = s.turns.saturating_add(1);
+            return moved;
+        }
+        let i = match free {
+            Some(i) => {
+                shard.occupied += 1;
+                i
+            }
+            None => oldest.0,
+        };
+        slots[i] = Slot {
+            key,
+            seen: now,
+            name,
+            turns: 1,
+        };
+        false
     }
 
     /// Forget `key`.
     pub(crate) fn forget(&self, key: u64) {
-        self.shard(key).lock().remove(&key);
+        let (shard, set) = self.place_of(key);
+        let mut shard = shard.lock();
+        let shard = &mut *shard;
+        for s in shard.sets[set].0.iter_mut() {
+            if s.turns != 0 && s.key == key {
+                *s = Slot::default();
+                shard.occupied -= 1;
+            }
+        }
     }
 
-    /// Sessions remembered now (expired ones included until evicted).
+    /// Sessions remembered now (expired ones included until their slot is
+    /// taken).
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards.iter().map(|s| s.0.lock().occupied).sum()
+    }
+
+    /// Every live session, with the name of its replica.
+    fn each_live(&self, now: Instant, mut f: impl FnMut(u64, &Arc<str>, u32, u16)) {
+        let now = self.ms(now);
+        for shard in &self.shards {
+            let shard = shard.0.lock();
+            for s in shard.sets.iter().flat_map(|set| set.0.iter()) {
+                if self.live(s, now) {
+                    f(
+                        s.key,
+                        &shard.names[usize::from(s.name)],
+                        age(now, s.seen),
+                        s.turns,
+                    );
+                }
+            }
+        }
     }
 
     /// Live sessions per replica.
     pub(crate) fn per_replica(&self, now: Instant) -> HashMap<Arc<str>, usize> {
         let mut out = HashMap::new();
-        for s in &self.shards {
-            for e in s.lock().values() {
-                if now.saturating_duration_since(e.seen) < self.ttl {
-                    *out.entry(e.replica.clone()).or_insert(0) += 1;
-                }
-            }
-        }
+        self.each_live(now, |_, name, _, _| {
+            *out.entry(name.clone()).or_insert(0) += 1;
+        });
         out
     }
 
     /// The most recently seen sessions, at most `limit`.
     pub(crate) fn recent(&self, limit: usize, now: Instant) -> Vec<SessionView> {
-        let mut all: Vec<SessionView> = self
-            .shards
-            .iter()
-            .flat_map(|s| {
-                s.lock()
-                    .iter()
-                    .map(|(k, e)| SessionView {
-                        key: *k,
-                        replica: e.replica.clone(),
-                        idle: now.saturating_duration_since(e.seen),
-                        turns: e.turns,
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .filter(|v| v.idle < self.ttl)
-            .collect();
+        let mut all = Vec::new();
+        self.each_live(now, |key, name, idle_ms, turns| {
+            all.push(SessionView {
+                key,
+                replica: name.clone(),
+                idle: Duration::from_millis(u64::from(idle_ms)),
+                turns: u32::from(turns),
+            });
+        });
         all.sort_by_key(|v| v.idle);
         all.truncate(limit);
         all
     }
 }
 
-/// Make room in a full shard: drop the expired entries and, if that frees
-/// less than an eighth, the least recently seen entries down to seven
-/// eighths. Every scan of the shard then buys at least an eighth of it in
-/// inserts: O(1) per insert amortised, where evicting one entry per insert
-/// scanned the whole shard every time (a `perf` profile of non-streamed
-/// requests with distinct prompts showed those scans as the gateway's
-/// largest user-space item once a table filled). Stopping after the expired
-/// ones whenever any expired would bring the scan per insert back when
-/// entries expire about as fast as new ones come.
-///
-/// Entries are compared by when they were seen, not by how long ago: the
-/// duration per entry cost a clock subtraction each (~40 instructions), and
-/// these scans were most of `Sessions::place`'s time in a `perf` profile of
-/// non-streamed requests (docs/BENCHMARKS.md, "2026-11-26 midday"). The test
-/// below holds this to the earlier reading by durations.
-fn evict(shard: &mut Shard, ttl: Duration, now: Instant) {
-    let full = shard.len();
-    // At least one goes (a shard of fewer than 8 has no eighth).
-    let keep = full - (full / 8).max(1);
-    // Expired: seen `ttl` or longer before `now` (with no TTL, everything,
-    // as the reading by durations had it). No such instant: none.
-    if ttl.is_zero() {
-        shard.clear();
-        return;
+impl Shard {
+    /// The index of `replica`'s name, added if new (`None`: the shard holds
+    /// `NAMES` names that slots point at).
+    fn name(&mut self, replica: &Arc<str>) -> Option<u16> {
+        let find = |names: &[Arc<str>]| {
+            names
+                .iter()
+                .position(|n| Arc::ptr_eq(n, replica) || **n == **replica)
+        };
+        if let Some(i) = find(&self.names) {
+            return u16::try_from(i).ok();
+        }
+        if self.names.len() >= NAMES {
+            self.drop_unused_names();
+            if self.names.len() >= NAMES {
+                return None;
+            }
+        }
+        self.names.push(replica.clone());
+        u16::try_from(self.names.len() - 1).ok()
     }
-    if let Some(expired) = now.checked_sub(ttl) {
-        shard.retain(|_, e| e.seen > expired);
+
+    /// Drop the names no occupied slot points at (replicas long gone, with
+    /// discovery renaming them), renumbering the slots.
+    fn drop_unused_names(&mut self) {
+        let slots = || self.sets.iter().flat_map(|set| set.0.iter());
+        let mut used = vec![false; self.names.len()];
+        for s in slots().filter(|s| s.turns != 0) {
+            used[usize::from(s.name)] = true;
+        }
+        let mut renumbered = vec![0u16; self.names.len()];
+        let mut next = 0u16;
+        for (i, u) in used.iter().enumerate() {
+            if *u {
+                renumbered[i] = next;
+                next += 1;
+            }
+        }
+        let mut i = 0;
+        self.names.retain(|_| {
+            i += 1;
+            used[i - 1]
+        });
+        for s in self.sets.iter_mut().flat_map(|set| set.0.iter_mut()) {
+            if s.turns != 0 {
+                s.name = renumbered[usize::from(s.name)];
+            }
+        }
     }
-    if shard.len() <= keep {
-        return;
-    }
-    let mut seen: Vec<Instant> = shard.values().map(|e| e.seen).collect();
-    // The (len - keep)-th oldest: it and every older one go.
-    let k = (seen.len() - keep).saturating_sub(1);
-    let (_, &mut cutoff, _) = seen.select_nth_unstable(k);
-    shard.retain(|_, e| e.seen > cutoff);
+}
+
+/// How long before `now` a slot was seen, in milliseconds: the wrapping
+/// difference, with ages past the horizon (a slot seen after `now`, by a
+/// decision that read the clock later) taken as 0.
+fn age(now: u32, seen: u32) -> u32 {
+    let a = now.wrapping_sub(seen);
+    if a > HORIZON_MS { 0 } else { a }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key of shard `shard`, set `set` of a table with one set per shard
+    /// (`capacity` <= 128) when `set` is 0, told apart by `n`.
+    fn key(shard: u64, n: u64) -> u64 {
+        (n << 4) | shard
+    }
 
     #[test]
     fn sessions_are_remembered_moved_forgotten_and_bounded() {
@@ -207,114 +376,205 @@ mod tests {
         let t0 = Instant::now();
         assert!(!s.place(1, &a, t0));
         assert_eq!(s.get(1, t0).as_deref(), Some("a"));
+        assert!(s.contains(1, t0));
         assert!(s.place(1, &b, t0), "a move is reported");
         assert!(!s.place(1, &b, t0));
-        assert_eq!(s.recent(10, t0)[0].turns, 3);
+        // The same name in another allocation is the same replica.
+        assert!(!s.place(1, &Arc::from("b"), t0));
+        assert_eq!(s.recent(10, t0)[0].turns, 4);
         // Forgotten after the TTL.
-        assert_eq!(s.get(1, t0 + Duration::from_secs(61)), None);
-        // Bounded: 32 in all (2 per shard); the oldest of a shard goes first.
-        for k in 0..1000u64 {
-            s.place(k * 16, &a, t0 + Duration::from_millis(k));
+        let later = t0 + Duration::from_secs(61);
+        assert_eq!(s.get(1, later), None);
+        assert!(!s.contains(1, later));
+        // And not a move when it comes back elsewhere: it was forgotten.
+        assert!(!s.place(1, &a, later));
+        assert_eq!(s.recent(10, later)[0].turns, 1);
+        s.forget(1);
+        assert_eq!(s.get(1, later), None);
+        assert_eq!(s.len(), 0);
+        // Bounded: 32 rounds up to one set of 8 per shard; keys of one shard
+        // share it, and the least recently seen goes first.
+        for n in 0..1000u64 {
+            s.place(key(0, n), &a, t0 + Duration::from_millis(n));
         }
-        // Keys 16 apart share one shard: it holds its 2, beside key 1's.
-        assert_eq!(s.len(), 2 + 1);
+        s.place(key(3, 0), &b, t0);
+        assert_eq!(s.len(), 8 + 1);
+        let at = t0 + Duration::from_secs(1);
+        assert!((992..1000).all(|n| s.get(key(0, n), at).is_some()));
+        assert_eq!(s.get(key(0, 991), at), None, "the oldest went");
+        assert_eq!(s.per_replica(at).get("a"), Some(&8));
+        assert_eq!(s.per_replica(at).get("b"), Some(&1));
+        let recent = s.recent(3, at);
         assert_eq!(
-            s.get(999 * 16, t0 + Duration::from_secs(1)).as_deref(),
-            Some("a")
+            recent.iter().map(|v| v.key).collect::<Vec<_>>(),
+            [key(0, 999), key(0, 998), key(0, 997)]
         );
-        assert_eq!(
-            s.get(0, t0 + Duration::from_secs(1)),
-            None,
-            "the oldest went"
-        );
+        assert_eq!(recent[0].idle, Duration::from_millis(1));
     }
-}
-
-#[cfg(test)]
-mod eviction {
-    use super::*;
 
     #[test]
-    fn a_full_shard_loses_its_oldest_eighth_once_and_keeps_the_rest() {
-        // One shard's worth: keys 16 apart land in one shard of 64.
-        let s = Sessions::new(64 * SHARDS, Duration::from_secs(3600));
+    fn keys_spread_over_every_set() {
+        // 1,600 hashed keys in room for 12,800 (100 sets of 8 per shard):
+        // one per set on average, so all stay unless sets are chosen badly
+        // (nine in one set of a good spread: about one chance in 600 for
+        // the table, and these keys are fixed).
+        let s = Sessions::new(12_800, Duration::from_secs(60));
         let a: Arc<str> = Arc::from("a");
         let t0 = Instant::now();
-        for k in 0..64u64 {
-            s.place(k * 16, &a, t0 + Duration::from_millis(k));
+        let keys: Vec<u64> = (0..1_600u64)
+            .map(|n| id_key("test", &n.to_string()))
+            .collect();
+        for &k in &keys {
+            s.place(k, &a, t0);
         }
-        assert_eq!(s.len(), 64);
-        // The 65th: the oldest eighth (8) goes, the newest stay.
-        s.place(64 * 16, &a, t0 + Duration::from_millis(64));
-        assert_eq!(s.len(), 64 - 8 + 1);
-        let at = t0 + Duration::from_secs(1);
-        assert!((0..8u64).all(|k| s.get(k * 16, at).is_none()));
-        assert!((8..=64u64).all(|k| s.get(k * 16, at).is_some()));
-        // Room for 7 more without another eviction.
-        for k in 65..72u64 {
-            s.place(k * 16, &a, t0 + Duration::from_millis(k));
-        }
-        assert_eq!(s.len(), 64);
-        // Expired entries go before any live one.
-        let later = t0 + Duration::from_secs(3600) + Duration::from_millis(30);
-        s.place(72 * 16, &a, later);
-        assert_eq!(s.len(), 64 - 23 + 1, "keys 8 to 30 (seen by 30 ms) expired");
-        // Full again; then only two expire (keys 31 and 32): the oldest live
-        // ones go too, down to seven eighths, so the next inserts scan
-        // nothing (not one scan per insert while a few expire at a time).
-        for k in 73..95u64 {
-            s.place(k * 16, &a, t0 + Duration::from_millis(k));
-        }
-        assert_eq!(s.len(), 64);
-        let then = t0 + Duration::from_secs(3600) + Duration::from_millis(32);
-        s.place(95 * 16, &a, then);
-        assert_eq!(s.len(), 56 + 1);
-        assert!((31..=38u64).all(|k| s.get(k * 16, then).is_none()));
-        assert!((39..=95u64).all(|k| s.get(k * 16, then).is_some()));
+        assert_eq!(s.len(), keys.len());
+        assert!(keys.iter().all(|&k| s.contains(k, t0)));
     }
 
-    /// The eviction as first written: by durations since each entry was seen.
-    fn evict_by_durations(shard: &mut Shard, ttl: Duration, now: Instant) {
-        let full = shard.len();
-        let keep = full - (full / 8).max(1);
-        shard.retain(|_, e| now.saturating_duration_since(e.seen) < ttl);
-        if shard.len() <= keep {
-            return;
+    #[test]
+    fn a_full_set_gives_up_expired_slots_before_live_ones() {
+        let s = Sessions::new(1, Duration::from_secs(10));
+        let a: Arc<str> = Arc::from("a");
+        let t0 = Instant::now();
+        for n in 0..8u64 {
+            s.place(key(5, n), &a, t0 + Duration::from_secs(n));
         }
-        let mut seen: Vec<Instant> = shard.values().map(|e| e.seen).collect();
-        let k = (seen.len() - keep).saturating_sub(1);
-        let (_, &mut cutoff, _) = seen.select_nth_unstable(k);
-        shard.retain(|_, e| e.seen > cutoff);
+        // At 12 s, keys 0 to 2 (seen at 0-2 s) have expired; 3 is the oldest
+        // live one and stays.
+        let t = t0 + Duration::from_secs(12);
+        s.place(key(5, 100), &a, t);
+        assert_eq!(s.len(), 8 - 3 + 1, "the expired slots were emptied");
+        assert!((3..8).all(|n| s.contains(key(5, n), t)));
+        assert!(s.contains(key(5, 100), t));
+        // No TTL: nothing is kept.
+        let none = Sessions::new(100, Duration::ZERO);
+        assert!(!none.place(1, &a, t0));
+        assert_eq!(none.get(1, t0), None);
+    }
+
+    #[test]
+    fn a_shard_drops_the_names_no_slot_points_at() {
+        let s = Sessions::new(1, Duration::from_secs(3600));
+        let t0 = Instant::now();
+        // One shard, one set: each new replica name takes the set's oldest
+        // slot, so at most 8 names are pointed at while over a thousand are
+        // seen.
+        for n in 0..3000u64 {
+            let name: Arc<str> = Arc::from(format!("r{n}"));
+            assert!(!s.place(key(7, n), &name, t0 + Duration::from_millis(n)));
+        }
+        let at = t0 + Duration::from_secs(10);
+        assert!(s.shards[7].0.lock().names.len() <= NAMES);
+        for n in 2992..3000u64 {
+            assert_eq!(s.get(key(7, n), at).as_deref(), Some(&*format!("r{n}")));
+        }
+    }
+
+    #[test]
+    fn ages_wrap_and_a_clock_read_later_is_now() {
+        assert_eq!(age(10, 3), 7);
+        assert_eq!(age(3, u32::MAX - 1), 5, "across the wrap");
+        assert_eq!(age(3, 10), 0, "seen after now");
+        let s = Sessions::new(1, Duration::from_secs(60));
+        let a: Arc<str> = Arc::from("a");
+        // Instants before the table's epoch are ages too.
+        let before = s.epoch - Duration::from_secs(5);
+        s.place(9, &a, before);
+        assert!(s.contains(9, s.epoch));
+        assert_eq!(s.recent(1, s.epoch)[0].idle, Duration::from_secs(5));
+        // A decision that read the clock earlier than the one that placed it.
+        assert!(s.contains(9, before - Duration::from_millis(3)));
+    }
+
+    /// The table as specified, written plainly: per set (shard by the low
+    /// bits, set by the high ones), at most `WAYS` entries; a place empties
+    /// the set's expired entries first, then updates the key's or adds it,
+    /// pushing out the one seen least recently when the set is full.
+    #[derive(Default)]
+    struct Model {
+        sets: HashMap<(u64, u64), Vec<Kept>>,
+    }
+
+    /// Key, seen (ms), replica, turns.
+    type Kept = (u64, u64, &'static str, u32);
+
+    impl Model {
+        fn set(key: u64, per_shard: u64) -> (u64, u64) {
+            (key % SHARDS as u64, ((key >> 32) * per_shard) >> 32)
+        }
+
+        fn place(&mut self, key: u64, name: &'static str, now: u64, ttl: u64, ps: u64) -> bool {
+            let set = self.sets.entry(Self::set(key, ps)).or_default();
+            set.retain(|e| now - e.1 < ttl);
+            if let Some(e) = set.iter_mut().find(|e| e.0 == key) {
+                let moved = e.2 != name;
+                *e = (key, now, name, e.3 + 1);
+                return moved;
+            }
+            if set.len() == WAYS {
+                let oldest = (0..WAYS).min_by_key(|&i| set[i].1).unwrap();
+                set.remove(oldest);
+            }
+            set.push((key, now, name, 1));
+            false
+        }
+
+        fn get(&self, key: u64, now: u64, ttl: u64, ps: u64) -> Option<&'static str> {
+            self.sets
+                .get(&Self::set(key, ps))?
+                .iter()
+                .find(|e| e.0 == key && now - e.1 < ttl)
+                .map(|e| e.2)
+        }
     }
 
     proptest::proptest! {
-        /// Comparing instants keeps exactly the entries comparing durations
-        /// kept: any ages (some seen after `now`), any TTL, none included.
+        /// The table keeps exactly what the model keeps, and reports the
+        /// same moves: any order of places and forgets of keys that crowd a
+        /// few sets, any pace, any TTL.
         #[test]
-        fn eviction_by_instants_is_eviction_by_durations(
-            ages in proptest::collection::vec(-50i64..5_000, 1..80),
-            ttl_ms in 0u64..3_000,
+        fn the_table_is_per_set_lru(
+            capacity in proptest::sample::select(vec![1usize, 128, 300, 1000]),
+            ttl_ms in 1u64..200,
+            ops in proptest::collection::vec(
+                (0u64..48, 0usize..3, 1u64..20, proptest::bool::weighted(0.1)),
+                1..400,
+            ),
         ) {
-            let now = Instant::now() + Duration::from_secs(10);
-            let a: Arc<str> = Arc::from("a");
-            let mut ours = Shard::default();
-            for (k, age) in ages.iter().enumerate() {
-                let seen = if *age >= 0 {
-                    now - Duration::from_millis(*age as u64)
+            const NAMES: [&str; 3] = ["a", "b", "c"];
+            let s = Sessions::new(capacity, Duration::from_millis(ttl_ms));
+            let ps = s.sets_per_shard as u64;
+            let names: Vec<Arc<str>> = NAMES.iter().map(|n| Arc::from(*n)).collect();
+            // 48 keys: 3 shards' worth of 16, spread over high bits.
+            let keys: Vec<u64> = (0..48u64)
+                .map(|i| (i % 3) | (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) & !0xf))
+                .collect();
+            let mut model = Model::default();
+            let mut now = 0u64;
+            for (k, n, step, forget) in ops {
+                now += step;
+                let at = s.epoch + Duration::from_millis(now);
+                let key = keys[k as usize];
+                if forget {
+                    s.forget(key);
+                    if let Some(set) = model.sets.get_mut(&Model::set(key, ps)) {
+                        set.retain(|e| e.0 != key);
+                    }
                 } else {
-                    now + Duration::from_millis(age.unsigned_abs())
-                };
-                ours.insert(k as u64, Entry { replica: a.clone(), seen, turns: 1 });
+                    let moved = s.place(key, &names[n], at);
+                    proptest::prop_assert_eq!(moved, model.place(key, NAMES[n], now, ttl_ms, ps));
+                }
+                for &key in &keys {
+                    let got = s.get(key, at);
+                    proptest::prop_assert_eq!(got.as_deref(), model.get(key, now, ttl_ms, ps));
+                }
+                let live: usize = model
+                    .sets
+                    .values()
+                    .map(|set| set.iter().filter(|e| now - e.1 < ttl_ms).count())
+                    .sum();
+                proptest::prop_assert_eq!(s.per_replica(at).values().sum::<usize>(), live);
             }
-            let mut theirs = ours.clone();
-            let ttl = Duration::from_millis(ttl_ms);
-            evict(&mut ours, ttl, now);
-            evict_by_durations(&mut theirs, ttl, now);
-            let mut ours: Vec<u64> = ours.into_keys().collect();
-            let mut theirs: Vec<u64> = theirs.into_keys().collect();
-            ours.sort_unstable();
-            theirs.sort_unstable();
-            proptest::prop_assert_eq!(ours, theirs);
         }
     }
 }
