@@ -166,7 +166,7 @@ impl Api {
     fn direct(&self, endpoint: Endpoint, head: Head, body: Body) -> Answer {
         let state = self.live.load();
         Box::pin(async move {
-            Ok(request_id::given(head, body, |head, body, id| {
+            Ok(request_id::given(&head, body, |head, body, id| {
                 proxy::handle_as(state, endpoint, head, body, id)
             })
             .await)

@@ -54,7 +54,7 @@ pub(crate) async fn handle(
 ) -> Response {
     let (parts, body) = req.into_parts();
     let rid = RequestId::of(&parts.extensions, &parts.headers);
-    handle_as(state, endpoint, Head::of(&parts), body, rid).await
+    handle_as(state, endpoint, &Head::of(&parts), body, rid).await
 }
 
 /// [`handle`] with the request id already assigned (the direct dispatch of
@@ -62,14 +62,15 @@ pub(crate) async fn handle(
 pub(crate) async fn handle_as(
     state: Arc<AppState>,
     endpoint: Endpoint,
-    parts: Head,
+    parts: &Head,
     body: Body,
     rid: HeaderValue,
 ) -> Response {
     let arrival = turn::now();
-    // Boxed, as the answer in `forward` is: together they keep this
-    // request's future under 4 KiB, which jemalloc allocates and frees on
-    // its fast path (5,696 bytes before; ~430 instructions a request).
+    // Boxed, as a stream's body is in `respond`: that keeps this request's
+    // future under 4 KiB, which jemalloc allocates and frees on its fast
+    // path (5,696 bytes before; ~430 instructions a request), and a stream's
+    // body takes the guard over as it is, without a copy.
     let mut guard = Box::new(RequestGuard::new(
         state.telemetry.clone(),
         endpoint,
@@ -78,17 +79,17 @@ pub(crate) async fn handle_as(
         TraceCtx::from_fields(&parts.headers),
         state.config.telemetry.stall_threshold,
     ));
-    let reply = proxy(&state, endpoint, &parts, body, &rid, &mut guard).await;
+    let reply = proxy(&state, endpoint, parts, body, &rid, &mut guard).await;
     let mut resp = match reply {
         Ok(Reply::Full(resp)) => resp,
-        Ok(Reply::Stream(resp)) => {
-            let mut resp = *resp;
+        Ok(Reply::Stream(mut resp)) => {
             if let Some(h) = guard.rate_headers() {
                 h.apply_in(endpoint.wire(), resp.headers_mut());
             }
             // The body owns the request from here to its end.
-            let (head, timed) = resp.into_parts();
-            return Response::from_parts(head, Body::new(timed.with_guard(*guard)));
+            let (head, mut timed) = resp.into_parts();
+            timed.attach(guard);
+            return Response::from_parts(head, Body::new(timed));
         }
         Err(error) => {
             guard.fail(&error);
@@ -105,8 +106,9 @@ pub(crate) async fn handle_as(
 /// request's guard.
 enum Reply {
     Full(Response),
-    /// Boxed: a stream's body is large, and most replies are streams anyway.
-    Stream(Box<http::Response<TimedBody>>),
+    /// The body boxed from the start: `respond` awaits its first chunk
+    /// through the box, so that the request's future does not hold it.
+    Stream(http::Response<Box<TimedBody>>),
 }
 
 async fn proxy(
@@ -173,7 +175,7 @@ async fn proxy(
     guard.record.max_tokens = inbound.max_tokens;
     guard.record.prompt_estimate = inbound.prompt_estimate;
     guard.set_prompt_text(inbound.prompt_text.take());
-    let candidates = match state.pool.resolve(&inbound.model) {
+    let mut candidates = match state.pool.resolve(&inbound.model) {
         Ok(ok) => ok,
         Err(e @ GatewayError::NoHealthyBackend(_)) => {
             // A known model: labelled with its served name.
@@ -273,7 +275,16 @@ async fn proxy(
             }
         }
     }
-    forward(state, endpoint, parts, &inbound, candidates, rid, guard).await
+    forward(
+        state,
+        endpoint,
+        parts,
+        &inbound,
+        &mut candidates,
+        rid,
+        guard,
+    )
+    .await
 }
 
 /// `x-sluice-ttft-objective`: how soon the request wants its first token
@@ -344,12 +355,14 @@ async fn forward(
     endpoint: Endpoint,
     parts: &Head,
     inbound: &Inbound,
-    candidates: Candidates,
+    // Borrowed: an argument moved into an async fn is kept twice in the
+    // request's future (the caller's copy and the callee's).
+    candidates: &mut Candidates,
     rid: &HeaderValue,
     guard: &mut RequestGuard,
 ) -> Result<Reply, GatewayError> {
     let fallback = candidates.fallback;
-    let mut candidates = candidates.replicas;
+    let candidates = &mut candidates.replicas;
     let cfg = &state.config.upstream;
     let deadline = guard.record.arrival + cfg.timeouts.total;
     // The replica's spans hang under the gateway's upstream span.
@@ -406,28 +419,33 @@ async fn forward(
             && let Some(id) = &inbound.previous_response_id
         {
             // Made through another gateway, or before a restart: ask.
-            pinned = super::responses::locate(state, &candidates, id, rid).await;
+            pinned = super::responses::locate(state, candidates, id, rid).await;
         }
     }
     loop {
-        let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
-        let ctx = RouteCtx {
-            model: &model,
-            hashes: &hashes,
-            session,
-            prompt_tokens,
-            tail_tokens,
-            now: turn::now_std(),
-        };
-        let home = pinned
-            .take()
-            .and_then(|name| views.iter().position(|v| v.name == name));
-        let decision = match home {
-            Some(index) => Some(crate::routing::Decision::plain(
-                index,
-                RouteReason::ResponseHome,
-            )),
-            None => state.policy.pick(&ctx, &views),
+        // In a block: what only the decision needs is not kept in the
+        // request's future across the send (it is the size of the future
+        // that each request allocates and writes).
+        let decision = {
+            let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
+            let ctx = RouteCtx {
+                model: &model,
+                hashes: &hashes,
+                session,
+                prompt_tokens,
+                tail_tokens,
+                now: turn::now_std(),
+            };
+            let home = pinned
+                .take()
+                .and_then(|name| views.iter().position(|v| v.name == name));
+            match home {
+                Some(index) => Some(crate::routing::Decision::plain(
+                    index,
+                    RouteReason::ResponseHome,
+                )),
+                None => state.policy.pick(&ctx, &views),
+            }
         };
         let Some(decision) = decision else {
             // Only reachable after retries exhausted the candidates.
@@ -441,11 +459,13 @@ async fn forward(
         } else {
             decision.reason
         };
-        let count = || state.metrics.routing.get(&(model.clone(), reason.as_str()));
-        // Kept in the model's series after the first lookup (see `ModelSeries`).
-        match guard.series().and_then(|s| s.routes.get(reason as usize)) {
-            Some(cell) => cell.get_or_init(count).inc(),
-            None => count().inc(),
+        {
+            let count = || state.metrics.routing.get(&(model.clone(), reason.as_str()));
+            // Kept in the model's series after the first lookup (see `ModelSeries`).
+            match guard.series().and_then(|s| s.routes.get(reason as usize)) {
+                Some(cell) => cell.get_or_init(count).inc(),
+                None => count().inc(),
+            }
         }
         if decision.moved {
             state
@@ -478,18 +498,20 @@ async fn forward(
             prefixed = format!("{}{}", replica.path_prefix, path);
             prefixed.as_str()
         };
-        let mut added: [(&http::HeaderName, &[u8]); 3] =
-            [(&header::HOST, replica.conns.host.as_bytes()); 3];
-        let mut n = 1;
-        if let Some(t) = &traceparent {
-            added[n] = (&TRACEPARENT, t);
-            n += 1;
-        }
-        if let Some(key) = &replica.api_key {
-            added[n] = (&header::AUTHORIZATION, key.as_bytes());
-            n += 1;
-        }
-        let req = proxied_request(&parts.method, path, &parts.headers, rid, &added[..n], body);
+        let req = {
+            let mut added: [(&http::HeaderName, &[u8]); 3] =
+                [(&header::HOST, replica.conns.host.as_bytes()); 3];
+            let mut n = 1;
+            if let Some(t) = &traceparent {
+                added[n] = (&TRACEPARENT, t);
+                n += 1;
+            }
+            if let Some(key) = &replica.api_key {
+                added[n] = (&header::AUTHORIZATION, key.as_bytes());
+                n += 1;
+            }
+            proxied_request(&parts.method, path, &parts.headers, rid, &added[..n], body)
+        };
 
         // Read afresh: the gateway's overhead ends here.
         let sent = turn::fresh();
@@ -521,30 +543,31 @@ async fn forward(
         } else {
             deadline
         };
-        let error = match send::send(&replica, req, headers_by, inbound.stream).await {
-            Ok((resp, conn)) => {
-                let up = ReplicaConn { conn, replica };
-                // Boxed: see the guard's box in `handle_as`.
-                return Box::pin(respond(
-                    state, endpoint, inbound, resp, up, headers_by, guard,
-                ))
-                .await;
+        // The answer is taken out of the result before `respond` is awaited:
+        // a result matched around that await would be kept in the request's
+        // future beside what `respond` keeps.
+        let (resp, conn) = match send::send(&replica, req, headers_by, inbound.stream).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                guard.attempt_error(&error);
+                guard.end_attempt();
+                let can_retry = error.retryable()
+                    && guard.record.attempts < max_attempts
+                    && !candidates.is_empty();
+                if !can_retry {
+                    return Err(error);
+                }
+                tracing::debug!(backend = %replica.name, error = %error, "retrying on another replica");
+                state
+                    .metrics
+                    .retries
+                    .get(&(model.clone(), error.kind()))
+                    .inc();
+                continue;
             }
-            Err(e) => e,
         };
-        guard.attempt_error(&error);
-        guard.end_attempt();
-        let can_retry =
-            error.retryable() && guard.record.attempts < max_attempts && !candidates.is_empty();
-        if !can_retry {
-            return Err(error);
-        }
-        tracing::debug!(backend = %replica.name, error = %error, "retrying on another replica");
-        state
-            .metrics
-            .retries
-            .get(&(model.clone(), error.kind()))
-            .inc();
+        let up = ReplicaConn { conn, replica };
+        return respond(state, endpoint, inbound, resp, up, headers_by, guard).await;
     }
 }
 
@@ -558,14 +581,18 @@ async fn respond(
     guard: &mut RequestGuard,
 ) -> Result<Reply, GatewayError> {
     guard.record.upstream_first_byte = Some(turn::now());
-    let (mut parts, ()) = resp.into_parts();
-    // The replica's headers are already those that go on to the client.
-    let headers = std::mem::take(&mut parts.headers);
+    let status = resp.status();
+    // The replica's headers are already those that go on to the client
+    // (taken in a block: the rest of the head is not kept across awaits).
+    let headers = {
+        let (parts, ()) = resp.into_parts();
+        parts.headers
+    };
     // (`x-request-id` is set on every response by `request_id::given`.)
     let is_sse = crate::headers::get(&headers, &header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    guard.record.status = parts.status.as_u16();
+    guard.record.status = status.as_u16();
     let deadline = guard.record.arrival + state.config.upstream.timeouts.total;
 
     if is_sse || endpoint == Endpoint::Passthrough {
@@ -577,8 +604,10 @@ async fn respond(
             wire => Mode::Named(wire),
         };
         let idle = state.config.upstream.timeouts.idle;
-        let mut timed = TimedBody::new(up, mode, idle, deadline, &state.cut)
-            .with_refusal(state.telemetry.refusal.clone());
+        let mut timed = Box::new(
+            TimedBody::new(up, mode, idle, deadline, &state.cut)
+                .with_refusal(state.telemetry.refusal.clone()),
+        );
         if is_sse {
             let first = match tokio::time::timeout_at(first_by, timed.first_chunk()).await {
                 Ok(r) => r,
@@ -596,14 +625,14 @@ async fn respond(
         }
         guard.record.response_ready = Some(turn::fresh());
         let mut out = http::Response::new(timed);
-        *out.status_mut() = parts.status;
+        *out.status_mut() = status;
         *out.headers_mut() = headers;
         if is_sse {
             // Tell any buffering proxy in front of us (nginx) to pass events through.
             out.headers_mut()
                 .insert("x-accel-buffering", HeaderValue::from_static("no"));
         }
-        return Ok(Reply::Stream(Box::new(out)));
+        return Ok(Reply::Stream(out));
     }
 
     // Non-streamed JSON: read it whole (bounded), take usage and finish reason.
@@ -639,7 +668,7 @@ async fn respond(
             }
         }
     }
-    if parts.status.is_success() {
+    if status.is_success() {
         guard.record.verdict =
             quality::whole(endpoint.wire(), &bytes, state.telemetry.refusal.as_ref());
     }
@@ -652,7 +681,7 @@ async fn respond(
     // Built in place: `into_response` would make a map with its own
     // `content-type`, only to be replaced.
     let mut out = Response::new(Body::from(bytes));
-    *out.status_mut() = parts.status;
+    *out.status_mut() = status;
     *out.headers_mut() = headers;
     Ok(Reply::Full(out))
 }

@@ -29,9 +29,11 @@ pub(crate) async fn send(
     let timed_out = || GatewayError::UpstreamTimeout { phase };
     // Only a new connection is awaited under a timer of its own; the wait
     // for the answer is bounded by the connection's kept timer
-    // (`Conn::send`).
+    // (`Conn::send`). Boxed: a connect is rare next to the requests on a
+    // kept connection, and inline its ~430 bytes were in every request's
+    // future (which each request allocates and writes).
     let connect = || async {
-        tokio::time::timeout_at(headers_by, replica.conns.connect())
+        Box::pin(tokio::time::timeout_at(headers_by, replica.conns.connect()))
             .await
             .map_err(|_| timed_out())?
     };
@@ -56,16 +58,26 @@ pub(crate) async fn send(
     if status.is_success() {
         return Ok((resp, conn));
     }
-    let read = conn.collect(MAX_ERROR_BODY, headers_by);
-    let body = match read.await {
+    // Boxed: the rare path's state stays out of every request's future.
+    Err(Box::pin(refusal(replica, conn, status, headers_by)).await)
+}
+
+/// A non-2xx answer: its body (bounded) as the gateway's error.
+async fn refusal(
+    replica: &Replica,
+    mut conn: Conn,
+    status: http::StatusCode,
+    by: Instant,
+) -> GatewayError {
+    let body = match conn.collect(MAX_ERROR_BODY, by).await {
         Ok(Ok(b)) => {
             replica.conns.checkin(conn);
             b
         }
         _ => Bytes::new(),
     };
-    Err(GatewayError::Upstream {
+    GatewayError::Upstream {
         status,
         body: normalise_upstream_error(status, &body),
-    })
+    }
 }

@@ -99,8 +99,9 @@ pub(crate) struct TimedBody<U: Upstream = ReplicaConn> {
     relay: Relay,
     raw: bool,
     clock: Deadlines,
-    /// `None` once the request has ended (reported).
-    guard: Option<RequestGuard>,
+    /// `None` once the request has ended (reported). Boxed as it came from
+    /// the handler: moved in without a copy, and the body stays small.
+    guard: Option<Box<RequestGuard>>,
     /// The first chunk, read before the response headers were sent.
     primed: Option<Bytes>,
     /// Fires when the gateway's drain deadline passes.
@@ -190,9 +191,15 @@ impl<U: Upstream> TimedBody<U> {
     /// The body takes over the request: it is accounted event by event and
     /// ends when the body does. Until then events are not read (the first
     /// chunk waits in `primed`).
-    pub(crate) fn with_guard(mut self, guard: RequestGuard) -> Self {
-        self.guard = Some(guard);
+    #[cfg(test)]
+    pub(crate) fn with_guard(mut self, guard: Box<RequestGuard>) -> Self {
+        self.attach(guard);
         self
+    }
+
+    /// [`with_guard`](Self::with_guard) in place (a boxed body).
+    pub(crate) fn attach(&mut self, guard: Box<RequestGuard>) {
+        self.guard = Some(guard);
     }
 
     /// End the stream with an error event; closes the upstream connection

@@ -158,7 +158,7 @@ impl Rig {
             Instant::now() + Duration::from_secs(60),
             &cut,
         )
-        .with_guard(self.guard())
+        .with_guard(Box::new(self.guard()))
     }
 
     /// Requests counted with this status and error kind.
