@@ -10,7 +10,7 @@
 //! Only full blocks are hashed, as an engine caches only full blocks.
 //! Cost: one pass over the prompt bytes, no allocation beyond the hash list.
 
-use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_64_with_seed};
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// The pieces of a prompt, in order, as borrowed text. Inline up to 16
 /// (a conversation of four turns): most prompts need no allocation for them.
@@ -36,16 +36,18 @@ pub(crate) fn block_hashes(
     // branch per byte was two thirds of reading a 64 KB prompt, and a
     // streaming hasher per block another fifth. Here the characters of a
     // block are counted a window at a time (`bytecount`, a word at a time)
-    // and a block inside one piece is hashed in one call; the streaming
-    // hasher is kept for the blocks that span pieces. `matches_the_byte_walk`
-    // checks the result against the byte walk (kept in the tests).
+    // and a block inside one piece is hashed in one call. A block that spans
+    // pieces (a chat's `role\ncontent\n` makes most short prompts one) is
+    // gathered into a buffer and hashed in one call too: a streaming hasher
+    // for it was a 64-byte-aligned allocation of ~600 bytes and its digest,
+    // ~500 instructions a request (callgrind; docs/BENCHMARKS.md "2026-11-26
+    // afternoon"). `matches_the_byte_walk` checks the result against the byte
+    // walk with a streaming hasher (kept in the tests).
     let mut seed = first_seed(salt);
     let mut out = Vec::new();
-    // The current block's bytes from earlier pieces, when it spans pieces.
-    let mut spanning: Option<Box<Xxh3>> = None;
-    // A finished spanning block's hasher, reset for the next one instead of
-    // allocated again (it is 64-byte aligned: jemalloc's slow path).
-    let mut spare: Option<Box<Xxh3>> = None;
+    // The current block's bytes from earlier pieces, when it spans pieces
+    // (inline up to 256 bytes: 64 characters of up to 4 bytes).
+    let mut spanning: smallvec::SmallVec<[u8; 256]> = smallvec::SmallVec::new();
     let mut chars = 0usize;
     for piece in &prompt.pieces {
         let bytes = piece.as_bytes();
@@ -65,14 +67,13 @@ pub(crate) fn block_hashes(
             }
             // The block is full: it ends where the next character starts.
             if (bytes[i] & 0xC0) != 0x80 {
-                seed = match spanning.take() {
-                    None => xxh3_64_with_seed(&bytes[start..i], seed),
-                    Some(mut block) => {
-                        block.update(&bytes[start..i]);
-                        let digest = block.digest();
-                        spare = Some(block);
-                        digest
-                    }
+                seed = if spanning.is_empty() {
+                    xxh3_64_with_seed(&bytes[start..i], seed)
+                } else {
+                    spanning.extend_from_slice(&bytes[start..i]);
+                    let digest = xxh3_64_with_seed(&spanning, seed);
+                    spanning.clear();
+                    digest
                 };
                 out.push(seed);
                 if out.len() >= max_blocks {
@@ -84,23 +85,10 @@ pub(crate) fn block_hashes(
             }
             i += 1;
         }
-        if start < bytes.len() {
-            spanning
-                .get_or_insert_with(|| match spare.take() {
-                    Some(mut block) => {
-                        *block = Xxh3::with_seed(seed);
-                        block
-                    }
-                    None => Box::new(Xxh3::with_seed(seed)),
-                })
-                .update(&bytes[start..]);
-        }
+        spanning.extend_from_slice(&bytes[start..]);
     }
     if chars == block_chars {
-        out.push(match spanning {
-            None => xxh3_64_with_seed(&[], seed),
-            Some(block) => block.digest(),
-        });
+        out.push(xxh3_64_with_seed(&spanning, seed));
     }
     out
 }
@@ -124,6 +112,7 @@ pub(crate) fn bind_model(hashes: &mut [u64], model: &str) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use xxhash_rust::xxh3::Xxh3;
 
     /// The definition, byte by byte with a streaming hasher per block: the
     /// reference `block_hashes` must agree with.
