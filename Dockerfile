@@ -5,7 +5,7 @@
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 # BOLT (LLVM's post-link optimiser) lays the binary out from a profile of its
-# own work: 2-3% more requests per second on a capped core than the same build
+# own work: 1-3% more requests per second on a capped core than the same build
 # without it (scripts/bolt.sh; docs/BENCHMARKS.md, "2026-11-26 afternoon").
 RUN apt-get update \
     && apt-get install -y --no-install-recommends bolt-15=1:15.0.6-4+b1 \

@@ -4,9 +4,10 @@
 # and in the order it runs. Measured against the same code without it
 # (docs/BENCHMARKS.md, "2026-11-26 morning"): 3% less CPU per non-streamed
 # request (user time 6.3 against 6.6 us), 2% more requests per second on a
-# capped core. Optional: `cargo build --release` and the image do not use it
-# (the Dockerfile cannot be built on the machines this was made on, so its
-# build stage was not changed blind).
+# capped core. The image's build stage runs it (Dockerfile); `cargo build
+# --release` does not. Its `RUN` steps were run as written on Debian 12, the
+# stage's own base, since no Docker engine runs where this was made
+# (docs/BENCHMARKS.md, "2026-11-26 afternoon").
 #
 #   scripts/bolt.sh [OUT]        # default OUT: target/bolt/sluice
 #
