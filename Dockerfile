@@ -7,9 +7,13 @@ WORKDIR /src
 # BOLT (LLVM's post-link optimiser) lays the binary out from a profile of its
 # own work: 1-3% more requests per second on a capped core than the same build
 # without it (scripts/bolt.sh; docs/BENCHMARKS.md, "2026-11-26 afternoon").
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends bolt-15=1:15.0.6-4+b1 \
-    && rm -rf /var/lib/apt/lists/*
+# On x86-64 only: BOLT 15 does not instrument arm64 binaries, which get the
+# plain release build.
+RUN if [ "$(uname -m)" = x86_64 ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends 'bolt-15=1:15.0.6-4*' \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
 # No debug info in the image. Symbols stay until BOLT is done (it needs
 # them), then the binary is stripped.
 ENV CARGO_PROFILE_RELEASE_DEBUG=false
@@ -26,7 +30,15 @@ COPY src ./src
 COPY scripts/bolt.sh ./scripts/bolt.sh
 # The build, its training load on loopback (the gateway before `sluice sim`,
 # driven by `sluice bench`), the layout, a check under the same load.
-RUN touch src/main.rs src/lib.rs && scripts/bolt.sh /src/sluice && strip /src/sluice
+RUN touch src/main.rs src/lib.rs \
+    && if [ "$(uname -m)" = x86_64 ]; then \
+        scripts/bolt.sh /src/sluice; \
+    else \
+        CARGO_TARGET_DIR=target/bolt RUSTFLAGS="-C link-args=-Wl,--emit-relocs" \
+            cargo build --release --locked --bin sluice \
+        && cp target/bolt/release/sluice /src/sluice; \
+    fi \
+    && strip /src/sluice
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/sluice /usr/local/bin/sluice

@@ -293,11 +293,13 @@ pub struct RoutingConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ResponsesConfig {
-    /// Response ids remembered (least recently used forgotten first). About
-    /// 100 bytes each.
+    /// Response ids remembered (rounded up to a multiple of 128; in a full
+    /// set of eight, the least recently used is forgotten first). 16 bytes
+    /// each.
     pub max_ids: usize,
     /// An id not used for this long is forgotten (engines keep stored
-    /// responses until they restart).
+    /// responses until they restart). At most two years (longer reads as
+    /// two years).
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
 }
@@ -378,8 +380,8 @@ pub struct SessionsConfig {
     pub enabled: bool,
     /// Where the session id comes from, first match wins.
     pub sources: Vec<SessionSource>,
-    /// A session not seen for this long is forgotten (at most 24 days:
-    /// longer reads as 24.8).
+    /// A session not seen for this long is forgotten (at most two years:
+    /// longer reads as two years).
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     /// Sessions remembered (rounded up to a multiple of 128; in a full set of

@@ -8,7 +8,8 @@
 //! first seeded with the model name and `cache_salt`. Equal prefixes give equal
 //! leading hashes, in every gateway process (xxh3 with fixed seeds is stable).
 //! Only full blocks are hashed, as an engine caches only full blocks.
-//! Cost: one pass over the prompt bytes, no allocation beyond the hash list.
+//! Cost: one pass over the prompt bytes, no allocation beyond the hash list
+//! (and a block's bytes when it spans pieces and is over 256 bytes).
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -192,7 +193,30 @@ mod tests {
                 block_hashes(None, &prompt, 64, 4096),
                 byte_walk(None, &prompt, 64, 4096)
             );
+            // Blocks of 64 to 1,200 bytes that span pieces: xxh3's one-call
+            // paths for over 240 bytes, and the gathered bytes past 256 (on
+            // the heap), against the streaming hasher.
+            for block_chars in [61, 100, 300] {
+                assert_eq!(
+                    block_hashes(None, &prompt, block_chars, 4096),
+                    byte_walk(None, &prompt, block_chars, 4096),
+                    "{block_chars} characters a block"
+                );
+            }
         }
+        let emoji: String = "😀".repeat(1_000);
+        let split: Vec<&str> = emoji
+            .as_bytes()
+            .chunks(40)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        let prompt = PromptText {
+            pieces: split.into(),
+        };
+        assert_eq!(
+            block_hashes(Some("salt"), &prompt, 300, 100),
+            byte_walk(Some("salt"), &prompt, 300, 100)
+        );
     }
 
     fn hashes(pieces: &[&str]) -> Vec<u64> {

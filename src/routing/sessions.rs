@@ -16,8 +16,8 @@
 //! of all CPU, and a full shard also paid a scan to evict an eighth of it
 //! (docs/BENCHMARKS.md, "2026-11-26 afternoon"). Slots here are 16 bytes:
 //! the replica is an index into the shard's few names, the time a 32-bit
-//! millisecond count. The tests below hold the table to a plain model of
-//! per-set LRU (`Model`).
+//! count of sixteenths of a second. The tests below hold the table to a
+//! plain model of per-set LRU (`Model`).
 //!
 //! What that costs: eviction is least recently seen within a set, not over
 //! the whole table, so a live session can go while other sets have room when
@@ -26,11 +26,15 @@
 //! displaced (the least recently seen of their set) is about 2 in 10^7 at
 //! 10,000 live, 1.5 in 10^4 at 25,000 and 0.8% at 50,000 (Poisson, with the
 //! excess over eight per set). Eight ways rather than four (one line): four
-//! displace 4.5x as many at 50,000 and 700x at 10,000. Times are milliseconds since the table was made, in 32 bits: an
-//! age is read modulo 2^32 ms, and ages past 2^31 ms (24.8 days) are taken
-//! as "just now", so a TTL is at most 24 days, and an entry left untouched
-//! in a set nobody wrote to for 24.8 days can come back as fresh (a routing
-//! hint pointing at where it was).
+//! displace 4.5x as many at 50,000 and 700x at 10,000.
+//!
+//! Times are sixteenths of a second since the table was made, in 32 bits,
+//! and an age is their wrapping difference: ages up to 2^31 ticks (4.25
+//! years) read as they are, older ones as "just now" (a decision that read
+//! the clock before the one that placed an entry). So a TTL is at most half
+//! that (2.1 years), an entry past its TTL reads as expired for years, and
+//! any place in its set empties it; only one left 4.25 years in a set
+//! nobody wrote to could come back (a routing hint to where it was).
 //!
 //! Sharded by key (16 locks, each on its own cache line), so decisions on
 //! different sessions rarely meet.
@@ -46,8 +50,13 @@ const SHARDS: usize = 16;
 const WAYS: usize = 8;
 /// Names a shard keeps before it drops those no slot points at.
 const NAMES: usize = 1024;
-/// The longest age that reads as an age (older reads as "just now").
-const HORIZON_MS: u32 = i32::MAX as u32;
+/// A tick of the table's clock: a sixteenth of a second.
+const TICK_NANOS: u32 = 62_500_000;
+/// The longest age that reads as an age, in ticks (older reads as "just
+/// now"): 4.25 years.
+const HORIZON: u32 = i32::MAX as u32;
+/// The longest TTL, in ticks: half the horizon (2.1 years).
+const MAX_TTL: u32 = HORIZON / 2;
 
 /// The key of an id from `source` (a header name, `prompt_cache_key`,
 /// `previous_response_id`...): the same id from two sources differs.
@@ -67,7 +76,7 @@ pub(crate) fn response_key(id: &str) -> u64 {
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     key: u64,
-    /// Milliseconds since the table's epoch, modulo 2^32.
+    /// Ticks since the table's epoch, modulo 2^32.
     seen: u32,
     /// Index into the shard's `names`.
     name: u16,
@@ -94,8 +103,8 @@ pub(crate) struct Sessions {
     shards: Box<[Padded]>,
     sets_per_shard: usize,
     epoch: Instant,
-    /// The TTL in milliseconds (at most `HORIZON_MS`); 0: nothing is kept.
-    ttl_ms: u32,
+    /// The TTL in ticks (at most `MAX_TTL`); 0: nothing is kept.
+    ttl: u32,
 }
 
 /// One session, for `/admin/routing`.
@@ -122,19 +131,20 @@ impl Sessions {
                 .collect(),
             sets_per_shard,
             epoch: Instant::now(),
-            ttl_ms: u32::try_from(ttl.as_millis())
-                .unwrap_or(HORIZON_MS)
-                .min(HORIZON_MS),
+            // Rounded up: a TTL under a tick still keeps entries for one.
+            ttl: u32::try_from(ttl.as_nanos().div_ceil(u128::from(TICK_NANOS)))
+                .unwrap_or(MAX_TTL)
+                .min(MAX_TTL),
         }
     }
 
-    /// `now` in the table's milliseconds (modulo 2^32; before the epoch
-    /// too, so that every age is a wrapping difference).
-    fn ms(&self, now: Instant) -> u32 {
+    /// `now` in the table's ticks (modulo 2^32; before the epoch too, so
+    /// that every age is a wrapping difference).
+    fn ticks(&self, now: Instant) -> u32 {
         let since = |d: Duration| {
             (d.as_secs() as u32)
-                .wrapping_mul(1000)
-                .wrapping_add(d.subsec_millis())
+                .wrapping_mul(1_000_000_000 / TICK_NANOS)
+                .wrapping_add(d.subsec_nanos() / TICK_NANOS)
         };
         match now.checked_duration_since(self.epoch) {
             Some(d) => since(d),
@@ -150,14 +160,14 @@ impl Sessions {
         (shard, set as usize)
     }
 
-    /// Whether a slot seen at `seen` is live at `now`.
+    /// Whether a slot is live at `now`.
     fn live(&self, slot: &Slot, now: u32) -> bool {
-        slot.turns != 0 && age(now, slot.seen) < self.ttl_ms
+        slot.turns != 0 && age(now, slot.seen) < self.ttl
     }
 
     /// The replica session `key` was last placed on, if remembered.
     pub(crate) fn get(&self, key: u64, now: Instant) -> Option<Arc<str>> {
-        let now = self.ms(now);
+        let now = self.ticks(now);
         let (shard, set) = self.place_of(key);
         let shard = shard.lock();
         shard.sets[set]
@@ -169,7 +179,7 @@ impl Sessions {
 
     /// Whether session `key` is remembered (`get` without the name).
     pub(crate) fn contains(&self, key: u64, now: Instant) -> bool {
-        let now = self.ms(now);
+        let now = self.ticks(now);
         let (shard, set) = self.place_of(key);
         let shard = shard.lock();
         shard.sets[set]
@@ -181,17 +191,19 @@ impl Sessions {
     /// Session `key`'s turn went to `replica` at `now`; whether it had been
     /// on another replica before (a move).
     pub(crate) fn place(&self, key: u64, replica: &Arc<str>, now: Instant) -> bool {
-        if self.ttl_ms == 0 {
+        if self.ttl == 0 {
             return false;
         }
-        let now = self.ms(now);
+        let now = self.ticks(now);
         let (shard, set) = self.place_of(key);
         let mut shard = shard.lock();
-        let Some(name) = shard.name(replica) else {
-            // Over a thousand replicas in one shard: this one is not kept.
+        let shard = &mut *shard;
+        let Some(name) = shard.name(replica, now, self.ttl) else {
+            // Over a thousand live replicas in one shard: this one is not
+            // kept, and the key no longer points at where it was.
+            shard.forget(set, key);
             return false;
         };
-        let shard = &mut *shard;
         let slots = &mut shard.sets[set].0;
         // The key's slot if live, else an empty or expired one, else the one
         // seen least recently.
@@ -199,7 +211,7 @@ impl Sessions {
         let mut free = None;
         let mut oldest = (0, 0u32);
         for (i, s) in slots.iter_mut().enumerate() {
-            if s.turns != 0 && age(now, s.seen) >= self.ttl_ms {
+            if s.turns != 0 && age(now, s.seen) >= self.ttl {
                 // Expired: emptied here, so that no set that is written to
                 // keeps an entry long enough for its age to wrap.
                 *s = Slot::default();
@@ -240,14 +252,7 @@ impl Sessions {
     /// Forget `key`.
     pub(crate) fn forget(&self, key: u64) {
         let (shard, set) = self.place_of(key);
-        let mut shard = shard.lock();
-        let shard = &mut *shard;
-        for s in shard.sets[set].0.iter_mut() {
-            if s.turns != 0 && s.key == key {
-                *s = Slot::default();
-                shard.occupied -= 1;
-            }
-        }
+        shard.lock().forget(set, key);
     }
 
     /// Sessions remembered now (expired ones included until their slot is
@@ -258,7 +263,7 @@ impl Sessions {
 
     /// Every live session, with the name of its replica.
     fn each_live(&self, now: Instant, mut f: impl FnMut(u64, &Arc<str>, u32, u16)) {
-        let now = self.ms(now);
+        let now = self.ticks(now);
         for shard in &self.shards {
             let shard = shard.0.lock();
             for s in shard.sets.iter().flat_map(|set| set.0.iter()) {
@@ -286,11 +291,11 @@ impl Sessions {
     /// The most recently seen sessions, at most `limit`.
     pub(crate) fn recent(&self, limit: usize, now: Instant) -> Vec<SessionView> {
         let mut all = Vec::new();
-        self.each_live(now, |key, name, idle_ms, turns| {
+        self.each_live(now, |key, name, idle, turns| {
             all.push(SessionView {
                 key,
                 replica: name.clone(),
-                idle: Duration::from_millis(u64::from(idle_ms)),
+                idle: Duration::from_nanos(u64::from(idle) * u64::from(TICK_NANOS)),
                 turns: u32::from(turns),
             });
         });
@@ -301,9 +306,19 @@ impl Sessions {
 }
 
 impl Shard {
+    /// Empty `key`'s slot in `set`, if it has one.
+    fn forget(&mut self, set: usize, key: u64) {
+        for s in self.sets[set].0.iter_mut() {
+            if s.turns != 0 && s.key == key {
+                *s = Slot::default();
+                self.occupied -= 1;
+            }
+        }
+    }
+
     /// The index of `replica`'s name, added if new (`None`: the shard holds
-    /// `NAMES` names that slots point at).
-    fn name(&mut self, replica: &Arc<str>) -> Option<u16> {
+    /// `NAMES` names that live slots point at).
+    fn name(&mut self, replica: &Arc<str>, now: u32, ttl: u32) -> Option<u16> {
         let find = |names: &[Arc<str>]| {
             names
                 .iter()
@@ -313,7 +328,7 @@ impl Shard {
             return u16::try_from(i).ok();
         }
         if self.names.len() >= NAMES {
-            self.drop_unused_names();
+            self.drop_unused_names(now, ttl);
             if self.names.len() >= NAMES {
                 return None;
             }
@@ -322,9 +337,16 @@ impl Shard {
         u16::try_from(self.names.len() - 1).ok()
     }
 
-    /// Drop the names no occupied slot points at (replicas long gone, with
-    /// discovery renaming them), renumbering the slots.
-    fn drop_unused_names(&mut self) {
+    /// Drop the names no live slot points at (replicas long gone, with
+    /// discovery renaming them), renumbering the slots; expired slots are
+    /// emptied first.
+    fn drop_unused_names(&mut self, now: u32, ttl: u32) {
+        for s in self.sets.iter_mut().flat_map(|set| set.0.iter_mut()) {
+            if s.turns != 0 && age(now, s.seen) >= ttl {
+                *s = Slot::default();
+                self.occupied -= 1;
+            }
+        }
         let slots = || self.sets.iter().flat_map(|set| set.0.iter());
         let mut used = vec![false; self.names.len()];
         for s in slots().filter(|s| s.turns != 0) {
@@ -351,22 +373,34 @@ impl Shard {
     }
 }
 
-/// How long before `now` a slot was seen, in milliseconds: the wrapping
+/// How long before `now` a slot was seen, in ticks: the wrapping
 /// difference, with ages past the horizon (a slot seen after `now`, by a
 /// decision that read the clock later) taken as 0.
 fn age(now: u32, seen: u32) -> u32 {
     let a = now.wrapping_sub(seen);
-    if a > HORIZON_MS { 0 } else { a }
+    if a > HORIZON { 0 } else { a }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A key of shard `shard`, set `set` of a table with one set per shard
-    /// (`capacity` <= 128) when `set` is 0, told apart by `n`.
+    /// A key of shard `shard` and of its first set, told apart by `n` (a
+    /// table of at most 128 sessions has one set per shard).
     fn key(shard: u64, n: u64) -> u64 {
         (n << 4) | shard
+    }
+
+    /// A key of shard `shard` and set `set` of a table with `per_shard` sets
+    /// a shard, told apart by `n`.
+    fn in_set(shard: u64, set: u64, per_shard: u64, n: u64) -> u64 {
+        let high = (set << 32).div_ceil(per_shard);
+        (high << 32) | (n << 4) | shard
+    }
+
+    /// `n` ticks of the table's clock.
+    fn tick(n: u64) -> Duration {
+        Duration::from_nanos(n * u64::from(TICK_NANOS))
     }
 
     #[test]
@@ -395,11 +429,11 @@ mod tests {
         // Bounded: 32 rounds up to one set of 8 per shard; keys of one shard
         // share it, and the least recently seen goes first.
         for n in 0..1000u64 {
-            s.place(key(0, n), &a, t0 + Duration::from_millis(n));
+            s.place(key(0, n), &a, t0 + tick(n));
         }
-        s.place(key(3, 0), &b, t0);
+        s.place(key(3, 0), &b, t0 + tick(500));
         assert_eq!(s.len(), 8 + 1);
-        let at = t0 + Duration::from_secs(1);
+        let at = t0 + tick(1000);
         assert!((992..1000).all(|n| s.get(key(0, n), at).is_some()));
         assert_eq!(s.get(key(0, 991), at), None, "the oldest went");
         assert_eq!(s.per_replica(at).get("a"), Some(&8));
@@ -409,7 +443,7 @@ mod tests {
             recent.iter().map(|v| v.key).collect::<Vec<_>>(),
             [key(0, 999), key(0, 998), key(0, 997)]
         );
-        assert_eq!(recent[0].idle, Duration::from_millis(1));
+        assert_eq!(recent[0].idle, tick(1));
     }
 
     #[test]
@@ -461,13 +495,41 @@ mod tests {
         // seen.
         for n in 0..3000u64 {
             let name: Arc<str> = Arc::from(format!("r{n}"));
-            assert!(!s.place(key(7, n), &name, t0 + Duration::from_millis(n)));
+            assert!(!s.place(key(7, n), &name, t0 + tick(n)));
         }
-        let at = t0 + Duration::from_secs(10);
+        let at = t0 + tick(3000);
         assert!(s.shards[7].0.lock().names.len() <= NAMES);
         for n in 2992..3000u64 {
             assert_eq!(s.get(key(7, n), at).as_deref(), Some(&*format!("r{n}")));
         }
+    }
+
+    #[test]
+    fn a_key_whose_replica_cannot_be_named_is_forgotten() {
+        // 200 sets of 8 a shard: room for 1,600 live sessions in shard 0.
+        let s = Sessions::new(200 * 8 * SHARDS, Duration::from_secs(3600));
+        let t0 = Instant::now();
+        let old: Arc<str> = Arc::from("old");
+        let first = in_set(0, 0, 200, 0);
+        s.place(first, &old, t0);
+        // 1,023 more live sessions, each on a replica of its own: the
+        // shard's names are full, every one pointed at.
+        for n in 1..NAMES as u64 {
+            let name: Arc<str> = Arc::from(format!("r{n}"));
+            s.place(in_set(0, n / 8, 200, n % 8), &name, t0);
+        }
+        assert_eq!(s.shards[0].0.lock().names.len(), NAMES);
+        // The first session's next turn goes to yet another replica: it
+        // cannot be named, so it is forgotten rather than left pointing at
+        // the old one.
+        assert!(!s.place(first, &Arc::from("new"), t0));
+        assert_eq!(s.get(first, t0), None);
+        assert_eq!(s.len(), NAMES - 1);
+        // Once the others expire, their names go and new ones fit again.
+        let later = t0 + Duration::from_secs(3601);
+        assert!(!s.place(first, &Arc::from("new"), later));
+        assert_eq!(s.get(first, later).as_deref(), Some("new"));
+        assert_eq!(s.len(), 1);
     }
 
     #[test]
@@ -483,7 +545,12 @@ mod tests {
         assert!(s.contains(9, s.epoch));
         assert_eq!(s.recent(1, s.epoch)[0].idle, Duration::from_secs(5));
         // A decision that read the clock earlier than the one that placed it.
-        assert!(s.contains(9, before - Duration::from_millis(3)));
+        assert!(s.contains(9, before - tick(3)));
+        // The longest TTL leaves years between expiry and the horizon.
+        let long = Sessions::new(1, Duration::from_secs(100 * 365 * 86_400));
+        assert_eq!(long.ttl, MAX_TTL);
+        long.place(9, &a, long.epoch);
+        assert!(!long.contains(9, long.epoch + tick(u64::from(MAX_TTL))));
     }
 
     /// The table as specified, written plainly: per set (shard by the low
@@ -495,7 +562,7 @@ mod tests {
         sets: HashMap<(u64, u64), Vec<Kept>>,
     }
 
-    /// Key, seen (ms), replica, turns.
+    /// Key, seen (ticks), replica, turns.
     type Kept = (u64, u64, &'static str, u32);
 
     impl Model {
@@ -535,14 +602,14 @@ mod tests {
         #[test]
         fn the_table_is_per_set_lru(
             capacity in proptest::sample::select(vec![1usize, 128, 300, 1000]),
-            ttl_ms in 1u64..200,
+            ttl in 1u64..200,
             ops in proptest::collection::vec(
                 (0u64..48, 0usize..3, 1u64..20, proptest::bool::weighted(0.1)),
                 1..400,
             ),
         ) {
             const NAMES: [&str; 3] = ["a", "b", "c"];
-            let s = Sessions::new(capacity, Duration::from_millis(ttl_ms));
+            let s = Sessions::new(capacity, tick(ttl));
             let ps = s.sets_per_shard as u64;
             let names: Vec<Arc<str>> = NAMES.iter().map(|n| Arc::from(*n)).collect();
             // 48 keys: 3 shards' worth of 16, spread over high bits.
@@ -553,7 +620,7 @@ mod tests {
             let mut now = 0u64;
             for (k, n, step, forget) in ops {
                 now += step;
-                let at = s.epoch + Duration::from_millis(now);
+                let at = s.epoch + tick(now);
                 let key = keys[k as usize];
                 if forget {
                     s.forget(key);
@@ -562,18 +629,21 @@ mod tests {
                     }
                 } else {
                     let moved = s.place(key, &names[n], at);
-                    proptest::prop_assert_eq!(moved, model.place(key, NAMES[n], now, ttl_ms, ps));
+                    proptest::prop_assert_eq!(moved, model.place(key, NAMES[n], now, ttl, ps));
                 }
                 for &key in &keys {
                     let got = s.get(key, at);
-                    proptest::prop_assert_eq!(got.as_deref(), model.get(key, now, ttl_ms, ps));
+                    proptest::prop_assert_eq!(got.as_deref(), model.get(key, now, ttl, ps));
                 }
                 let live: usize = model
                     .sets
                     .values()
-                    .map(|set| set.iter().filter(|e| now - e.1 < ttl_ms).count())
+                    .map(|set| set.iter().filter(|e| now - e.1 < ttl).count())
                     .sum();
                 proptest::prop_assert_eq!(s.per_replica(at).values().sum::<usize>(), live);
+                // Expired entries count until their set is written to.
+                let kept: usize = model.sets.values().map(Vec::len).sum();
+                proptest::prop_assert_eq!(s.len(), kept);
             }
         }
     }
