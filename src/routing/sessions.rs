@@ -167,25 +167,26 @@ impl Sessions {
 
     /// The replica session `key` was last placed on, if remembered.
     pub(crate) fn get(&self, key: u64, now: Instant) -> Option<Arc<str>> {
-        let now = self.ticks(now);
-        let (shard, set) = self.place_of(key);
-        let shard = shard.lock();
-        shard.sets[set]
-            .0
-            .iter()
-            .find(|s| s.key == key && self.live(s, now))
-            .map(|s| shard.names[usize::from(s.name)].clone())
+        self.find(key, now, |shard, s| {
+            shard.names[usize::from(s.name)].clone()
+        })
     }
 
     /// Whether session `key` is remembered (`get` without the name).
     pub(crate) fn contains(&self, key: u64, now: Instant) -> bool {
+        self.find(key, now, |_, _| ()).is_some()
+    }
+
+    /// `read` of session `key`'s live slot, under its shard's lock.
+    fn find<R>(&self, key: u64, now: Instant, read: impl FnOnce(&Shard, &Slot) -> R) -> Option<R> {
         let now = self.ticks(now);
         let (shard, set) = self.place_of(key);
         let shard = shard.lock();
-        shard.sets[set]
+        let slot = shard.sets[set]
             .0
             .iter()
-            .any(|s| s.key == key && self.live(s, now))
+            .find(|s| s.key == key && self.live(s, now))?;
+        Some(read(&shard, slot))
     }
 
     /// Session `key`'s turn went to `replica` at `now`; whether it had been
