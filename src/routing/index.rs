@@ -1,57 +1,88 @@
 //! Per replica: which prefix blocks this gateway recently sent there.
 //!
-//! Two generations of hash sets give a bounded, approximately-LRU memory: new
-//! hashes go into `current`; when it holds half the capacity it becomes
-//! `previous` and the old `previous` is dropped, so at most `capacity` hashes
-//! are kept and anything touched in the last generation survives. A lookup
-//! finds the longest cached prefix by binary search: the blocks of one request
-//! are inserted together and age out together, so "block i is cached" is
-//! monotone along a prompt. Cost: O(log blocks) lookups, O(blocks) inserts.
+//! A set-associative table of block hashes: a hash can only live in the
+//! eight slots of its set (one cache line), and a new hash in a full set
+//! takes the place of the one inserted least recently there. A slot is eight
+//! bytes: 32 bits of the hash (its tag; the set is chosen by other bits) and
+//! the index's insert count when it was last inserted. So a lookup reads one
+//! line, and inserting a prompt's blocks writes the lines its lookups read.
+//!
+//! A lookup finds the longest cached prefix by binary search, which assumes
+//! that "block i is cached" is monotone along a prompt. The blocks of one
+//! request are inserted together with one stamp, and every later prompt
+//! that shares a head stamps that head again, so a head is never older
+//! than its tail: within a set it goes no sooner. (Across sets it can, when
+//! the head's set is the fuller one; the answer is an estimate either way.)
+//!
+//! Why not two generations of `HashSet`s, as before: with a workload of new
+//! prompts, every block's lookup and insert touched a control group and a
+//! bucket of each generation, lines of a table of megabytes that missed the
+//! cache (`PrefixKv::pick` and `decide` were 2.9% of all CPU on a capped core,
+//! `perf`, most of it waiting for those loads); and a generation's turn
+//! dropped a table of 131,072 hashes and regrew the next from empty, rehashing
+//! it at each doubling, in the path of the request that turned it
+//! (docs/BENCHMARKS.md, "2026-11-26 evening").
+//!
+//! The tags: two hashes meet only when they share a set and 32 bits, about
+//! 8 in 2^32 for a lookup of a block not there. The insert count wraps after
+//! 2^32 requests to the replica; a slot not inserted for that long may then
+//! read as recent (it is still evicted when its set fills with newer ones).
+//! The tests below hold the table to a plain model of per-set LRU.
 
-use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
-
-/// The keys are already hashes: use them as they are.
-#[derive(Default)]
-pub(crate) struct Identity(u64);
-
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Set = HashSet<u64, BuildHasherDefault<Identity>>;
+/// Slots per set: 8 x 8 bytes, one cache line.
+const WAYS: usize = 8;
+/// A prompt's blocks whose sets a lookup loads at once before it searches.
+const WARM: usize = 64;
 
 pub(crate) struct PrefixIndex {
-    current: Set,
-    previous: Set,
-    capacity: usize,
+    /// `sets` sets of `WAYS` slots from `base` (a line boundary); a slot is
+    /// `tag << 32 | stamp`, 0 when empty. Allocated zeroed: pages the table
+    /// has not written take no memory.
+    slots: Box<[u64]>,
+    base: usize,
+    sets: u64,
+    /// Inserts so far (modulo 2^32): the slots' stamps.
+    clock: u32,
+    len: usize,
+}
+
+/// Where hash `h` lives: its set (from the high bits of `h` mixed, so that
+/// small test keys spread too) and its tag (its low 32 bits, never 0).
+fn place(h: u64, sets: u64) -> (usize, u32) {
+    let mixed = h.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let set = ((mixed >> 32) * sets) >> 32;
+    (set as usize, (h as u32).max(1))
 }
 
 impl PrefixIndex {
+    /// An index of about `capacity` hashes (rounded up to a multiple of 8).
     pub(crate) fn new(capacity: usize) -> Self {
+        let sets = capacity.div_ceil(WAYS).max(1);
+        // One set more than needed, so that the table can start on a line.
+        let slots = vec![0u64; (sets + 1) * WAYS].into_boxed_slice();
+        let base = slots.as_ptr().align_offset(64).min(WAYS);
         Self {
-            current: Set::default(),
-            previous: Set::default(),
-            capacity: capacity.max(2),
+            slots,
+            base,
+            sets: sets as u64,
+            clock: 0,
+            len: 0,
         }
     }
 
+    fn set(&self, set: usize) -> &[u64] {
+        let at = self.base + set * WAYS;
+        &self.slots[at..at + WAYS]
+    }
+
     fn contains(&self, h: u64) -> bool {
-        self.current.contains(&h) || self.previous.contains(&h)
+        let (set, tag) = place(h, self.sets);
+        self.set(set).iter().any(|&s| (s >> 32) as u32 == tag)
     }
 
     /// How many leading blocks of `hashes` are cached here.
     pub(crate) fn longest_match(&self, hashes: &[u64]) -> usize {
+        self.warm(hashes);
         let (mut lo, mut hi) = (0usize, hashes.len());
         // Invariant: the first `lo` blocks are cached; block `hi` (if any) is not.
         while lo < hi {
@@ -65,46 +96,88 @@ impl PrefixIndex {
         lo
     }
 
+    /// Load the sets of the first [`WARM`] blocks together. Their loads do
+    /// not depend on each other, so they overlap; without this, each probe
+    /// of the binary search waits for its set (the next probe depends on
+    /// the answer), and so does each block's insert after the decision.
+    /// With prompts new to the table these lines are rarely cached: the
+    /// table is megabytes.
+    fn warm(&self, hashes: &[u64]) {
+        let mut any = 0;
+        for &h in hashes.iter().take(WARM) {
+            any |= self.slots[self.base + place(h, self.sets).0 * WAYS];
+        }
+        std::hint::black_box(any);
+    }
+
+    /// These blocks were sent here now (one stamp for all of them).
     pub(crate) fn insert(&mut self, hashes: &[u64]) {
-        for (i, &h) in hashes.iter().enumerate() {
-            // Most blocks of a routed prompt are here already (its shared
-            // prefix): a lookup settles them. `HashSet::insert` is not inlined
-            // into this loop and cost ~1.5x per block (`cargo bench --bench
-            // routing`, 200 KB prompt: 17 us against 12 us per decision).
-            if self.current.contains(&h) {
-                continue;
-            }
-            if self.current.len() * 2 >= self.capacity {
-                self.previous = std::mem::take(&mut self.current);
-                // The blocks before this one lead to it: they move into the
-                // new generation with it (a prompt's head should not age out
-                // before its tail: `longest_match` assumes prefixes). Up to
-                // a quarter of the capacity, so that a generation still takes
-                // at least a quarter of new blocks before the next turns over
-                // (memory stays bounded, the work per block O(1)).
-                if i * 4 <= self.capacity {
-                    self.current.extend(hashes[..i].iter().copied());
+        self.clock = self.clock.wrapping_add(1);
+        let stamp = u64::from(self.clock);
+        for &h in hashes {
+            let (set, tag) = place(h, self.sets);
+            let at = self.base + set * WAYS;
+            let slots = &mut self.slots[at..at + WAYS];
+            // The hash's slot, else an empty one, else the oldest (of equal
+            // stamps the last: in a set filled in order, a prompt's tail
+            // before its head).
+            let mut free = None;
+            let mut oldest = (0, 0u32);
+            let mut found = false;
+            for (i, s) in slots.iter_mut().enumerate() {
+                if *s == 0 {
+                    free.get_or_insert(i);
+                } else if (*s >> 32) as u32 == tag {
+                    *s = u64::from(tag) << 32 | stamp;
+                    found = true;
+                    break;
+                } else {
+                    let age = self.clock.wrapping_sub(*s as u32);
+                    if age >= oldest.1 {
+                        oldest = (i, age);
+                    }
                 }
             }
-            self.current.insert(h);
+            if found {
+                continue;
+            }
+            let i = match free {
+                Some(i) => {
+                    self.len += 1;
+                    i
+                }
+                None => oldest.0,
+            };
+            slots[i] = u64::from(tag) << 32 | stamp;
         }
     }
 
     /// Forget these hashes (the replica turned out not to hold them).
     pub(crate) fn forget(&mut self, hashes: &[u64]) {
-        for h in hashes {
-            self.current.remove(h);
-            self.previous.remove(h);
+        for &h in hashes {
+            let (set, tag) = place(h, self.sets);
+            let at = self.base + set * WAYS;
+            for s in &mut self.slots[at..at + WAYS] {
+                if *s != 0 && (*s >> 32) as u32 == tag {
+                    *s = 0;
+                    self.len -= 1;
+                }
+            }
         }
     }
 
+    /// Hashes remembered.
     pub(crate) fn len(&self) -> usize {
-        self.current.len() + self.previous.len()
+        self.len
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -116,25 +189,142 @@ mod tests {
         assert_eq!(ix.longest_match(&[9]), 0);
         assert_eq!(ix.longest_match(&[]), 0);
         ix.insert(&[10, 11, 12, 13, 14, 15, 16, 17]);
-        assert!(ix.len() <= 8);
-        assert_eq!(
-            ix.longest_match(&[1, 2, 3]),
-            0,
-            "the oldest generation aged out"
-        );
-        assert!(ix.longest_match(&[14, 15, 16, 17]) > 0);
+        assert_eq!(ix.len(), 8);
+        assert_eq!(ix.longest_match(&[1, 2, 3]), 0, "the oldest went first");
+        assert_eq!(ix.longest_match(&[14, 15, 16, 17]), 4);
+        ix.forget(&[16, 17]);
+        assert_eq!(ix.len(), 6);
+        assert_eq!(ix.longest_match(&[14, 15, 16, 17]), 2);
     }
 
     #[test]
-    fn a_prompts_head_moves_into_the_new_generation_with_its_tail() {
-        let mut ix = PrefixIndex::new(16);
-        ix.insert(&[1, 2, 3, 4, 5, 6, 7, 8]);
-        // Block 9 starts a new generation: 1..4, its head, go into it with
-        // it, not only into the one that ages out next.
-        ix.insert(&[1, 2, 3, 4, 9]);
-        // A generation later, the head is still there with its tail.
-        ix.insert(&[20, 21, 22, 23, 24, 25, 26, 27]);
-        assert_eq!(ix.longest_match(&[1, 2, 3, 4, 9]), 5);
-        assert!(ix.len() <= 16, "{}", ix.len());
+    fn a_shared_head_outlives_the_tails_that_came_before() {
+        // One set: eight slots.
+        let mut ix = PrefixIndex::new(8);
+        ix.insert(&[1, 2, 3, 4, 5, 6]);
+        // A second prompt shares the head 1..3: it is stamped again, so the
+        // third prompt's blocks take the places of the first one's tail,
+        // its end first (of equal stamps, the last slot goes).
+        ix.insert(&[1, 2, 3, 9]);
+        ix.insert(&[20, 21, 22]);
+        assert_eq!(ix.longest_match(&[1, 2, 3, 9]), 4);
+        assert_eq!(ix.longest_match(&[1, 2, 3, 4, 5, 6]), 4);
+        assert_eq!(ix.longest_match(&[20, 21, 22]), 3);
+    }
+
+    #[test]
+    fn the_table_starts_on_a_cache_line() {
+        for capacity in [1, 8, 100, 4096] {
+            let ix = PrefixIndex::new(capacity);
+            assert_eq!(ix.set(0).as_ptr() as usize % 64, 0);
+            assert!(ix.sets as usize * WAYS >= capacity);
+            let last = ix.sets as usize - 1;
+            assert_eq!(ix.set(last).len(), WAYS);
+        }
+    }
+
+    #[test]
+    fn hashes_spread_over_the_sets() {
+        // 4,096 sets: keys in a row (as tests use) and random ones fill
+        // them evenly (a set index from poor bits would not).
+        for keys in [
+            (0..16_384u64).collect::<Vec<_>>(),
+            (0..16_384u64)
+                .map(|i| xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()))
+                .collect(),
+        ] {
+            let mut per_set = vec![0u32; 4096];
+            for &k in &keys {
+                per_set[place(k, 4096).0] += 1;
+            }
+            let max = per_set.iter().max().copied().unwrap_or(0);
+            assert!(max <= 20, "{max} keys in one set (4 on average)");
+        }
+    }
+
+    /// The reference: per set, the hashes in order of insertion, the most
+    /// recent last, at most `WAYS` of them.
+    #[derive(Default)]
+    struct Model {
+        sets: HashMap<usize, Vec<u32>>,
+    }
+
+    impl Model {
+        fn insert(&mut self, hashes: &[u64], sets: u64) {
+            for &h in hashes {
+                let (set, tag) = place(h, sets);
+                let lru = self.sets.entry(set).or_default();
+                if let Some(i) = lru.iter().position(|&t| t == tag) {
+                    lru.remove(i);
+                } else if lru.len() == WAYS {
+                    lru.remove(0);
+                }
+                lru.push(tag);
+            }
+        }
+
+        fn contains(&self, h: u64, sets: u64) -> bool {
+            let (set, tag) = place(h, sets);
+            self.sets.get(&set).is_some_and(|l| l.contains(&tag))
+        }
+
+        fn forget(&mut self, h: u64, sets: u64) {
+            let (set, tag) = place(h, sets);
+            if let Some(l) = self.sets.get_mut(&set) {
+                l.retain(|&t| t != tag);
+            }
+        }
+
+        fn len(&self) -> usize {
+            self.sets.values().map(Vec::len).sum()
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u64),
+        Forget(u64),
+        Look(u64),
+    }
+
+    proptest! {
+        /// One block per request (each its own stamp, so no ties), over few
+        /// sets and keys, so that sets fill, evict and forget: the table
+        /// answers as the per-set LRU model does, its length included.
+        #[test]
+        fn the_table_is_a_per_set_lru(
+            capacity in 1usize..40,
+            ops in prop::collection::vec(
+                prop_oneof![
+                    4 => (0u64..60).prop_map(Op::Insert),
+                    1 => (0u64..60).prop_map(Op::Forget),
+                    2 => (0u64..60).prop_map(Op::Look),
+                ],
+                1..300,
+            ),
+        ) {
+            let mut ix = PrefixIndex::new(capacity);
+            let mut model = Model::default();
+            let sets = ix.sets;
+            for op in ops {
+                match op {
+                    Op::Insert(h) => {
+                        ix.insert(&[h]);
+                        model.insert(&[h], sets);
+                    }
+                    Op::Forget(h) => {
+                        ix.forget(&[h]);
+                        model.forget(h, sets);
+                    }
+                    Op::Look(h) => {
+                        prop_assert_eq!(ix.contains(h), model.contains(h, sets));
+                    }
+                }
+                prop_assert_eq!(ix.len(), model.len());
+            }
+            for h in 0..60 {
+                prop_assert_eq!(ix.contains(h), model.contains(h, sets));
+            }
+        }
     }
 }
