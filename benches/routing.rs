@@ -2,10 +2,15 @@
 //! Routing decision cost: reading the prompt into prefix hashes, and picking a
 //! replica with `prefix_kv` (warm per-replica indexes, 8 replicas; the views
 //! of the replicas taken for each decision, as the proxy does), beside the
-//! naive baseline `round_robin`, at prompt sizes from 1 KB to 200 KB.
+//! naive baseline `round_robin`, at prompt sizes from 1 KB to 200 KB; and the
+//! per-replica prefix index with prompts it has not seen (a full index of
+//! 262,144 blocks: each prompt's lookup and insert reach lines not cached),
+//! beside the two generations of hash sets it replaced.
 //!
 //!     cargo bench --bench routing
 
+use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +20,9 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use sluice::api::inbound::{PrefixParams, inspect};
 use sluice::api::proxy::view;
 use sluice::config::{BackendConfig, Config, PrefixKvConfig, UpstreamConfig};
-use sluice::routing::{Affinity, PrefixKv, ReplicaView, RoundRobin, RouteCtx, RoutingPolicy};
+use sluice::routing::{
+    Affinity, PrefixIndex, PrefixKv, ReplicaView, RoundRobin, RouteCtx, RoutingPolicy,
+};
 use sluice::telemetry::metrics::Metrics;
 use sluice::upstream::pool::Replica;
 use sluice::upstream::signals::LoadSample;
@@ -167,5 +174,112 @@ fn decision(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decision);
+/// The baseline: the index as it was before the set-associative table
+/// (`src/routing/index.rs` at d6004c1~1): two generations of hash sets of
+/// up to half the capacity each; a full one becomes the previous and the
+/// previous is dropped.
+struct Generations {
+    current: HashSet<u64, BuildHasherDefault<Identity>>,
+    previous: HashSet<u64, BuildHasherDefault<Identity>>,
+    capacity: usize,
+}
+
+#[derive(Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u64 keys")
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl Generations {
+    fn new(capacity: usize) -> Self {
+        Self {
+            current: HashSet::default(),
+            previous: HashSet::default(),
+            capacity,
+        }
+    }
+
+    fn contains(&self, h: u64) -> bool {
+        self.current.contains(&h) || self.previous.contains(&h)
+    }
+
+    fn longest_match(&self, hashes: &[u64]) -> usize {
+        let (mut lo, mut hi) = (0usize, hashes.len());
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.contains(hashes[mid - 1]) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    fn insert(&mut self, hashes: &[u64]) {
+        for (i, &h) in hashes.iter().enumerate() {
+            if self.current.contains(&h) {
+                continue;
+            }
+            if self.current.len() * 2 >= self.capacity {
+                self.previous = std::mem::take(&mut self.current);
+                if i * 4 <= self.capacity {
+                    self.current.extend(hashes[..i].iter().copied());
+                }
+            }
+            self.current.insert(h);
+        }
+    }
+}
+
+/// New prompts of four blocks (a 1 KB prompt at 256 characters a block)
+/// into a full index of 2^18 blocks: a lookup, then the insert, as a decision
+/// that picks this replica does.
+fn index(c: &mut Criterion) {
+    const CAPACITY: usize = 1 << 18;
+    let hash = |n: u64| xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes());
+    let mut table = PrefixIndex::new(CAPACITY);
+    let mut generations = Generations::new(CAPACITY);
+    let mut n = 0u64;
+    // Full: three times the capacity inserted, four blocks at a time.
+    while n < 3 * CAPACITY as u64 {
+        let blocks = [hash(n), hash(n + 1), hash(n + 2), hash(n + 3)];
+        table.insert(&blocks);
+        generations.insert(&blocks);
+        n += 4;
+    }
+    let mut g = c.benchmark_group("prefix_index");
+    let mut next = n;
+    g.bench_function("new prompt, set-associative table", |b| {
+        b.iter(|| {
+            let blocks = [hash(next), hash(next + 1), hash(next + 2), hash(next + 3)];
+            next += 4;
+            let m = table.longest_match(black_box(&blocks));
+            table.insert(&blocks);
+            m
+        })
+    });
+    let mut next = n;
+    g.bench_function("new prompt, two generations of hash sets (baseline)", |b| {
+        b.iter(|| {
+            let blocks = [hash(next), hash(next + 1), hash(next + 2), hash(next + 3)];
+            next += 4;
+            let m = generations.longest_match(black_box(&blocks));
+            generations.insert(&blocks);
+            m
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decision, index);
 criterion_main!(benches);

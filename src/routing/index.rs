@@ -34,7 +34,7 @@ const WAYS: usize = 8;
 /// A prompt's blocks whose sets a lookup loads at once before it searches.
 const WARM: usize = 64;
 
-pub(crate) struct PrefixIndex {
+pub struct PrefixIndex {
     /// `sets` sets of `WAYS` slots from `base` (a line boundary); a slot is
     /// `tag << 32 | stamp`, 0 when empty. Allocated zeroed: pages the table
     /// has not written take no memory.
@@ -56,7 +56,7 @@ fn place(h: u64, sets: u64) -> (usize, u32) {
 
 impl PrefixIndex {
     /// An index of about `capacity` hashes (rounded up to a multiple of 8).
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize) -> Self {
         let sets = capacity.div_ceil(WAYS).max(1);
         // One set more than needed, so that the table can start on a line.
         let slots = vec![0u64; (sets + 1) * WAYS].into_boxed_slice();
@@ -81,7 +81,7 @@ impl PrefixIndex {
     }
 
     /// How many leading blocks of `hashes` are cached here.
-    pub(crate) fn longest_match(&self, hashes: &[u64]) -> usize {
+    pub fn longest_match(&self, hashes: &[u64]) -> usize {
         self.warm(hashes);
         let (mut lo, mut hi) = (0usize, hashes.len());
         // Invariant: the first `lo` blocks are cached; block `hi` (if any) is not.
@@ -111,7 +111,7 @@ impl PrefixIndex {
     }
 
     /// These blocks were sent here now (one stamp for all of them).
-    pub(crate) fn insert(&mut self, hashes: &[u64]) {
+    pub fn insert(&mut self, hashes: &[u64]) {
         self.clock = self.clock.wrapping_add(1);
         let stamp = u64::from(self.clock);
         for &h in hashes {
@@ -153,7 +153,7 @@ impl PrefixIndex {
     }
 
     /// Forget these hashes (the replica turned out not to hold them).
-    pub(crate) fn forget(&mut self, hashes: &[u64]) {
+    pub fn forget(&mut self, hashes: &[u64]) {
         for &h in hashes {
             let (set, tag) = place(h, self.sets);
             let at = self.base + set * WAYS;
@@ -167,8 +167,12 @@ impl PrefixIndex {
     }
 
     /// Hashes remembered.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

@@ -18,6 +18,7 @@ mod round_robin;
 pub(crate) mod sessions;
 
 pub use affinity::Affinity;
+pub use index::PrefixIndex;
 pub(crate) use least_loaded::LeastLoaded;
 pub use prefix_kv::PrefixKv;
 pub use round_robin::RoundRobin;
