@@ -5,8 +5,8 @@
 //! replica, and is shared by the policy of the old and the new state. A
 //! replica that disappears is forgotten lazily: entries unused for
 //! [`FORGET_AFTER`] are dropped when a new replica is first seen.
-//! Lookups are lock-free (`ArcSwap` of the map); only the index itself,
-//! during one decision, takes a short lock.
+//! Lookups are lock-free (`ArcSwap` of the map, and the index's atomic
+//! slots); the index's inserts take its short lock.
 
 use foldhash::{HashMap, HashMapExt as _};
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use crate::telemetry::metrics::epoch;
 pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 pub(crate) struct ReplicaMemory {
-    pub(crate) prefixes: Mutex<PrefixIndex>,
+    pub(crate) prefixes: PrefixIndex,
     /// Work sent there and the rates learned from it.
     pub(crate) load: Load,
     /// Session turns sent here lately (`session_placement: least_loaded`).
@@ -134,7 +134,7 @@ impl Affinity {
             return m.clone();
         }
         let fresh = Arc::new(ReplicaMemory {
-            prefixes: Mutex::new(PrefixIndex::new(self.capacity)),
+            prefixes: PrefixIndex::new(self.capacity),
             load: Load::default(),
             session_turns: Mutex::new(Decayed::new()),
             used: AtomicU64::new(0),
@@ -162,7 +162,7 @@ impl Affinity {
         self.replicas
             .load()
             .get(name)
-            .map_or(0, |m| m.prefixes.lock().len())
+            .map_or(0, |m| m.prefixes.len())
     }
 }
 
@@ -176,9 +176,9 @@ mod tests {
         let a = Affinity::new(64, t, t);
         let x: Arc<str> = Arc::from("x");
         let now = Instant::now();
-        a.of(&x, now).prefixes.lock().insert(&[1, 2, 3]);
+        a.of(&x, now).prefixes.insert(&[1, 2, 3]);
         assert_eq!(a.blocks("x"), 3);
-        assert_eq!(a.of(&x, now).prefixes.lock().longest_match(&[1, 2, 9]), 2);
+        assert_eq!(a.of(&x, now).prefixes.longest_match(&[1, 2, 9]), 2);
         assert_eq!(a.blocks("y"), 0);
     }
 

@@ -29,18 +29,33 @@
 //! read as recent (it is still evicted when its set fills with newer ones).
 //! The tests below hold the table to a plain model of per-set LRU.
 
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::Mutex;
+
 /// Slots per set: 8 x 8 bytes, one cache line.
 const WAYS: usize = 8;
 /// A prompt's blocks whose sets a lookup loads at once before it searches.
 const WARM: usize = 64;
 
+/// A replica's index. Lookups take no lock: a slot is one atomic word, read
+/// as it is (a decision racing an insert may see the set before or after a
+/// block's slot changed, either of which is an answer it could have had).
+/// Inserts and forgets take `writer` one at a time, for the clock and the
+/// count.
 pub struct PrefixIndex {
     /// `sets` sets of `WAYS` slots from `base` (a line boundary); a slot is
-    /// `tag << 32 | stamp`, 0 when empty. Allocated zeroed: pages the table
-    /// has not written take no memory.
-    slots: Box<[u64]>,
-    base: usize,
+    /// `tag << 32 | stamp`, 0 when empty. Made on the first insert: a
+    /// replica that only gets prompts shorter than a block (or none) costs
+    /// no table.
+    slots: OnceLock<Box<[AtomicU64]>>,
+    base: OnceLock<usize>,
     sets: u64,
+    writer: Mutex<Writer>,
+}
+
+struct Writer {
     /// Inserts so far (modulo 2^32): the slots' stamps.
     clock: u32,
     len: usize,
@@ -54,35 +69,49 @@ fn place(h: u64, sets: u64) -> (usize, u32) {
     (set as usize, (h as u32).max(1))
 }
 
+fn tag_of(slot: u64) -> u32 {
+    (slot >> 32) as u32
+}
+
 impl PrefixIndex {
     /// An index of about `capacity` hashes (rounded up to a multiple of 8).
     pub fn new(capacity: usize) -> Self {
-        let sets = capacity.div_ceil(WAYS).max(1);
-        // One set more than needed, so that the table can start on a line.
-        let slots = vec![0u64; (sets + 1) * WAYS].into_boxed_slice();
-        let base = slots.as_ptr().align_offset(64).min(WAYS);
         Self {
-            slots,
-            base,
-            sets: sets as u64,
-            clock: 0,
-            len: 0,
+            slots: OnceLock::new(),
+            base: OnceLock::new(),
+            sets: capacity.div_ceil(WAYS).max(1) as u64,
+            writer: Mutex::new(Writer { clock: 0, len: 0 }),
         }
     }
 
-    fn set(&self, set: usize) -> &[u64] {
-        let at = self.base + set * WAYS;
-        &self.slots[at..at + WAYS]
+    /// The slots of set `set`, if the table is made.
+    fn set(&self, set: usize) -> Option<&[AtomicU64]> {
+        let slots = self.slots.get()?;
+        let at = self.base.get().copied().unwrap_or(0) + set * WAYS;
+        slots.get(at..at + WAYS)
+    }
+
+    /// The table, made (zeroed: 8 bytes a hash) if this is the first insert.
+    fn made(&self) -> &[AtomicU64] {
+        self.slots.get_or_init(|| {
+            // One set more than needed, so that the table can start on a line.
+            let slots: Box<[AtomicU64]> = (0..(self.sets as usize + 1) * WAYS)
+                .map(|_| AtomicU64::new(0))
+                .collect();
+            let _ = self.base.set(slots.as_ptr().align_offset(64).min(WAYS));
+            slots
+        })
     }
 
     fn contains(&self, h: u64) -> bool {
         let (set, tag) = place(h, self.sets);
-        self.set(set).iter().any(|&s| (s >> 32) as u32 == tag)
+        self.set(set)
+            .is_some_and(|s| s.iter().any(|s| tag_of(s.load(Relaxed)) == tag))
     }
 
-    /// How many leading blocks of `hashes` are cached here.
+    /// How many leading blocks of `hashes` are cached here (their sets
+    /// best [`warm`](Self::warm)ed first).
     pub fn longest_match(&self, hashes: &[u64]) -> usize {
-        self.warm(hashes);
         let (mut lo, mut hi) = (0usize, hashes.len());
         // Invariant: the first `lo` blocks are cached; block `hi` (if any) is not.
         while lo < hi {
@@ -96,43 +125,53 @@ impl PrefixIndex {
         lo
     }
 
-    /// Load the sets of the first [`WARM`] blocks together. Their loads do
-    /// not depend on each other, so they overlap; without this, each probe
-    /// of the binary search waits for its set (the next probe depends on
-    /// the answer), and so does each block's insert after the decision.
-    /// With prompts new to the table these lines are rarely cached: the
-    /// table is megabytes.
-    fn warm(&self, hashes: &[u64]) {
+    /// Load the sets of the first [`WARM`] blocks together, without a lock.
+    /// Their loads do not depend on each other, so they overlap; without
+    /// this, each probe of the binary search waits for its set (the next
+    /// probe depends on the answer), and so does each block's insert after
+    /// the decision. With prompts new to the table these lines are rarely
+    /// cached: the table is megabytes.
+    pub fn warm(&self, hashes: &[u64]) {
         let mut any = 0;
         for &h in hashes.iter().take(WARM) {
-            any |= self.slots[self.base + place(h, self.sets).0 * WAYS];
+            if let Some(s) = self.set(place(h, self.sets).0) {
+                any |= s[0].load(Relaxed);
+            }
         }
         std::hint::black_box(any);
     }
 
     /// These blocks were sent here now (one stamp for all of them).
-    pub fn insert(&mut self, hashes: &[u64]) {
-        self.clock = self.clock.wrapping_add(1);
-        let stamp = u64::from(self.clock);
+    pub fn insert(&self, hashes: &[u64]) {
+        if hashes.is_empty() {
+            return;
+        }
+        let table = self.made();
+        let base = self.base.get().copied().unwrap_or(0);
+        let mut w = self.writer.lock();
+        w.clock = w.clock.wrapping_add(1);
+        let clock = w.clock;
+        let stamp = u64::from(clock);
         for &h in hashes {
             let (set, tag) = place(h, self.sets);
-            let at = self.base + set * WAYS;
-            let slots = &mut self.slots[at..at + WAYS];
+            let at = base + set * WAYS;
+            let slots = &table[at..at + WAYS];
             // The hash's slot, else an empty one, else the oldest (of equal
             // stamps the last: in a set filled in order, a prompt's tail
             // before its head).
             let mut free = None;
             let mut oldest = (0, 0u32);
             let mut found = false;
-            for (i, s) in slots.iter_mut().enumerate() {
-                if *s == 0 {
+            for (i, slot) in slots.iter().enumerate() {
+                let s = slot.load(Relaxed);
+                if s == 0 {
                     free.get_or_insert(i);
-                } else if (*s >> 32) as u32 == tag {
-                    *s = u64::from(tag) << 32 | stamp;
+                } else if tag_of(s) == tag {
+                    slot.store(u64::from(tag) << 32 | stamp, Relaxed);
                     found = true;
                     break;
                 } else {
-                    let age = self.clock.wrapping_sub(*s as u32);
+                    let age = clock.wrapping_sub(s as u32);
                     if age >= oldest.1 {
                         oldest = (i, age);
                     }
@@ -143,24 +182,25 @@ impl PrefixIndex {
             }
             let i = match free {
                 Some(i) => {
-                    self.len += 1;
+                    w.len += 1;
                     i
                 }
                 None => oldest.0,
             };
-            slots[i] = u64::from(tag) << 32 | stamp;
+            slots[i].store(u64::from(tag) << 32 | stamp, Relaxed);
         }
     }
 
     /// Forget these hashes (the replica turned out not to hold them).
-    pub fn forget(&mut self, hashes: &[u64]) {
+    pub fn forget(&self, hashes: &[u64]) {
+        let mut w = self.writer.lock();
         for &h in hashes {
             let (set, tag) = place(h, self.sets);
-            let at = self.base + set * WAYS;
-            for s in &mut self.slots[at..at + WAYS] {
-                if *s != 0 && (*s >> 32) as u32 == tag {
-                    *s = 0;
-                    self.len -= 1;
+            for slot in self.set(set).into_iter().flatten() {
+                let s = slot.load(Relaxed);
+                if s != 0 && tag_of(s) == tag {
+                    slot.store(0, Relaxed);
+                    w.len -= 1;
                 }
             }
         }
@@ -168,11 +208,11 @@ impl PrefixIndex {
 
     /// Hashes remembered.
     pub fn len(&self) -> usize {
-        self.len
+        self.writer.lock().len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 }
 
@@ -186,7 +226,7 @@ mod tests {
 
     #[test]
     fn longest_match_and_bounded_memory() {
-        let mut ix = PrefixIndex::new(8);
+        let ix = PrefixIndex::new(8);
         ix.insert(&[1, 2, 3]);
         assert_eq!(ix.longest_match(&[1, 2, 3, 4]), 3);
         assert_eq!(ix.longest_match(&[1, 2, 9, 4]), 2);
@@ -204,7 +244,7 @@ mod tests {
     #[test]
     fn a_shared_head_outlives_the_tails_that_came_before() {
         // One set: eight slots.
-        let mut ix = PrefixIndex::new(8);
+        let ix = PrefixIndex::new(8);
         ix.insert(&[1, 2, 3, 4, 5, 6]);
         // A second prompt shares the head 1..3: it is stamped again, so the
         // third prompt's blocks take the places of the first one's tail,
@@ -217,14 +257,49 @@ mod tests {
     }
 
     #[test]
-    fn the_table_starts_on_a_cache_line() {
+    fn the_table_is_made_by_the_first_insert_and_starts_on_a_cache_line() {
         for capacity in [1, 8, 100, 4096] {
             let ix = PrefixIndex::new(capacity);
-            assert_eq!(ix.set(0).as_ptr() as usize % 64, 0);
+            assert!(ix.set(0).is_none());
+            assert_eq!(ix.longest_match(&[1, 2]), 0);
+            ix.forget(&[1]);
+            ix.insert(&[]);
+            assert!(ix.set(0).is_none(), "no table without a block");
+            ix.insert(&[1]);
+            let first = ix.set(0).map(|s| s.as_ptr() as usize);
+            assert_eq!(first.map(|a| a % 64), Some(0));
             assert!(ix.sets as usize * WAYS >= capacity);
             let last = ix.sets as usize - 1;
-            assert_eq!(ix.set(last).len(), WAYS);
+            assert_eq!(ix.set(last).map(<[_]>::len), Some(WAYS));
         }
+    }
+
+    #[test]
+    fn concurrent_inserts_lose_nothing_and_lookups_run_beside_them() {
+        // Room for all: 4 threads x 500 blocks in a table of 16,384.
+        let ix = std::sync::Arc::new(PrefixIndex::new(1 << 14));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let ix = ix.clone();
+                std::thread::spawn(move || {
+                    for i in 0..500u64 {
+                        let h = xxhash_rust::xxh3::xxh3_64(&(t * 1000 + i).to_le_bytes());
+                        ix.warm(&[h]);
+                        ix.insert(&[h]);
+                        assert_eq!(ix.longest_match(&[h]), 1);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(t.join().is_ok());
+        }
+        assert_eq!(ix.len(), 2000);
+        let kept = (0..4u64)
+            .flat_map(|t| (0..500u64).map(move |i| t * 1000 + i))
+            .filter(|n| ix.contains(xxhash_rust::xxh3::xxh3_64(&n.to_le_bytes())))
+            .count();
+        assert_eq!(kept, 2000);
     }
 
     #[test]
@@ -307,7 +382,7 @@ mod tests {
                 1..300,
             ),
         ) {
-            let mut ix = PrefixIndex::new(capacity);
+            let ix = PrefixIndex::new(capacity);
             let mut model = Model::default();
             let sets = ix.sets;
             for op in ops {

@@ -80,10 +80,7 @@ impl Placement {
             let held = (actual / tpb) as usize;
             let claimed = self.matched_blocks.min(self.hashes.len());
             if held < claimed {
-                self.memory
-                    .prefixes
-                    .lock()
-                    .forget(&self.hashes[held..claimed]);
+                self.memory.prefixes.forget(&self.hashes[held..claimed]);
             }
         }
     }

@@ -145,7 +145,13 @@ impl RoutingPolicy for PrefixKv {
         if n == 0 {
             return None;
         }
-        let views: Vec<View> = candidates.iter().map(|r| self.view(ctx, r)).collect();
+        let mut views: Vec<View> = candidates.iter().map(|r| self.view(ctx, r)).collect();
+        self.warm(ctx, &views);
+        if !ctx.hashes.is_empty() {
+            for v in &mut views {
+                v.matched = v.memory.prefixes.longest_match(ctx.hashes);
+            }
+        }
         // The replicas not under pressure, as an iterator (no list allocated
         // per request).
         let open = || (0..n).filter(|&i| views[i].blocked == Blocked::No);
@@ -259,15 +265,11 @@ impl PrefixKv {
             Some(_) => Blocked::No,
         };
         let memory = self.affinity.of(&r.name, ctx.now);
-        let matched = if ctx.hashes.is_empty() {
-            0
-        } else {
-            memory.prefixes.lock().longest_match(ctx.hashes)
-        };
         View {
             blocked,
             in_flight: f64::from(r.in_flight),
-            matched,
+            // (Read in `pick`, after `warm`.)
+            matched: 0,
             ahead: memory.load.ahead(waiting),
             rate: memory.load.rate(),
             memory,
@@ -357,14 +359,42 @@ impl PrefixKv {
         })
     }
 
+    /// Load the lines of the tables this decision reads and writes: each
+    /// candidate's prefix sets, the session's set, and the set of the
+    /// prompt's home prefix (where `forward` records the replica it went
+    /// to). These are megabytes, and a new prompt's lines are rarely
+    /// cached. The loads do not depend on one another, so their misses
+    /// overlap; read in turn, each would wait for the one before, since a
+    /// lock's atomic instruction waits for every load issued before it.
+    /// Called after the views, whose reference counts are such instructions.
+    fn warm(&self, ctx: &RouteCtx<'_>, views: &[View]) {
+        if !ctx.hashes.is_empty() {
+            for v in views {
+                v.memory.prefixes.warm(ctx.hashes);
+            }
+        }
+        if let Some(s) = ctx.session {
+            self.affinity.sessions.warm(s.key);
+        }
+        if let Some(home) = self.home_key(ctx.hashes) {
+            self.affinity.home_prefixes.warm(home);
+        }
+    }
+
+    /// The hash of a prompt's home prefix: its `home_blocks`-th block, or
+    /// the last of a shorter prompt (`None`: no block).
+    fn home_key(&self, hashes: &[u64]) -> Option<u64> {
+        hashes
+            .get(self.cfg.home_blocks.min(hashes.len()).wrapping_sub(1))
+            .copied()
+    }
+
     /// The home of a request by its prompt's prefix.
     fn prefix_home(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView], views: &[View]) -> Home {
         let c = &self.cfg;
         let n = candidates.len();
-        let key = ctx
-            .hashes
-            .get(c.home_blocks.min(ctx.hashes.len()).wrapping_sub(1))
-            .copied()
+        let key = self
+            .home_key(ctx.hashes)
             // Shorter than a block: the model alone decides the home.
             .unwrap_or_else(|| xxh3_64_with_seed(ctx.model.as_bytes(), 0));
         let ranked = order(key, candidates);
@@ -418,7 +448,7 @@ impl PrefixKv {
             .max(history)
             .min(ctx.prompt_tokens.saturating_sub(1));
         if !ctx.hashes.is_empty() {
-            v.memory.prefixes.lock().insert(ctx.hashes);
+            v.memory.prefixes.insert(ctx.hashes);
         }
         Decision {
             index,

@@ -37,10 +37,15 @@
 //! nobody wrote to could come back (a routing hint to where it was).
 //!
 //! Sharded by key (16 locks, each on its own cache line), so decisions on
-//! different sessions rarely meet.
+//! different sessions rarely meet. A slot is two atomic words, written only
+//! under its shard's lock; [`Sessions::warm`] reads a set without the lock,
+//! to bring its lines in beside the decision's other loads (a lock's atomic
+//! instruction waits for the loads before it, so they must all be issued
+//! before the first one).
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -83,21 +88,55 @@ struct Slot {
     turns: u16,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+/// Eight slots, two words each: the key, then `seen | name << 32 | turns
+/// << 48`.
 #[repr(align(128))]
-struct Set([Slot; WAYS]);
+struct Set([AtomicU64; 2 * WAYS]);
 
+impl Default for Set {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl Set {
+    fn get(&self, i: usize) -> Slot {
+        let meta = self.0[2 * i + 1].load(Relaxed);
+        Slot {
+            key: self.0[2 * i].load(Relaxed),
+            seen: meta as u32,
+            name: (meta >> 32) as u16,
+            turns: (meta >> 48) as u16,
+        }
+    }
+
+    fn put(&self, i: usize, s: Slot) {
+        self.0[2 * i].store(s.key, Relaxed);
+        let meta = u64::from(s.seen) | u64::from(s.name) << 32 | u64::from(s.turns) << 48;
+        self.0[2 * i + 1].store(meta, Relaxed);
+    }
+
+    fn slots(&self) -> [Slot; WAYS] {
+        std::array::from_fn(|i| self.get(i))
+    }
+}
+
+/// What a shard's lock guards: its names, its count, and the right to write
+/// its sets.
 struct Shard {
-    sets: Box<[Set]>,
     /// The replicas slots point at (by index), each name once.
     names: Vec<Arc<str>>,
     /// Occupied slots (expired ones included until taken or forgotten).
     occupied: usize,
 }
 
-/// A shard's lock on a cache line of its own.
+/// A shard: its lock on a cache line of its own, and its sets (written
+/// under the lock, read without it only by `warm`).
 #[repr(align(64))]
-struct Padded(Mutex<Shard>);
+struct Padded {
+    lock: Mutex<Shard>,
+    sets: Box<[Set]>,
+}
 
 pub(crate) struct Sessions {
     shards: Box<[Padded]>,
@@ -121,12 +160,12 @@ impl Sessions {
         let sets_per_shard = capacity.div_ceil(SHARDS * WAYS).max(1);
         Self {
             shards: (0..SHARDS)
-                .map(|_| {
-                    Padded(Mutex::new(Shard {
-                        sets: vec![Set::default(); sets_per_shard].into_boxed_slice(),
+                .map(|_| Padded {
+                    lock: Mutex::new(Shard {
                         names: Vec::new(),
                         occupied: 0,
-                    }))
+                    }),
+                    sets: (0..sets_per_shard).map(|_| Set::default()).collect(),
                 })
                 .collect(),
             sets_per_shard,
@@ -154,10 +193,19 @@ impl Sessions {
 
     /// The shard and the set of `key`: its low bits pick the shard, its
     /// high ones the set (the keys are hashes already).
-    fn place_of(&self, key: u64) -> (&Mutex<Shard>, usize) {
-        let shard = &self.shards[(key as usize) % SHARDS].0;
+    fn place_of(&self, key: u64) -> (&Padded, usize) {
+        let shard = &self.shards[(key as usize) % SHARDS];
         let set = ((key >> 32) * self.sets_per_shard as u64) >> 32;
         (shard, set as usize)
+    }
+
+    /// Load `key`'s set (both lines) without taking its lock: issued with a
+    /// decision's other table loads, their misses overlap instead of each
+    /// waiting for the one before.
+    pub(crate) fn warm(&self, key: u64) {
+        let (shard, set) = self.place_of(key);
+        let set = &shard.sets[set].0;
+        std::hint::black_box(set[0].load(Relaxed) | set[WAYS].load(Relaxed));
     }
 
     /// Whether a slot is live at `now`.
@@ -181,12 +229,14 @@ impl Sessions {
     fn find<R>(&self, key: u64, now: Instant, read: impl FnOnce(&Shard, &Slot) -> R) -> Option<R> {
         let now = self.ticks(now);
         let (shard, set) = self.place_of(key);
-        let shard = shard.lock();
-        let slot = shard.sets[set]
-            .0
-            .iter()
-            .find(|s| s.key == key && self.live(s, now))?;
-        Some(read(&shard, slot))
+        let lock = shard.lock.lock();
+        let set = &shard.sets[set];
+        // Keys first: the rest of a slot only where the key matches.
+        let slot = (0..WAYS)
+            .filter(|&i| set.0[2 * i].load(Relaxed) == key)
+            .map(|i| set.get(i))
+            .find(|s| self.live(s, now))?;
+        Some(read(&lock, &slot))
     }
 
     /// Session `key`'s turn went to `replica` at `now`; whether it had been
@@ -196,16 +246,17 @@ impl Sessions {
             return false;
         }
         let now = self.ticks(now);
-        let (shard, set) = self.place_of(key);
-        let mut shard = shard.lock();
-        let shard = &mut *shard;
-        let Some(name) = shard.name(replica, now, self.ttl) else {
+        let (padded, set) = self.place_of(key);
+        let mut lock = padded.lock.lock();
+        let shard = &mut *lock;
+        let Some(name) = shard.name(&padded.sets, replica, now, self.ttl) else {
             // Over a thousand live replicas in one shard: this one is not
             // kept, and the key no longer points at where it was.
-            shard.forget(set, key);
+            shard.forget(&padded.sets[set], key);
             return false;
         };
-        let slots = &mut shard.sets[set].0;
+        let set = &padded.sets[set];
+        let mut slots = set.slots();
         // The key's slot if live, else an empty or expired one, else the one
         // seen least recently.
         let mut found = None;
@@ -216,6 +267,7 @@ impl Sessions {
                 // Expired: emptied here, so that no set that is written to
                 // keeps an entry long enough for its age to wrap.
                 *s = Slot::default();
+                set.put(i, *s);
                 shard.occupied -= 1;
             }
             if s.turns == 0 {
@@ -232,6 +284,7 @@ impl Sessions {
             s.name = name;
             s.seen = now;
             s.turns = s.turns.saturating_add(1);
+            set.put(i, *s);
             return moved;
         }
         let i = match free {
@@ -241,37 +294,40 @@ impl Sessions {
             }
             None => oldest.0,
         };
-        slots[i] = Slot {
-            key,
-            seen: now,
-            name,
-            turns: 1,
-        };
+        set.put(
+            i,
+            Slot {
+                key,
+                seen: now,
+                name,
+                turns: 1,
+            },
+        );
         false
     }
 
     /// Forget `key`.
     pub(crate) fn forget(&self, key: u64) {
         let (shard, set) = self.place_of(key);
-        shard.lock().forget(set, key);
+        shard.lock.lock().forget(&shard.sets[set], key);
     }
 
     /// Sessions remembered now (expired ones included until their slot is
     /// taken).
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.lock().occupied).sum()
+        self.shards.iter().map(|s| s.lock.lock().occupied).sum()
     }
 
     /// Every live session, with the name of its replica.
     fn each_live(&self, now: Instant, mut f: impl FnMut(u64, &Arc<str>, u32, u16)) {
         let now = self.ticks(now);
         for shard in &self.shards {
-            let shard = shard.0.lock();
-            for s in shard.sets.iter().flat_map(|set| set.0.iter()) {
-                if self.live(s, now) {
+            let lock = shard.lock.lock();
+            for s in shard.sets.iter().flat_map(Set::slots) {
+                if self.live(&s, now) {
                     f(
                         s.key,
-                        &shard.names[usize::from(s.name)],
+                        &lock.names[usize::from(s.name)],
                         age(now, s.seen),
                         s.turns,
                     );
@@ -307,11 +363,11 @@ impl Sessions {
 }
 
 impl Shard {
-    /// Empty `key`'s slot in `set`, if it has one.
-    fn forget(&mut self, set: usize, key: u64) {
-        for s in self.sets[set].0.iter_mut() {
+    /// Empty `key`'s slot in `set` (one of this shard's), if it has one.
+    fn forget(&mut self, set: &Set, key: u64) {
+        for (i, s) in set.slots().into_iter().enumerate() {
             if s.turns != 0 && s.key == key {
-                *s = Slot::default();
+                set.put(i, Slot::default());
                 self.occupied -= 1;
             }
         }
@@ -319,7 +375,7 @@ impl Shard {
 
     /// The index of `replica`'s name, added if new (`None`: the shard holds
     /// `NAMES` names that live slots point at).
-    fn name(&mut self, replica: &Arc<str>, now: u32, ttl: u32) -> Option<u16> {
+    fn name(&mut self, sets: &[Set], replica: &Arc<str>, now: u32, ttl: u32) -> Option<u16> {
         let find = |names: &[Arc<str>]| {
             names
                 .iter()
@@ -329,7 +385,7 @@ impl Shard {
             return u16::try_from(i).ok();
         }
         if self.names.len() >= NAMES {
-            self.drop_unused_names(now, ttl);
+            self.drop_unused_names(sets, now, ttl);
             if self.names.len() >= NAMES {
                 return None;
             }
@@ -341,16 +397,17 @@ impl Shard {
     /// Drop the names no live slot points at (replicas long gone, with
     /// discovery renaming them), renumbering the slots; expired slots are
     /// emptied first.
-    fn drop_unused_names(&mut self, now: u32, ttl: u32) {
-        for s in self.sets.iter_mut().flat_map(|set| set.0.iter_mut()) {
-            if s.turns != 0 && age(now, s.seen) >= ttl {
-                *s = Slot::default();
-                self.occupied -= 1;
+    fn drop_unused_names(&mut self, sets: &[Set], now: u32, ttl: u32) {
+        for set in sets {
+            for (i, s) in set.slots().into_iter().enumerate() {
+                if s.turns != 0 && age(now, s.seen) >= ttl {
+                    set.put(i, Slot::default());
+                    self.occupied -= 1;
+                }
             }
         }
-        let slots = || self.sets.iter().flat_map(|set| set.0.iter());
         let mut used = vec![false; self.names.len()];
-        for s in slots().filter(|s| s.turns != 0) {
+        for s in sets.iter().flat_map(Set::slots).filter(|s| s.turns != 0) {
             used[usize::from(s.name)] = true;
         }
         let mut renumbered = vec![0u16; self.names.len()];
@@ -366,9 +423,12 @@ impl Shard {
             i += 1;
             used[i - 1]
         });
-        for s in self.sets.iter_mut().flat_map(|set| set.0.iter_mut()) {
-            if s.turns != 0 {
-                s.name = renumbered[usize::from(s.name)];
+        for set in sets {
+            for (i, mut s) in set.slots().into_iter().enumerate() {
+                if s.turns != 0 {
+                    s.name = renumbered[usize::from(s.name)];
+                    set.put(i, s);
+                }
             }
         }
     }
@@ -499,7 +559,7 @@ mod tests {
             assert!(!s.place(key(7, n), &name, t0 + tick(n)));
         }
         let at = t0 + tick(3000);
-        assert!(s.shards[7].0.lock().names.len() <= NAMES);
+        assert!(s.shards[7].lock.lock().names.len() <= NAMES);
         for n in 2992..3000u64 {
             assert_eq!(s.get(key(7, n), at).as_deref(), Some(&*format!("r{n}")));
         }
@@ -519,7 +579,7 @@ mod tests {
             let name: Arc<str> = Arc::from(format!("r{n}"));
             s.place(in_set(0, n / 8, 200, n % 8), &name, t0);
         }
-        assert_eq!(s.shards[0].0.lock().names.len(), NAMES);
+        assert_eq!(s.shards[0].lock.lock().names.len(), NAMES);
         // The first session's next turn goes to yet another replica: it
         // cannot be named, so it is forgotten rather than left pointing at
         // the old one.
@@ -623,6 +683,8 @@ mod tests {
                 now += step;
                 let at = s.epoch + tick(now);
                 let key = keys[k as usize];
+                // Warming a set reads it and changes nothing.
+                s.warm(key);
                 if forget {
                     s.forget(key);
                     if let Some(set) = model.sets.get_mut(&Model::set(key, ps)) {
