@@ -653,11 +653,14 @@ async fn respond(
             return Err(e);
         }
     };
+    // Whether the answer may hold a tool call (unknown: yes).
+    let mut calls = true;
     match endpoint.wire() {
         Wire::OpenAi => {
             if let Some(info) = chunk_info(&bytes) {
                 guard.record.usage = info.usage;
                 guard.record.finish_reason = info.finish_reason;
+                calls = info.tool_call;
             }
         }
         wire => {
@@ -668,7 +671,10 @@ async fn respond(
             }
         }
     }
-    if status.is_success() {
+    // Without a tool call or a refusal detector there is nothing to judge:
+    // the scan above read every message, so `whole`'s own search of the body
+    // (~600 instructions a request) is skipped.
+    if status.is_success() && (calls || state.telemetry.refusal.is_some()) {
         guard.record.verdict =
             quality::whole(endpoint.wire(), &bytes, state.telemetry.refusal.as_ref());
     }

@@ -159,7 +159,9 @@ impl<'de> Deserialize<'de> for Choices {
                 while let Some(c) = seq.next_element::<ChoiceLite<'de>>()? {
                     out.n += 1;
                     out.has_output |= c.has_output();
-                    out.tool_call |= c.delta.as_ref().is_some_and(|d| d.tool_call);
+                    out.tool_call |= [&c.delta, &c.message]
+                        .into_iter()
+                        .any(|d| d.as_ref().is_some_and(|d| d.tool_call));
                     if c.finish_reason.is_some() {
                         out.finish_reason = c.finish_reason;
                     }
@@ -175,6 +177,9 @@ impl<'de> Deserialize<'de> for Choices {
 struct ChoiceLite<'a> {
     #[serde(default)]
     delta: Option<Delta>,
+    /// A whole (non-streamed) answer's message, read as a delta is.
+    #[serde(default)]
+    message: Option<Delta>,
     /// `/v1/completions` chunks carry `text` instead of `delta`.
     #[serde(default, borrow)]
     text: Option<&'a RawValue>,
@@ -184,7 +189,10 @@ struct ChoiceLite<'a> {
 
 impl ChoiceLite<'_> {
     fn has_output(&self) -> bool {
-        self.delta.as_ref().is_some_and(|d| d.has_output) || non_empty(self.text)
+        [&self.delta, &self.message]
+            .into_iter()
+            .any(|d| d.as_ref().is_some_and(|d| d.has_output))
+            || non_empty(self.text)
     }
 }
 

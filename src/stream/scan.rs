@@ -345,8 +345,11 @@ impl<'a> P<'a> {
         let mut seen = Seen::default();
         loop {
             match self.key()? {
-                b"delta" => {
-                    seen.first(0)?;
+                // A whole answer's `message` is read as a chunk's `delta`:
+                // its output and tool calls (the answer's quality check
+                // is skipped when it has none, `quality::whole`).
+                key @ (b"delta" | b"message") => {
+                    seen.first(if key == b"delta" { 0 } else { 3 })?;
                     if self.peek()? == b'n' {
                         self.null_or_skip()?;
                     } else {

@@ -158,6 +158,10 @@ async fn invalid_tool_arguments_and_refusals_are_counted_exactly_and_never_on_cl
             ),
         )],
     };
-    let (tools, invalid, refusals, _) = content_signals(whole, true).await;
+    let (tools, invalid, refusals, _) = content_signals(whole.clone(), true).await;
     assert_eq!((tools, invalid, refusals), (1.0, 1.0, 1.0));
+    // The same with the detector off: the calls are still read (the
+    // answer's scan finds them in its message).
+    let (tools, invalid, refusals, _) = content_signals(whole, false).await;
+    assert_eq!((tools, invalid, refusals), (1.0, 1.0, 0.0));
 }

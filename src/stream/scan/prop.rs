@@ -172,6 +172,7 @@ fn choice() -> impl Strategy<Value = J> {
     let member = prop_oneof![
         (0u32..3).prop_map(|i| ("index".to_string(), J::Raw(i.to_string()))),
         delta().prop_map(|d| ("delta".to_string(), d)),
+        delta().prop_map(|d| ("message".to_string(), d)),
         output_value().prop_map(|t| ("text".to_string(), t)),
         finish().prop_map(|f| ("finish_reason".to_string(), f)),
         Just(("logprobs".to_string(), J::Raw("null".into()))),
@@ -248,24 +249,25 @@ fn oracle(v: &Value) -> ChunkInfo {
     if let Some(Value::Array(choices)) = v.get("choices") {
         for c in choices {
             info.n_choices += 1;
-            let delta_out = c.get("delta").and_then(Value::as_object).is_some_and(|d| {
-                [
-                    "content",
-                    "reasoning_content",
-                    "reasoning",
-                    "tool_calls",
-                    "function_call",
-                ]
-                .iter()
-                .any(|k| d.get(*k).is_some_and(non_empty))
-            });
+            // A chunk's delta, or a whole answer's message: any of `keys`
+            // non-empty.
+            let carries = |keys: &[&str]| {
+                ["delta", "message"].iter().any(|d| {
+                    c.get(*d)
+                        .and_then(Value::as_object)
+                        .is_some_and(|d| keys.iter().any(|k| d.get(*k).is_some_and(non_empty)))
+                })
+            };
+            let delta_out = carries(&[
+                "content",
+                "reasoning_content",
+                "reasoning",
+                "tool_calls",
+                "function_call",
+            ]);
             let text_out = c.get("text").is_some_and(non_empty);
             info.has_output |= delta_out || text_out;
-            info.tool_call |= c.get("delta").and_then(Value::as_object).is_some_and(|d| {
-                ["tool_calls", "function_call"]
-                    .iter()
-                    .any(|k| d.get(*k).is_some_and(non_empty))
-            });
+            info.tool_call |= carries(&["tool_calls", "function_call"]);
             if let Some(f) = c.get("finish_reason").filter(|f| !f.is_null()) {
                 info.finish_reason = serde_json::from_value(f.clone()).ok();
             }
@@ -288,10 +290,10 @@ fn well_typed(v: &Value) -> bool {
         None | Some(Value::Null) => true,
         Some(Value::Array(cs)) => cs.iter().all(|c| {
             c.is_object()
-                && match c.get("delta") {
+                && ["delta", "message"].iter().all(|k| match c.get(*k) {
                     None | Some(Value::Null) => true,
                     Some(d) => d.is_object(),
-                }
+                })
                 && matches!(
                     c.get("finish_reason"),
                     None | Some(Value::Null) | Some(Value::String(_))
