@@ -427,7 +427,10 @@ pub struct PrefixKvConfig {
     pub kv_high: f64,
     /// A replica with this many requests waiting gets no new work (spill_queue).
     pub queue_high: f64,
-    /// Prefix blocks remembered per replica.
+    /// Prefix blocks remembered per replica: 8 bytes each (the table is made
+    /// zeroed at the replica's first routed prompt), rounded up to a multiple
+    /// of 8. A block can only go to one set of 8, and a full set forgets the
+    /// block inserted least recently there.
     pub index_capacity: usize,
     /// A request leaves its home (its session's replica, its prefix's
     /// holder) only for a replica where its predicted time to first token is
