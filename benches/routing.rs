@@ -241,7 +241,7 @@ impl Generations {
     }
 }
 
-/// New prompts of four blocks (a 1 KB prompt at 256 characters a block)
+/// New prompts of four blocks (256 characters at the default 64 a block)
 /// into a full index of 2^18 blocks: a lookup, then the insert, as a decision
 /// that picks this replica does.
 fn index(c: &mut Criterion) {
@@ -263,7 +263,7 @@ fn index(c: &mut Criterion) {
         b.iter(|| {
             let blocks = [hash(next), hash(next + 1), hash(next + 2), hash(next + 3)];
             next += 4;
-            table.warm(black_box(&blocks));
+            table.warm(black_box(&blocks), 64);
             let m = table.longest_match(&blocks);
             table.insert(&blocks);
             m

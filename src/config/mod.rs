@@ -429,8 +429,8 @@ pub struct PrefixKvConfig {
     pub queue_high: f64,
     /// Prefix blocks remembered per replica: 8 bytes each (the table is made
     /// zeroed at the replica's first routed prompt), rounded up to a multiple
-    /// of 8. A block can only go to one set of 8, and a full set forgets the
-    /// block inserted least recently there.
+    /// of 8, at most `MAX_INDEX_CAPACITY`. A block can only go to one set of
+    /// 8, and a full set forgets the block inserted least recently there.
     pub index_capacity: usize,
     /// A request leaves its home (its session's replica, its prefix's
     /// holder) only for a replica where its predicted time to first token is
@@ -658,6 +658,9 @@ pub struct Invalid {
     pub message: String,
 }
 
+/// The largest `routing.prefix_kv.index_capacity` (512 MiB of index a replica).
+pub const MAX_INDEX_CAPACITY: usize = 1 << 26;
+
 /// Cross-field checks that serde cannot express.
 pub fn validate(config: &Config) -> Vec<Invalid> {
     let mut out = Vec::new();
@@ -740,6 +743,14 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
         bad(
             "routing.prefix_kv".into(),
             "block_chars, max_blocks and home_blocks must be greater than zero".into(),
+        );
+    }
+    // The index is made whole at a replica's first prompt (8 bytes a block):
+    // a capacity past 2^26 (512 MiB a replica) is a typo, not a plan.
+    if p.index_capacity > MAX_INDEX_CAPACITY {
+        bad(
+            "routing.prefix_kv.index_capacity".into(),
+            format!("must be at most {MAX_INDEX_CAPACITY} (8 bytes a block, per replica)"),
         );
     }
     if p.load_factor.is_nan() || p.load_factor < 1.0 {

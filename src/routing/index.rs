@@ -11,8 +11,9 @@
 //! that "block i is cached" is monotone along a prompt. The blocks of one
 //! request are inserted together with one stamp, and every later prompt
 //! that shares a head stamps that head again, so a head is never older
-//! than its tail: within a set it goes no sooner. (Across sets it can, when
-//! the head's set is the fuller one; the answer is an estimate either way.)
+//! than its tail. Within a set, then, a head goes no sooner than its tail;
+//! across sets it can, when the head's set is the fuller one, and the
+//! answer is an estimate either way.
 //!
 //! Why not two generations of `HashSet`s, as before: with a workload of new
 //! prompts, every block's lookup and insert touched a control group and a
@@ -36,21 +37,25 @@ use parking_lot::Mutex;
 
 /// Slots per set: 8 x 8 bytes, one cache line.
 const WAYS: usize = 8;
-/// A prompt's blocks whose sets a lookup loads at once before it searches.
-const WARM: usize = 64;
+/// At most this many sets a decision loads ahead, over all its candidates
+/// (64 lines: 4 KiB of the 32 KiB L1).
+pub(crate) const WARM_BUDGET: usize = 64;
+
+/// One set, on a cache line of its own.
+#[repr(align(64))]
+struct Set([AtomicU64; WAYS]);
 
 /// A replica's index. Lookups take no lock: a slot is one atomic word, read
-/// as it is (a decision racing an insert may see the set before or after a
-/// block's slot changed, either of which is an answer it could have had).
-/// Inserts and forgets take `writer` one at a time, for the clock and the
-/// count.
+/// as it is. A lookup racing an insert may see some of the insert's blocks
+/// and not others, which the next lookup corrects; the answer is an
+/// estimate either way. Inserts and forgets take `writer` one at a time,
+/// for the clock and the count.
+#[doc(hidden)] // Public for the routing benchmark only.
 pub struct PrefixIndex {
-    /// `sets` sets of `WAYS` slots from `base` (a line boundary); a slot is
-    /// `tag << 32 | stamp`, 0 when empty. Made on the first insert: a
-    /// replica that only gets prompts shorter than a block (or none) costs
-    /// no table.
-    slots: OnceLock<Box<[AtomicU64]>>,
-    base: OnceLock<usize>,
+    /// `sets` sets; a slot is `tag << 32 | stamp`, 0 when empty. Made (8
+    /// bytes a block, zeroed) on the first insert: a replica that only gets
+    /// prompts shorter than a block (or none) costs no table.
+    table: OnceLock<Box<[Set]>>,
     sets: u64,
     writer: Mutex<Writer>,
 }
@@ -73,34 +78,40 @@ fn tag_of(slot: u64) -> u32 {
     (slot >> 32) as u32
 }
 
+/// The blocks a binary search over `n` blocks probes first, level by level
+/// (as [`PrefixIndex::longest_match`] computes them), at most `limit`.
+fn first_probes(n: usize, limit: usize, mut each: impl FnMut(usize)) {
+    let mut level = vec![(0usize, n)];
+    let mut left = limit;
+    while !level.is_empty() && left > 0 {
+        let mut next = Vec::with_capacity(level.len() * 2);
+        for (lo, hi) in level {
+            if lo >= hi || left == 0 {
+                continue;
+            }
+            let mid = lo + (hi - lo).div_ceil(2);
+            each(mid - 1);
+            left -= 1;
+            next.push((mid, hi));
+            next.push((lo, mid - 1));
+        }
+        level = next;
+    }
+}
+
 impl PrefixIndex {
     /// An index of about `capacity` hashes (rounded up to a multiple of 8).
     pub fn new(capacity: usize) -> Self {
         Self {
-            slots: OnceLock::new(),
-            base: OnceLock::new(),
+            table: OnceLock::new(),
             sets: capacity.div_ceil(WAYS).max(1) as u64,
             writer: Mutex::new(Writer { clock: 0, len: 0 }),
         }
     }
 
-    /// The slots of set `set`, if the table is made.
-    fn set(&self, set: usize) -> Option<&[AtomicU64]> {
-        let slots = self.slots.get()?;
-        let at = self.base.get().copied().unwrap_or(0) + set * WAYS;
-        slots.get(at..at + WAYS)
-    }
-
-    /// The table, made (zeroed: 8 bytes a hash) if this is the first insert.
-    fn made(&self) -> &[AtomicU64] {
-        self.slots.get_or_init(|| {
-            // One set more than needed, so that the table can start on a line.
-            let slots: Box<[AtomicU64]> = (0..(self.sets as usize + 1) * WAYS)
-                .map(|_| AtomicU64::new(0))
-                .collect();
-            let _ = self.base.set(slots.as_ptr().align_offset(64).min(WAYS));
-            slots
-        })
+    /// Set `set`'s slots, if the table is made.
+    fn set(&self, set: usize) -> Option<&[AtomicU64; WAYS]> {
+        self.table.get().and_then(|t| t.get(set)).map(|s| &s.0)
     }
 
     fn contains(&self, h: u64) -> bool {
@@ -125,18 +136,28 @@ impl PrefixIndex {
         lo
     }
 
-    /// Load the sets of the first [`WARM`] blocks together, without a lock.
-    /// Their loads do not depend on each other, so they overlap; without
-    /// this, each probe of the binary search waits for its set (the next
-    /// probe depends on the answer), and so does each block's insert after
-    /// the decision. With prompts new to the table these lines are rarely
-    /// cached: the table is megabytes.
-    pub fn warm(&self, hashes: &[u64]) {
+    /// Load, without a lock, the sets of at most `limit` of a prompt's
+    /// blocks together: all of a short prompt's (its insert writes them
+    /// next), the first levels of the binary search's probes of a long one.
+    /// The loads do not depend on each other, so their misses overlap;
+    /// without this, each probe of the search waits for its set (the next
+    /// probe depends on the answer), and so does each block's insert. With
+    /// prompts new to the table these lines are rarely cached: the table
+    /// is megabytes.
+    pub fn warm(&self, hashes: &[u64], limit: usize) {
+        let Some(table) = self.table.get() else {
+            return;
+        };
         let mut any = 0;
-        for &h in hashes.iter().take(WARM) {
-            if let Some(s) = self.set(place(h, self.sets).0) {
-                any |= s[0].load(Relaxed);
+        let mut load = |i: usize| {
+            if let Some(s) = table.get(place(hashes[i], self.sets).0) {
+                any |= s.0[0].load(Relaxed);
             }
+        };
+        if hashes.len() <= limit {
+            (0..hashes.len()).for_each(&mut load);
+        } else {
+            first_probes(hashes.len(), limit, &mut load);
         }
         std::hint::black_box(any);
     }
@@ -146,19 +167,22 @@ impl PrefixIndex {
         if hashes.is_empty() {
             return;
         }
-        let table = self.made();
-        let base = self.base.get().copied().unwrap_or(0);
+        let table = self.table.get_or_init(|| {
+            (0..self.sets)
+                .map(|_| Set(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect()
+        });
         let mut w = self.writer.lock();
         w.clock = w.clock.wrapping_add(1);
         let clock = w.clock;
         let stamp = u64::from(clock);
         for &h in hashes {
             let (set, tag) = place(h, self.sets);
-            let at = base + set * WAYS;
-            let slots = &table[at..at + WAYS];
+            let Some(Set(slots)) = table.get(set) else {
+                continue;
+            };
             // The hash's slot, else an empty one, else the oldest (of equal
-            // stamps the last: in a set filled in order, a prompt's tail
-            // before its head).
+            // stamps the last).
             let mut free = None;
             let mut oldest = (0, 0u32);
             let mut found = false;
@@ -262,6 +286,7 @@ mod tests {
             let ix = PrefixIndex::new(capacity);
             assert!(ix.set(0).is_none());
             assert_eq!(ix.longest_match(&[1, 2]), 0);
+            ix.warm(&[1, 2], 64);
             ix.forget(&[1]);
             ix.insert(&[]);
             assert!(ix.set(0).is_none(), "no table without a block");
@@ -269,9 +294,40 @@ mod tests {
             let first = ix.set(0).map(|s| s.as_ptr() as usize);
             assert_eq!(first.map(|a| a % 64), Some(0));
             assert!(ix.sets as usize * WAYS >= capacity);
-            let last = ix.sets as usize - 1;
-            assert_eq!(ix.set(last).map(<[_]>::len), Some(WAYS));
+            assert!(ix.set(ix.sets as usize - 1).is_some());
+            assert!(ix.set(ix.sets as usize).is_none());
         }
+    }
+
+    #[test]
+    fn a_long_prompts_warm_loads_the_searchs_first_probes() {
+        // The probes of a search over 100 blocks where every block is
+        // cached (always right) and where none is (always left): warm's
+        // first levels include the first probes of both.
+        let mut warmed = Vec::new();
+        first_probes(100, 15, |i| warmed.push(i));
+        assert_eq!(warmed.len(), 15);
+        assert_eq!(warmed[0], 49, "the search's first probe is block 50");
+        for all_cached in [true, false] {
+            let (mut lo, mut hi) = (0usize, 100usize);
+            for _ in 0..4 {
+                let mid = lo + (hi - lo).div_ceil(2);
+                assert!(warmed.contains(&(mid - 1)), "{all_cached} {mid}");
+                if all_cached {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+        }
+        let mut all = Vec::new();
+        first_probes(7, 64, |i| all.push(i));
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..7).collect::<Vec<_>>(),
+            "a search's probes cover a short prompt"
+        );
     }
 
     #[test]
@@ -284,7 +340,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..500u64 {
                         let h = xxhash_rust::xxh3::xxh3_64(&(t * 1000 + i).to_le_bytes());
-                        ix.warm(&[h]);
+                        ix.warm(&[h], 64);
                         ix.insert(&[h]);
                         assert_eq!(ix.longest_match(&[h]), 1);
                     }

@@ -51,6 +51,7 @@ use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::affinity::{Affinity, ReplicaMemory};
+use super::index::WARM_BUDGET;
 use super::{Decision, ReplicaView, RouteCtx, RoutingPolicy, least_loaded};
 use crate::config::{PrefixKvConfig, SessionPlacement};
 use crate::vocab::RouteReason;
@@ -369,8 +370,11 @@ impl PrefixKv {
     /// Called after the views, whose reference counts are such instructions.
     fn warm(&self, ctx: &RouteCtx<'_>, views: &[View]) {
         if !ctx.hashes.is_empty() {
+            // A bounded number of lines over all candidates (at least the
+            // first two levels of each one's search).
+            let limit = (WARM_BUDGET / views.len().max(1)).max(3);
             for v in views {
-                v.memory.prefixes.warm(ctx.hashes);
+                v.memory.prefixes.warm(ctx.hashes, limit);
             }
         }
         if let Some(s) = ctx.session {

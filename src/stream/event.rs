@@ -158,8 +158,9 @@ impl<'de> Deserialize<'de> for Choices {
                 let mut out = Choices::default();
                 while let Some(c) = seq.next_element::<ChoiceLite<'de>>()? {
                     out.n += 1;
-                    out.has_output |= c.has_output();
-                    out.tool_call |= [&c.delta, &c.message]
+                    let message = c.message();
+                    out.has_output |= c.has_output(message.as_ref());
+                    out.tool_call |= [&c.delta, &message]
                         .into_iter()
                         .any(|d| d.as_ref().is_some_and(|d| d.tool_call));
                     if c.finish_reason.is_some() {
@@ -177,9 +178,10 @@ impl<'de> Deserialize<'de> for Choices {
 struct ChoiceLite<'a> {
     #[serde(default)]
     delta: Option<Delta>,
-    /// A whole (non-streamed) answer's message, read as a delta is.
-    #[serde(default)]
-    message: Option<Delta>,
+    /// A whole (non-streamed) answer's message: an object is read as a
+    /// delta is, anything else passed over.
+    #[serde(default, borrow)]
+    message: Option<&'a RawValue>,
     /// `/v1/completions` chunks carry `text` instead of `delta`.
     #[serde(default, borrow)]
     text: Option<&'a RawValue>,
@@ -188,10 +190,18 @@ struct ChoiceLite<'a> {
 }
 
 impl ChoiceLite<'_> {
-    fn has_output(&self) -> bool {
-        [&self.delta, &self.message]
-            .into_iter()
-            .any(|d| d.as_ref().is_some_and(|d| d.has_output))
+    /// The message read as a delta, if it is an object.
+    fn message(&self) -> Option<Delta> {
+        let raw = self.message?.get();
+        if !raw.trim_start().starts_with('{') {
+            return None;
+        }
+        serde_json::from_str(raw).ok()
+    }
+
+    fn has_output(&self, message: Option<&Delta>) -> bool {
+        self.delta.as_ref().is_some_and(|d| d.has_output)
+            || message.is_some_and(|m| m.has_output)
             || non_empty(self.text)
     }
 }

@@ -428,7 +428,12 @@ pub(crate) fn whole(wire: Wire, body: &[u8], refusal: Option<&Arc<Refusal>>) -> 
                         let args = t.function.and_then(|f| f.arguments).unwrap_or_default();
                         i.replace((n, j as u64), &args);
                     }
-                    if let Some(f) = m.function_call {
+                    // A `function_call` with neither name nor arguments
+                    // (`{}`) is no call, as the answer's scan reads it.
+                    if let Some(f) = m
+                        .function_call
+                        .filter(|f| f.name.is_some() || f.arguments.is_some())
+                    {
                         i.replace((n, u64::MAX), &f.arguments.unwrap_or_default());
                     }
                     if n == 0
@@ -513,6 +518,8 @@ struct ToolCall<'a> {
 
 #[derive(Deserialize)]
 struct Function<'a> {
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     arguments: Option<Cow<'a, str>>,
 }

@@ -345,15 +345,25 @@ impl<'a> P<'a> {
         let mut seen = Seen::default();
         loop {
             match self.key()? {
-                // A whole answer's `message` is read as a chunk's `delta`:
-                // its output and tool calls (the answer's quality check
-                // is skipped when it has none, `quality::whole`).
-                key @ (b"delta" | b"message") => {
-                    seen.first(if key == b"delta" { 0 } else { 3 })?;
+                b"delta" => {
+                    seen.first(0)?;
                     if self.peek()? == b'n' {
                         self.null_or_skip()?;
                     } else {
                         self.delta(info)?;
+                    }
+                }
+                // A whole answer's `message` (an object) is read as a
+                // chunk's `delta`: its output and tool calls (the answer's
+                // quality check is skipped when it has none). Any other
+                // value is passed over, as before it was read. A chunk
+                // that carries one is read the same way.
+                b"message" => {
+                    seen.first(3)?;
+                    if self.peek()? == b'{' {
+                        self.delta(info)?;
+                    } else {
+                        self.skip_value()?;
                     }
                 }
                 b"text" => {
@@ -673,6 +683,34 @@ mod tests {
             .lines()
             .map(String::from)
             .collect()
+    }
+
+    #[test]
+    fn a_whole_answers_message_is_read_as_a_delta_and_anything_else_passed_over() {
+        let corpus = corpus();
+        let whole: Vec<&String> = corpus
+            .iter()
+            .filter(|l| l.contains("\"choices\"") && l.contains("\"message\":"))
+            .collect();
+        assert_eq!(whole.len(), 3);
+        let read = |j: &str| {
+            let fast = scan(j.as_bytes()).expect("the fast path takes whole answers");
+            assert_eq!(Some(fast), chunk_info_serde(j.as_bytes()), "{j}");
+            fast
+        };
+        let calls = read(whole[0]);
+        assert!(calls.tool_call && calls.has_output);
+        assert_eq!(calls.finish_reason, Some(FinishReason::ToolCalls));
+        let text = read(whole[1]);
+        assert!(!text.tool_call && text.has_output);
+        assert_eq!(text.usage.map(|u| u.completion_tokens), Some(2));
+        let odd = read(whole[2]);
+        assert!(!odd.tool_call && !odd.has_output);
+        assert_eq!(
+            odd.usage.map(|u| u.prompt_tokens),
+            Some(1),
+            "usage is still read"
+        );
     }
 
     #[test]

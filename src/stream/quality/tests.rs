@@ -110,6 +110,19 @@ fn whole_answers_of_each_protocol() {
             refusal: false
         })
     );
+    // A legacy `function_call` with a name is a call; an empty one is not
+    // (the answer's scan reads it so, and then skips this check).
+    let named =
+        br#"{"choices":[{"index":0,"message":{"function_call":{"name":"f","arguments":"{"}}}]}"#;
+    let empty = br#"{"choices":[{"index":0,"message":{"function_call":{}}}]}"#;
+    assert_eq!(
+        whole(Wire::OpenAi, named, None).map(|v| v.invalid_tool_calls),
+        Some(1)
+    );
+    assert_eq!(
+        whole(Wire::OpenAi, empty, None).map(|v| v.tool_calls),
+        Some(0)
+    );
     let plain = br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"As an AI, I will not."}}]}"#;
     assert_eq!(whole(Wire::OpenAi, plain, None), None, "nothing to judge");
     assert!(
