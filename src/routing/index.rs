@@ -461,5 +461,45 @@ mod tests {
                 prop_assert_eq!(ix.contains(h), model.contains(h, sets));
             }
         }
+
+        /// Prompts of several blocks (one stamp each, so ties): in every
+        /// set, the table keeps as many blocks as fit, and no block it let go
+        /// was inserted after one it kept (LRU, whatever order it breaks a
+        /// tie in).
+        #[test]
+        fn with_prompts_of_several_blocks_a_set_keeps_its_newest(
+            capacity in 1usize..40,
+            // (From 1: hashes 0 and 1 share a tag, the table's one alias.)
+            prompts in prop::collection::vec(prop::collection::vec(1u64..60, 1..6), 1..120),
+        ) {
+            let ix = PrefixIndex::new(capacity);
+            let sets = ix.sets;
+            // Every block inserted: its set and the stamp of its last insert.
+            let mut last: HashMap<u64, (usize, usize)> = HashMap::new();
+            for (stamp, blocks) in prompts.iter().enumerate() {
+                ix.insert(blocks);
+                for &h in blocks {
+                    last.insert(h, (place(h, sets).0, stamp));
+                }
+            }
+            let mut kept = 0;
+            for set in 0..sets as usize {
+                let here: Vec<(u64, usize)> = last
+                    .iter()
+                    .filter(|(_, (s, _))| *s == set)
+                    .map(|(&h, &(_, stamp))| (h, stamp))
+                    .collect();
+                let (inside, outside): (Vec<_>, Vec<_>) =
+                    here.iter().partition(|(h, _)| ix.contains(*h));
+                prop_assert_eq!(inside.len(), here.len().min(WAYS));
+                let newest_gone = outside.iter().map(|(_, t)| *t).max();
+                let oldest_kept = inside.iter().map(|(_, t)| *t).min();
+                if let (Some(gone), Some(kept)) = (newest_gone, oldest_kept) {
+                    prop_assert!(gone <= kept, "set {}: {:?} kept, {:?} gone", set, inside, outside);
+                }
+                kept += inside.len();
+            }
+            prop_assert_eq!(ix.len(), kept);
+        }
     }
 }
