@@ -22,6 +22,7 @@ use sluice::api::proxy::view;
 use sluice::config::{BackendConfig, Config, PrefixKvConfig, UpstreamConfig};
 use sluice::routing::{
     Affinity, PrefixIndex, PrefixKv, ReplicaView, RoundRobin, RouteCtx, RoutingPolicy,
+    longest_prefix,
 };
 use sluice::telemetry::metrics::Metrics;
 use sluice::upstream::pool::Replica;
@@ -213,16 +214,7 @@ impl Generations {
     }
 
     fn longest_match(&self, hashes: &[u64]) -> usize {
-        let (mut lo, mut hi) = (0usize, hashes.len());
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if self.contains(hashes[mid - 1]) {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        lo
+        longest_prefix(hashes.len(), |i| self.contains(hashes[i]))
     }
 
     fn insert(&mut self, hashes: &[u64]) {

@@ -78,13 +78,33 @@ fn tag_of(slot: u64) -> u32 {
     (slot >> 32) as u32
 }
 
+/// How many of `n` blocks lead, by binary search, when `cached(i)` says
+/// whether block `i` is cached and the cached ones are a prefix.
+#[doc(hidden)] // Public for the routing benchmark's baseline, which shares it.
+pub fn longest_prefix(n: usize, mut cached: impl FnMut(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0usize, n);
+    // Invariant: the first `lo` blocks are cached; block `hi` (if any) is not.
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if cached(mid - 1) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
 /// The blocks a binary search over `n` blocks probes first, level by level
 /// (as [`PrefixIndex::longest_match`] computes them), at most `limit`.
+/// (Inline lists: no allocation on a decision; a level holds at most twice
+/// the budget.)
 fn first_probes(n: usize, limit: usize, mut each: impl FnMut(usize)) {
-    let mut level = vec![(0usize, n)];
+    type Level = smallvec::SmallVec<[(usize, usize); 2 * WARM_BUDGET]>;
+    let mut level: Level = smallvec::smallvec![(0usize, n)];
     let mut left = limit;
     while !level.is_empty() && left > 0 {
-        let mut next = Vec::with_capacity(level.len() * 2);
+        let mut next = Level::new();
         for (lo, hi) in level {
             if lo >= hi || left == 0 {
                 continue;
@@ -123,17 +143,7 @@ impl PrefixIndex {
     /// How many leading blocks of `hashes` are cached here (their sets
     /// best [`warm`](Self::warm)ed first).
     pub fn longest_match(&self, hashes: &[u64]) -> usize {
-        let (mut lo, mut hi) = (0usize, hashes.len());
-        // Invariant: the first `lo` blocks are cached; block `hi` (if any) is not.
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if self.contains(hashes[mid - 1]) {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        lo
+        longest_prefix(hashes.len(), |i| self.contains(hashes[i]))
     }
 
     /// Load, without a lock, the sets of at most `limit` of a prompt's

@@ -18,7 +18,7 @@ mod round_robin;
 pub(crate) mod sessions;
 
 pub use affinity::Affinity;
-pub use index::PrefixIndex;
+pub use index::{PrefixIndex, longest_prefix};
 pub(crate) use least_loaded::LeastLoaded;
 pub use prefix_kv::PrefixKv;
 pub use round_robin::RoundRobin;
