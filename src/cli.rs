@@ -141,6 +141,16 @@ pub struct SimArgs {
     /// --max-num-batched-tokens): prompt tokens prefilled plus one per decode.
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_num_batched_tokens: Option<u32>,
+    /// Override the profile's step time at batch size 1 (a decode step's
+    /// fixed cost: reading the weights once), e.g. `8ms`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub step_base: Option<Duration>,
+    /// Override the profile's step time added per running sequence, e.g. `100us`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub step_per_seq: Option<Duration>,
+    /// Override the profile's prefill time per prompt token, e.g. `100us`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub prefill_per_token: Option<Duration>,
     /// Turn automatic prefix caching off (every prompt computed from scratch).
     #[arg(long)]
     pub no_prefix_caching: bool,

@@ -120,6 +120,9 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
             let engine_only = [
                 (args.swap_space > 0, "--swap-space"),
                 (args.no_chunked_prefill, "--no-chunked-prefill"),
+                (args.step_base.is_some(), "--step-base"),
+                (args.step_per_seq.is_some(), "--step-per-seq"),
+                (args.prefill_per_token.is_some(), "--prefill-per-token"),
             ];
             if let Some((_, flag)) = engine_only.iter().find(|(set, _)| *set)
                 && args.profile == "fixed"
@@ -141,6 +144,13 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 p.max_num_batched_tokens = args
                     .max_num_batched_tokens
                     .unwrap_or(p.max_num_batched_tokens);
+                p.step_base = args.step_base.unwrap_or(p.step_base);
+                p.per_seq = args.step_per_seq.unwrap_or(p.per_seq);
+                p.per_prefill_token = args.prefill_per_token.unwrap_or(p.per_prefill_token);
+                anyhow::ensure!(
+                    !p.step_base.is_zero(),
+                    "--step-base must be positive (an engine step takes time)"
+                );
                 p.prefix_caching &= !args.no_prefix_caching;
                 p.swap_blocks = args.swap_space;
                 p.chunked_prefill &= !args.no_chunked_prefill;

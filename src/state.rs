@@ -40,6 +40,9 @@ pub struct AppState {
     pub limiter: Option<Arc<Limiter>>,
     /// For the `created` field of `/v1/models`.
     pub started_unix: u64,
+    /// The doctor's findings raised and not yet cleared (kept across
+    /// reloads: a pathology does not end because the config changed).
+    pub findings: Arc<crate::doctor::Held>,
 }
 
 impl AppState {
@@ -114,6 +117,7 @@ impl AppState {
             },
             |p| p.started_unix,
         );
+        let findings = previous.map_or_else(crate::doctor::Held::new, |p| p.findings.clone());
         Ok(Arc::new(Self {
             config: Arc::new(config),
             pool,
@@ -126,6 +130,7 @@ impl AppState {
             flow,
             limiter,
             started_unix,
+            findings,
         }))
     }
 }

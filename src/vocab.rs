@@ -163,11 +163,17 @@ pub enum RouteReason {
     Session,
     /// A session seen for the first time here, placed where it should stay.
     SessionNew,
+    /// A prompt whose prefix this gateway had sent nowhere yet, placed on
+    /// the less busy of the first two open replicas in its prefix's order.
+    PrefixNew,
     /// Responses: the replica that produced `previous_response_id`.
     ResponseHome,
-    /// The preferred replica's KV cache was above `kv_high`.
+    /// The preferred replica was preempting (out of KV blocks) while
+    /// another was not, or its KV cache was above `kv_high` where set.
     SpillKv,
-    /// The preferred replica's queue was above `queue_high`.
+    /// The preferred replica's own queue persisted (or every seat was
+    /// taken) while another had room, or its queue was above `queue_high`
+    /// where set.
     SpillQueue,
     /// The preferred replica's metrics were too old to trust.
     SpillStale,
@@ -188,6 +194,7 @@ impl RouteReason {
             RouteReason::Affinity => "affinity",
             RouteReason::Session => "session",
             RouteReason::SessionNew => "session_new",
+            RouteReason::PrefixNew => "prefix_new",
             RouteReason::ResponseHome => "response_home",
             RouteReason::SpillKv => "spill_kv",
             RouteReason::SpillQueue => "spill_queue",
@@ -198,12 +205,13 @@ impl RouteReason {
         }
     }
 
-    pub const ALL: [RouteReason; 12] = [
+    pub const ALL: [RouteReason; 13] = [
         RouteReason::RoundRobin,
         RouteReason::LeastLoaded,
         RouteReason::Affinity,
         RouteReason::Session,
         RouteReason::SessionNew,
+        RouteReason::PrefixNew,
         RouteReason::ResponseHome,
         RouteReason::SpillKv,
         RouteReason::SpillQueue,

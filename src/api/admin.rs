@@ -57,14 +57,14 @@ pub(crate) struct Diagnosis {
     findings: Vec<crate::doctor::Finding>,
 }
 
-/// The findings now, also set in `sluice_diagnosis_active`.
-fn diagnose_now(state: &crate::state::AppState) -> Vec<crate::doctor::Finding> {
-    let findings = crate::doctor::diagnose(
-        &state.pool,
-        &state.config,
-        &state.metrics,
-        std::time::Instant::now(),
-    );
+/// The findings held now (this evaluation's and those not yet cleared),
+/// also set in `sluice_diagnosis_active`.
+pub(crate) fn diagnose_now(state: &crate::state::AppState) -> Vec<crate::doctor::Finding> {
+    let now = std::time::Instant::now();
+    let found = crate::doctor::diagnose(&state.pool, &state.config, &state.metrics, now);
+    let findings = state
+        .findings
+        .observe(found, now, state.config.doctor.clear_after);
     crate::doctor::export(&findings, &state.pool, &state.metrics);
     findings
 }
@@ -102,6 +102,13 @@ pub(crate) struct BackendView {
     kv_num_blocks: Option<u32>,
     requests_waiting: Option<f64>,
     requests_running: Option<f64>,
+    /// The engine says it is full: requests waited at its last two scrapes.
+    engine_queued: bool,
+    /// Requests it runs at once: `max_concurrency`, or learned from its
+    /// scrapes (what runs while its queue persists); flow control's seats.
+    seats: Option<u32>,
+    /// It preempted sequences since the scrape before (out of KV blocks).
+    preempting: bool,
     prefix_cache_hit_rate: Option<f64>,
     metrics_age_seconds: Option<f64>,
     /// Prefix blocks this gateway remembers sending there.
@@ -136,6 +143,9 @@ pub(crate) async fn backends(Current(state): Current) -> Json<Vec<BackendView>> 
                 kv_num_blocks: l.as_ref().and_then(|s| s.num_blocks),
                 requests_waiting: l.as_ref().and_then(|s| s.waiting),
                 requests_running: l.as_ref().and_then(|s| s.running),
+                engine_queued: l.as_ref().is_some_and(|s| s.queued),
+                seats: r.seats(),
+                preempting: l.as_ref().is_some_and(|s| s.preempting),
                 prefix_cache_hit_rate: l.as_ref().and_then(|s| s.prefix_hit_rate),
                 metrics_age_seconds: l.as_ref().map(|s| s.at.elapsed().as_secs_f64()),
                 prefix_index_blocks: state.affinity.blocks(&r.name),

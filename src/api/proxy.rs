@@ -343,6 +343,8 @@ pub fn view(r: &Replica) -> ReplicaView {
             kv_usage: s.kv_usage,
             waiting: s.waiting,
             running: s.running,
+            queued: s.queued,
+            preempting: s.preempting,
             at: s.at,
         }),
         tpot: r.tpot_recent.fresh(LATENCY_MEMORY),

@@ -13,7 +13,14 @@ pub struct DoctorConfig {
     /// scrapes (at most the 10 minutes kept).
     #[serde(with = "humantime_serde")]
     pub window: Duration,
-    /// KV-cache thrashing: KV usage at or above this...
+    /// A finding is raised at the first evaluation that sees it (one every
+    /// scrape interval) and cleared only after its condition has been gone
+    /// this long: evidence that comes and goes between scrapes keeps it
+    /// named, with the time since which it holds.
+    #[serde(with = "humantime_serde")]
+    pub clear_after: Duration,
+    /// KV-cache thrashing: KV usage at or above this at some scrape of the
+    /// window (a scrape may land just after preemptions freed blocks)...
     pub thrashing_kv: f64,
     /// ...while the engine preempts at least this many sequences per second.
     pub thrashing_preemptions_per_second: f64,
@@ -25,8 +32,11 @@ pub struct DoctorConfig {
     pub starvation_itl: Duration,
     /// ...and at least this many requests wait, more than at the window's start.
     pub starvation_queue: f64,
-    /// Leaked KV: usage at or above this while nothing runs or waits, for
-    /// `leak_for` at least.
+    /// Leaked KV: the KV usage a replica would hold with nothing running,
+    /// at or above this for `leak_for` at least, while its running sequences
+    /// come and go: the lowest usage over that time, and the usage at its
+    /// fewest running sequences less what they hold (the line through its
+    /// fewest and most running, extended to none), both this high.
     pub leak_kv: f64,
     #[serde(with = "humantime_serde")]
     pub leak_for: Duration,
@@ -81,6 +91,7 @@ impl Default for DoctorConfig {
     fn default() -> Self {
         Self {
             window: Duration::from_secs(300),
+            clear_after: Duration::from_secs(60),
             thrashing_kv: 0.95,
             thrashing_preemptions_per_second: 1.0,
             starvation_ttft: Duration::from_secs(5),

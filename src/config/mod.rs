@@ -423,10 +423,15 @@ pub struct PrefixKvConfig {
     /// Bounded loads: the home replica is skipped while its in-flight count
     /// exceeds `load_factor` x the mean (so a hot prefix spills to the next).
     pub load_factor: f64,
-    /// A replica at or above this KV-cache usage gets no new work (spill_kv).
-    pub kv_high: f64,
-    /// A replica with this many requests waiting gets no new work (spill_queue).
-    pub queue_high: f64,
+    /// Off by default. A replica at or above this KV-cache usage gets no new
+    /// work (spill_kv), and flow control counts it full. Engines run their
+    /// KV cache near full at full batch, so a percentage says little; by
+    /// default a replica is pressed when the engine says so: requests
+    /// waiting across scrapes (spill_queue), preemptions (spill_kv).
+    pub kv_high: Option<f64>,
+    /// Off by default. A replica with this many requests waiting gets no new
+    /// work (spill_queue), and flow control counts it full.
+    pub queue_high: Option<f64>,
     /// Prefix blocks remembered per replica: 8 bytes each (the table is made
     /// zeroed at the replica's first routed prompt), rounded up to a multiple
     /// of 8, at most `MAX_INDEX_CAPACITY`. A block can only go to one set of
@@ -465,8 +470,8 @@ impl Default for PrefixKvConfig {
             max_blocks: 4096,
             home_blocks: 8,
             load_factor: 2.0,
-            kv_high: 0.9,
-            queue_high: 8.0,
+            kv_high: None,
+            queue_high: None,
             index_capacity: 1 << 18,
             detour_margin: 0.5,
             session_detour_margin: 0.9,
@@ -759,10 +764,16 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
             "must be at least 1.0".into(),
         );
     }
-    if !(0.0..=1.0).contains(&p.kv_high) {
+    if p.kv_high.is_some_and(|k| !(0.0..=1.0).contains(&k)) {
         bad(
             "routing.prefix_kv.kv_high".into(),
             "must be between 0 and 1".into(),
+        );
+    }
+    if p.queue_high.is_some_and(|q| q.is_nan() || q < 1.0) {
+        bad(
+            "routing.prefix_kv.queue_high".into(),
+            "must be at least 1".into(),
         );
     }
     let f = &config.flow_control;

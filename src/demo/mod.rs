@@ -488,12 +488,7 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
         ));
     }
     let state = gw.state();
-    let findings = crate::doctor::diagnose(
-        &state.pool,
-        &state.config,
-        &state.metrics,
-        std::time::Instant::now(),
-    );
+    let findings = crate::api::admin::diagnose_now(&state);
     let named: Vec<String> = findings
         .iter()
         .map(|f| match (&f.tier, &f.model) {

@@ -8,7 +8,10 @@
 //! evidence, so it clears by itself when the pathology ends. Thresholds are
 //! `doctor.*` (defaults from the reference articles).
 
+mod held;
 pub mod report;
+
+pub use held::Held;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,6 +68,18 @@ pub struct Finding {
     pub window_seconds: f64,
     pub cause: String,
     pub action: String,
+    /// Since when it holds (RFC 3339, UTC), and for how long: set where
+    /// findings are held ([`Held`]), not by [`diagnose`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub for_seconds: Option<f64>,
+    /// Its condition was seen at the latest evaluation; `false` while it is
+    /// held after its evidence went (for `gone_seconds`, until
+    /// `doctor.clear_after`).
+    pub active: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gone_seconds: Option<f64>,
 }
 
 fn as_str<S: serde::Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
@@ -181,7 +196,12 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                 .replica
                 .load()
                 .map(|s| now.saturating_duration_since(s.at));
-            if age.is_none_or(|a| a > stale_after) {
+            // Never read yet: stale only once it had the time to be read.
+            let stale = match age {
+                Some(a) => a > stale_after,
+                None => p.replica.known_for() > stale_after,
+            };
+            if stale {
                 out.push(finding(
                     "stale_metrics",
                     Severity::Warning,
@@ -201,17 +221,23 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
         let Some(last) = p.last() else { continue };
         let kv = last.kv_usage.unwrap_or(0.0);
         let waiting = last.waiting.unwrap_or(0.0);
-        let running = last.running.unwrap_or(0.0);
         let ttft = p.replica.ttft_recent.fresh(window);
         let tpot = p.replica.tpot_recent.fresh(window);
 
-        // KV-cache thrashing: full, and preempting.
+        // KV-cache thrashing: preempting, and full at some scrape of the
+        // window (the scrape after a preemption may see the blocks it freed).
+        let kv_max = p
+            .samples
+            .iter()
+            .filter_map(|s| s.kv_usage)
+            .fold(kv, f64::max);
         if let Some(rate) = p.rate(|s| s.preemptions)
-            && kv >= d.thrashing_kv
+            && kv_max >= d.thrashing_kv
             && rate >= d.thrashing_preemptions_per_second
         {
             let mut ev = vec![
                 ("kv_cache_usage", round(kv, 3)),
+                ("kv_cache_usage_max", round(kv_max, 3)),
                 ("preemptions_per_second", round(rate, 2)),
             ];
             if let Some(t) = ttft {
@@ -327,33 +353,22 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
                 ));
             }
         }
-        // Leaked KV: memory held while nothing runs or waits.
-        let idle_full: Vec<&LoadSample> = p
-            .samples
-            .iter()
-            .rev()
-            .take_while(|s| {
-                s.kv_usage.unwrap_or(0.0) >= d.leak_kv
-                    && s.running.unwrap_or(0.0) == 0.0
-                    && s.waiting.unwrap_or(0.0) == 0.0
-            })
-            .collect();
-        if let (Some(newest), Some(oldest)) = (idle_full.first(), idle_full.last()) {
-            let held = newest.at.saturating_duration_since(oldest.at);
-            if held >= d.leak_for && p.replica.in_flight() == 0 {
-                out.push(finding(
-                    "leaked_kv",
-                    Severity::Warning,
-                    evidence(&[
-                        ("kv_cache_usage", round(kv, 3)),
-                        ("requests_running", round(running, 0)),
-                        ("requests_waiting", round(waiting, 0)),
-                        ("held_seconds", round(held.as_secs_f64(), 1)),
-                    ]),
-                    "KV blocks stay allocated with no request running or waiting: finished or aborted requests did not free them".into(),
-                    "restart the replica (drain it first); report the engine version: some exit path does not free its blocks".into(),
-                ));
-            }
+        // Leaked KV: memory held that no running sequence accounts for.
+        if let Some(l) = leak(p, d, now) {
+            out.push(finding(
+                "leaked_kv",
+                Severity::Warning,
+                evidence(&[
+                    ("kv_cache_usage", round(kv, 3)),
+                    ("kv_cache_usage_floor", round(l.floor, 3)),
+                    ("kv_held_with_nothing_running", round(l.idle, 3)),
+                    ("requests_running_min", round(l.running_min, 0)),
+                    ("requests_running_max", round(l.running_max, 0)),
+                    ("held_seconds", round(l.held, 1)),
+                ]),
+                "KV blocks stay allocated that no running request accounts for: finished or aborted requests did not free them".into(),
+                "restart the replica (drain it first); report the engine version: some exit path does not free its blocks".into(),
+            ));
         }
     }
     // Across replicas: one much slower than its peers; queues piled on one.
@@ -422,6 +437,66 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
     throughput(metrics, d, window, now, &mut out);
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
+}
+
+/// The evidence of a leak on one replica.
+struct Leak {
+    /// The lowest KV usage over `leak_for`.
+    floor: f64,
+    /// The usage it would hold with nothing running (see [`leak`]).
+    idle: f64,
+    running_min: f64,
+    running_max: f64,
+    /// Seconds of scrapes it was read over.
+    held: f64,
+}
+
+/// A KV floor that stays high while running sequences come and go: over the
+/// scrapes of the last `leak_for` (covering at least 80% of it), the lowest
+/// KV usage is at or above `leak_kv`, and so is what the replica would hold
+/// with nothing running: the usage at its fewest running sequences less
+/// what they hold, read off the line through its scrapes with the fewest
+/// and the most running (a replica always at one batch size says nothing:
+/// no line; one that ran nothing holds what it shows). A busy replica whose
+/// usage follows its batch extends to about zero, however full it runs; a
+/// replica that still serves traffic but never frees a leaked share keeps
+/// that share at every batch size.
+fn leak(p: &Patient<'_>, d: &DoctorConfig, now: Instant) -> Option<Leak> {
+    let recent: Vec<(f64, f64, Instant)> = p
+        .samples
+        .iter()
+        .filter(|s| now.saturating_duration_since(s.at) <= d.leak_for)
+        .filter_map(|s| Some((s.kv_usage?, s.running.unwrap_or(0.0), s.at)))
+        .collect();
+    let (first, last) = (recent.first()?, recent.last()?);
+    let held = last.2.saturating_duration_since(first.2);
+    if held.as_secs_f64() < 0.8 * d.leak_for.as_secs_f64() || recent.len() < 3 {
+        return None;
+    }
+    let floor = recent.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
+    let running_min = recent.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
+    let running_max = recent.iter().map(|r| r.1).fold(0.0, f64::max);
+    // The mean usage at the fewest and at the most running sequences.
+    let mean_at = |r: f64| {
+        let at: Vec<f64> = recent.iter().filter(|x| x.1 == r).map(|x| x.0).collect();
+        at.iter().sum::<f64>() / at.len().max(1) as f64
+    };
+    let (low, high) = (mean_at(running_min), mean_at(running_max));
+    let idle = if running_min == 0.0 {
+        low
+    } else if running_max > running_min {
+        let per_sequence = ((high - low) / (running_max - running_min)).max(0.0);
+        low - per_sequence * running_min
+    } else {
+        return None;
+    };
+    (floor >= d.leak_kv && idle >= d.leak_kv).then_some(Leak {
+        floor,
+        idle,
+        running_min,
+        running_max,
+        held: held.as_secs_f64(),
+    })
 }
 
 /// How little a replica did over the window.
@@ -594,6 +669,10 @@ impl Finding {
             window_seconds: (secs * 10.0).round() / 10.0,
             cause: cause.into(),
             action: action.into(),
+            since: None,
+            for_seconds: None,
+            active: true,
+            gone_seconds: None,
         }
     }
 }

@@ -35,6 +35,18 @@ struct Finding {
     window_seconds: f64,
     cause: String,
     action: String,
+    #[serde(default)]
+    since: Option<String>,
+    #[serde(default)]
+    for_seconds: Option<f64>,
+    #[serde(default = "yes")]
+    active: bool,
+    #[serde(default)]
+    gone_seconds: Option<f64>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// GET `path` from a gateway's admin listener (for the commands that read a
@@ -74,6 +86,17 @@ pub async fn run(admin: &Url, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A duration for a person: `45 s`, `12 min`, `3.5 h`.
+fn ago(secs: f64) -> String {
+    if secs < 120.0 {
+        format!("{secs:.0} s")
+    } else if secs < 7200.0 {
+        format!("{:.0} min", secs / 60.0)
+    } else {
+        format!("{:.1} h", secs / 3600.0)
+    }
+}
+
 fn text(d: &Diagnosis) -> String {
     if d.findings.is_empty() {
         return "healthy: no pathology found".into();
@@ -94,7 +117,17 @@ fn text(d: &Diagnosis) -> String {
             (_, Some(m)) => format!("model {m}"),
             _ => f.backend.clone(),
         };
-        out.push_str(&format!("\n{sev}  {}  on {on}\n", f.pathology));
+        out.push_str(&format!("\n{sev}  {}  on {on}", f.pathology));
+        if let (Some(since), Some(secs)) = (&f.since, f.for_seconds) {
+            out.push_str(&format!("  since {since} ({})", ago(secs)));
+        }
+        if !f.active {
+            let gone = f
+                .gone_seconds
+                .map_or_else(String::new, |g| format!(" {}", ago(g)));
+            out.push_str(&format!("  [not seen{gone} ago; held until it stays gone]"));
+        }
+        out.push('\n');
         let ev: Vec<String> = f.evidence.iter().map(|(k, v)| format!("{k}={v}")).collect();
         out.push_str(&format!("  evidence: {}", ev.join(", ")));
         if f.window_seconds > 0.0 {

@@ -1,13 +1,18 @@
 //! Room on a replica, and the rules flow control reads from the config.
 //!
-//! A replica has no room while its last fresh scrape shows KV-cache usage at
-//! or above `routing.prefix_kv.kv_high` or `queue_high` requests waiting
-//! (the thresholds routing spills at). Otherwise, when its seats are known
-//! (`backends[].max_concurrency`, or learned from its scrapes by the pool),
-//! the room is the seats less what occupies them (`Replica::busy`: this
+//! A replica is full when the engine says so: its last fresh scrape and the
+//! one before both show requests waiting (`LoadSample::queued`: a queue that
+//! outlives a scrape interval is one the engine could not take in). Its KV
+//! usage is not a stop sign: engines run their KV cache near full at full
+//! batch, and one that runs out of blocks queues or preempts, which shows.
+//! (`routing.prefix_kv.kv_high` and `queue_high`, off by default, add
+//! thresholds of the operator's own.) Otherwise, when its seats are known
+//! (`backends[].max_concurrency`, or learned from its scrapes by the pool:
+//! what runs while the engine queues, probed upward while it does not), the
+//! room is the seats less what occupies them (`Replica::busy`: this
 //! gateway's requests in flight there, live, and other gateways', seen at the
-//! last scrape), less the streams about to end. Seats unknown and no
-//! pressure: open.
+//! last scrape), less the streams about to end. Seats unknown and no queue:
+//! open.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,8 +38,8 @@ pub(crate) struct Rules {
     pub output_weight: f64,
     pub recheck: Duration,
     max_wait: Duration,
-    kv_high: f64,
-    queue_high: f64,
+    kv_high: Option<f64>,
+    queue_high: Option<f64>,
     /// `None`: scraping is off (no pressure information).
     stale_after: Option<Duration>,
     /// Tier name -> (band, max_wait).
@@ -122,8 +127,11 @@ impl Rules {
                 .filter(|s| now.saturating_duration_since(s.at) <= max_age)
         });
         if let Some(s) = &fresh
-            && (s.kv_usage.unwrap_or(0.0) >= self.kv_high
-                || s.waiting.unwrap_or(0.0) >= self.queue_high)
+            && (s.queued
+                || self.kv_high.is_some_and(|k| s.kv_usage.unwrap_or(0.0) >= k)
+                || self
+                    .queue_high
+                    .is_some_and(|q| s.waiting.unwrap_or(0.0) >= q))
         {
             return Room::Seats {
                 top: 0,

@@ -52,6 +52,10 @@ pub struct LoadView {
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
     pub running: Option<f64>,
+    /// Requests waited at this scrape and the one before: the engine is full.
+    pub queued: bool,
+    /// It preempted sequences since the scrape before: out of KV blocks.
+    pub preempting: bool,
     /// When it was scraped.
     pub at: Instant,
 }

@@ -102,7 +102,17 @@ impl Blocked {
 
 struct View {
     blocked: Blocked,
+    /// What the engine says of itself: its queue outlived a scrape
+    /// (`Queue`) or it preempted (`Kv`). It blocks new work only while some
+    /// other candidate says neither (`pick`): when every replica is full,
+    /// the cache decides where the wait is shortest.
+    pressed: Blocked,
     in_flight: f64,
+    /// This gateway's requests in flight there plus the engine's own queue
+    /// at its last fresh scrape (`least_loaded::work`), for placing new keys.
+    work: f64,
+    /// Scraped KV-cache usage (0 unknown): a tiebreak, never a stop.
+    kv: f64,
     /// Leading prompt blocks this gateway's index says are cached there.
     matched: usize,
     /// Tokens ahead of a new request there.
@@ -110,6 +120,10 @@ struct View {
     rate: Option<f64>,
     memory: Arc<ReplicaMemory>,
 }
+
+/// Requests in flight a prefix's home may carry above its fair share
+/// before its bounded load spills new requests elsewhere (see `prefix_home`).
+const LOAD_SLACK: f64 = 8.0;
 
 /// A replica's rendezvous weight for a key (stable across processes).
 pub(crate) fn rendezvous(key: u64, name: &str) -> u64 {
@@ -121,6 +135,37 @@ fn order(key: u64, candidates: &[ReplicaView]) -> Vec<usize> {
     let mut o: Vec<usize> = (0..candidates.len()).collect();
     o.sort_by_key(|&i| std::cmp::Reverse(rendezvous(key, &candidates[i].name)));
     o
+}
+
+/// A new key's replica: of the first `choices` replicas in the key's
+/// rendezvous order that pass `eligible`, the one with the least work (this
+/// gateway's requests in flight there and the engine's own queue), then with
+/// less prefill queued by this gateway, then the earlier in the order.
+/// Gateways given the same scrapes, with nothing in flight, choose alike
+/// (the engine's queue, not its running count or KV usage, which move with
+/// every step: two gateways scraping a moment apart would read them
+/// differently); with two choices, a key has at most two homes whatever
+/// they disagree on.
+fn place(
+    ranked: &[usize],
+    views: &[View],
+    choices: usize,
+    eligible: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    ranked
+        .iter()
+        .copied()
+        .filter(|&i| eligible(i))
+        .take(choices)
+        .enumerate()
+        .min_by(|&(ra, a), &(rb, b)| {
+            let (va, vb) = (&views[a], &views[b]);
+            va.work
+                .total_cmp(&vb.work)
+                .then(va.ahead.total_cmp(&vb.ahead))
+                .then(ra.cmp(&rb))
+        })
+        .map(|(_, i)| i)
 }
 
 /// Where a request belongs, and why.
@@ -147,6 +192,19 @@ impl RoutingPolicy for PrefixKv {
             return None;
         }
         let mut views: Vec<View> = candidates.iter().map(|r| self.view(ctx, r)).collect();
+        // The engine's own word blocks new work only while another replica
+        // has room: when all are full, waiting where the cache is beats
+        // waiting anywhere.
+        if views
+            .iter()
+            .any(|v| v.blocked == Blocked::No && v.pressed == Blocked::No)
+        {
+            for v in &mut views {
+                if v.blocked == Blocked::No {
+                    v.blocked = v.pressed;
+                }
+            }
+        }
         self.warm(ctx, &views);
         if !ctx.hashes.is_empty() {
             for v in &mut views {
@@ -205,8 +263,12 @@ impl RoutingPolicy for PrefixKv {
             v.rate.unwrap_or(fleet_rate) * (v.ahead + uncached)
         };
         let stay = predict(home.index, home.history);
-        let best =
-            open().min_by(|&a, &b| predict(a, 0).total_cmp(&predict(b, 0)).then(a.cmp(&b)))?;
+        let best = open().min_by(|&a, &b| {
+            predict(a, 0)
+                .total_cmp(&predict(b, 0))
+                .then(views[a].kv.total_cmp(&views[b].kv))
+                .then(a.cmp(&b))
+        })?;
         // A session is worth more than this turn's cache: its next turns
         // come back to its home. Its turns leave only for a much faster
         // replica, and an explicit session's first turn does not leave (its
@@ -261,14 +323,24 @@ impl PrefixKv {
             None if self.stale_after.is_none() && r.full => Blocked::Queue,
             None if self.stale_after.is_none() => Blocked::No,
             None => Blocked::Stale,
-            Some(_) if kv >= c.kv_high => Blocked::Kv,
-            Some(_) if waiting.unwrap_or(0.0) >= c.queue_high || r.full => Blocked::Queue,
+            Some(_) if c.kv_high.is_some_and(|k| kv >= k) => Blocked::Kv,
+            Some(_) if r.full || c.queue_high.is_some_and(|q| waiting.unwrap_or(0.0) >= q) => {
+                Blocked::Queue
+            }
             Some(_) => Blocked::No,
+        };
+        let pressed = match fresh {
+            Some(s) if s.queued => Blocked::Queue,
+            Some(s) if s.preempting => Blocked::Kv,
+            _ => Blocked::No,
         };
         let memory = self.affinity.of(&r.name, ctx.now);
         View {
             blocked,
+            pressed,
             in_flight: f64::from(r.in_flight),
+            work: least_loaded::work(r, ctx, self.stale_after),
+            kv,
             // (Read in `pick`, after `warm`.)
             matched: 0,
             ahead: memory.load.ahead(waiting),
@@ -393,42 +465,63 @@ impl PrefixKv {
             .copied()
     }
 
-    /// The home of a request by its prompt's prefix.
+    /// The home of a request by its prompt's prefix: a replica this
+    /// gateway already sent the prefix to, first in the prefix's rendezvous
+    /// order, while it is open and within its bounded load. Otherwise (a
+    /// prefix new here, or its holders pressed or past their bound) a new
+    /// home: the less busy of the first two open replicas within their bound
+    /// in that order ([`place`]), so cold prefills spread instead of queueing
+    /// on one replica, and a prefix that outgrows its home gets a second one.
+    /// A prompt shorter than a block has no prefix to keep: the least busy
+    /// open replica.
     fn prefix_home(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView], views: &[View]) -> Home {
         let c = &self.cfg;
         let n = candidates.len();
         let key = self
             .home_key(ctx.hashes)
-            // Shorter than a block: the model alone decides the home.
+            // Shorter than a block: the model alone orders the replicas.
             .unwrap_or_else(|| xxh3_64_with_seed(ctx.model.as_bytes(), 0));
         let ranked = order(key, candidates);
-        // Bounded loads: a replica's fair share of what is in flight, plus one.
+        // Bounded loads: `load_factor` times a replica's fair share of what
+        // is in flight (this request included), and never fewer than
+        // `LOAD_SLACK` requests above that share: leaving a holder costs a
+        // cold prefill elsewhere, which a few requests more in a batch of
+        // dozens never cost. (At 1.25-2x alone, the cold start's handful of
+        // requests in flight crossed the bound by chance and spilled
+        // prefills onto replicas busy with their own.)
         let total: f64 = views.iter().map(|v| v.in_flight).sum();
-        let bound = (c.load_factor * (total + 1.0) / n as f64).ceil().max(1.0);
+        let share = (total + 1.0) / n as f64;
+        let bound = (c.load_factor * share).max(share + LOAD_SLACK).ceil();
         let open = |i: usize| views[i].blocked == Blocked::No;
         let within = |i: usize| views[i].in_flight < bound;
-        let preferred = ranked[0];
-        if open(preferred) && within(preferred) {
+        let home_len = c.home_blocks.min(ctx.hashes.len());
+        let holders = || {
+            ranked
+                .iter()
+                .copied()
+                .filter(move |&i| home_len > 0 && views[i].matched >= home_len)
+        };
+        if let Some(i) = holders().find(|&i| open(i) && within(i)) {
             return Home {
-                index: preferred,
+                index: i,
                 reason: RouteReason::Affinity,
                 history: 0,
                 moved: false,
             };
         }
-        let next = ranked
-            .iter()
-            .copied()
-            .find(|&i| open(i) && within(i))
-            .or_else(|| ranked.iter().copied().find(|&i| open(i)))
-            .unwrap_or(preferred);
-        let reason = match views[preferred].blocked {
-            Blocked::No if !within(preferred) => RouteReason::SpillLoad,
-            Blocked::No => RouteReason::LeastLoaded,
-            b => b.spill(),
+        // Why the prefix's home could not keep it.
+        let reason = match holders().next() {
+            Some(h) if open(h) => RouteReason::SpillLoad,
+            Some(h) => views[h].blocked.spill(),
+            None if home_len == 0 => RouteReason::LeastLoaded,
+            None => RouteReason::PrefixNew,
         };
+        let choices = if home_len == 0 { n } else { 2 };
+        let index = place(&ranked, views, choices, |i| open(i) && within(i))
+            .or_else(|| place(&ranked, views, choices, open))
+            .unwrap_or(ranked[0]);
         Home {
-            index: next,
+            index,
             reason,
             history: 0,
             moved: false,
@@ -489,6 +582,8 @@ mod tests {
             kv_usage: Some(kv),
             waiting: Some(waiting),
             running: Some(1.0),
+            queued: waiting >= 1.0,
+            preempting: false,
             at: Instant::now(),
         }
     }
@@ -572,7 +667,18 @@ mod tests {
 
     #[test]
     fn independent_gateways_agree_and_prefixes_spread() {
-        let (a, b) = (replicas(4), replicas(4));
+        let (mut a, mut b) = (replicas(4), replicas(4));
+        // The same scrapes: the engines' queues are uneven (queues no
+        // longer than a scrape, so no replica is pressed).
+        for (i, waiting) in [3.0, 0.0, 5.0, 1.0].into_iter().enumerate() {
+            let s = LoadView {
+                queued: false,
+                ..sample(0.1, waiting)
+            };
+            a[i].load = Some(s);
+            b[i].load = Some(s);
+        }
+        let waiting = |r: &ReplicaView| r.load.and_then(|l| l.waiting).unwrap_or(0.0);
         let (pa, pb) = (policy(), policy());
         let mut used = std::collections::HashSet::new();
         for key in 0..40u64 {
@@ -580,24 +686,102 @@ mod tests {
             let da = pick(&pa, &a, &h);
             let db = pick(&pb, &b, &h);
             assert_eq!(da.index, db.index, "prefix {key}");
-            assert_eq!(da.reason, RouteReason::Affinity);
-            used.insert(da.index);
+            assert_eq!(da.reason, RouteReason::PrefixNew);
+            // Of its first two replicas in rendezvous order, the one with the
+            // shorter queue.
+            let ranked = order(h[1], &a);
+            let want = if waiting(&a[ranked[1]]) < waiting(&a[ranked[0]]) {
+                ranked[1]
+            } else {
+                ranked[0]
+            };
+            assert_eq!(da.index, want, "prefix {key}");
+            // Its next request goes where this one went, whatever the load.
+            assert_eq!(pick(&pa, &a, &h).reason, RouteReason::Affinity);
+            assert_eq!(pick(&pa, &a, &h).index, da.index);
         }
-        assert_eq!(used.len(), 4, "40 prefixes use all 4 replicas");
+        // On an even fleet, hashing alone spreads the prefixes.
+        let even = replicas(4);
+        for key in 100..140u64 {
+            used.insert(pick(&pa, &even, &[key, key + 1000]).index);
+        }
+        assert_eq!(used.len(), 4, "40 prefixes use all 4 replicas: {used:?}");
     }
 
     #[test]
-    fn pressure_and_staleness_spill() {
+    fn cold_prefills_spread_where_hashing_alone_piles_them() {
+        // 16 new prefixes arrive before any is served: each one's request
+        // occupies the replica it went to.
+        let spread = |load_aware: bool| {
+            let mut reps = replicas(4);
+            let p = policy();
+            let mut per = [0u32; 4];
+            for key in 0..16u64 {
+                let h = [key * 7919, key * 7919 + 1];
+                let i = if load_aware {
+                    pick(&p, &reps, &h).index
+                } else {
+                    order(h[1], &reps)[0]
+                };
+                per[i] += 1;
+                reps[i].in_flight += 1;
+            }
+            per
+        };
+        let hashed = spread(false);
+        let placed = spread(true);
+        let gap = |p: [u32; 4]| p.iter().max().unwrap_or(&0) - p.iter().min().unwrap_or(&0);
+        // Fixed keys: rendezvous alone puts them 7/3/3/3 here.
+        let most = |p: [u32; 4]| p.iter().copied().max().unwrap_or(0);
+        // Fixed keys: rendezvous alone puts them 3/6/6/1 here; the less busy
+        // of two choices, 4/4/5/3.
+        assert!(gap(hashed) >= 4, "{hashed:?} {placed:?}");
+        assert!(gap(placed) <= 2, "{placed:?} (hashing alone: {hashed:?})");
+        assert!(most(placed) <= 5, "{placed:?}");
+    }
+
+    #[test]
+    fn pressure_is_what_the_engine_says_and_spills() {
         let mut reps = replicas(3);
         let p = policy();
         let h = [7, 8, 9];
         let home = pick(&p, &reps, &h).index;
+        // A KV cache near full is how engines run at full batch: no spill.
         reps[home].load = Some(sample(0.97, 0.0));
+        let d = pick(&p, &reps, &h);
+        assert_eq!((d.index, d.reason), (home, RouteReason::Affinity));
+        // Preempting (out of blocks) while others are not: spill_kv.
+        reps[home].load = Some(LoadView {
+            preempting: true,
+            ..sample(0.97, 0.0)
+        });
         let d = pick(&p, &reps, &h);
         assert_ne!(d.index, home);
         assert_eq!(d.reason, RouteReason::SpillKv);
-        reps[home].load = Some(sample(0.2, 50.0));
-        assert_eq!(pick(&p, &reps, &h).reason, RouteReason::SpillQueue);
+        // That replica is now the prefix's second home, on purpose.
+        let second = pick(&p, &reps, &h);
+        assert_eq!(
+            (second.index, second.reason),
+            (d.index, RouteReason::Affinity)
+        );
+        // A queue that outlived a scrape while others have none: spill_queue.
+        let h = [17, 18, 19];
+        let home = pick(&p, &reps, &h).index;
+        reps[home].load = Some(sample(0.2, 2.0));
+        let d = pick(&p, &reps, &h);
+        assert_ne!(d.index, home);
+        assert_eq!(d.reason, RouteReason::SpillQueue);
+        // Every replica queued: none has room, the cache decides.
+        for r in &mut reps {
+            r.load = Some(sample(0.5, 3.0));
+        }
+        let d = pick(&p, &reps, &h);
+        assert_eq!((d.index, d.reason), (home, RouteReason::Affinity));
+        for r in &mut reps {
+            r.load = Some(sample(0.1, 0.0));
+        }
+        let h = [27, 28, 29];
+        let home = pick(&p, &reps, &h).index;
         let mut old = sample(0.1, 0.0);
         old.at = Instant::now() - Duration::from_secs(60);
         reps[home].load = Some(old);
@@ -606,9 +790,32 @@ mod tests {
         let back = pick(&p, &reps, &h);
         assert_eq!((back.index, back.reason), (home, RouteReason::Affinity));
         for r in &mut reps {
-            r.load = Some(sample(0.99, 0.0));
+            r.load = Some(old);
         }
         assert_eq!(pick(&p, &reps, &h).reason, RouteReason::Fallback);
+    }
+
+    #[test]
+    fn an_operators_thresholds_still_stop_new_work() {
+        let cfg = PrefixKvConfig {
+            kv_high: Some(0.9),
+            queue_high: Some(8.0),
+            ..PrefixKvConfig::default()
+        };
+        let t = (64, Duration::from_secs(60));
+        let p = PrefixKv::new(cfg, Some(Duration::from_secs(5)), Affinity::new(1024, t, t));
+        let mut reps = replicas(3);
+        let h = [1, 2, 3];
+        let home = pick(&p, &reps, &h).index;
+        reps[home].load = Some(sample(0.95, 0.0));
+        assert_eq!(pick(&p, &reps, &h).reason, RouteReason::SpillKv);
+        let h = [4, 5, 6];
+        let home = pick(&p, &reps, &h).index;
+        reps[home].load = Some(LoadView {
+            queued: false,
+            ..sample(0.2, 9.0)
+        });
+        assert_eq!(pick(&p, &reps, &h).reason, RouteReason::SpillQueue);
     }
 
     #[test]
@@ -644,15 +851,27 @@ mod tests {
         let h = [42, 43];
         let mut per = [0usize; 3];
         let mut spilled = 0;
-        for _ in 0..12 {
+        for k in 0..60 {
             let d = pick(&p, &reps, &h);
             per[d.index] += 1;
             spilled += usize::from(d.reason == RouteReason::SpillLoad);
             reps[d.index].in_flight += 1;
+            if k < 8 {
+                // A few requests above its share never move a prefix: a
+                // spill would cost a cold prefill elsewhere.
+                assert_eq!(
+                    d.reason,
+                    if k == 0 {
+                        RouteReason::PrefixNew
+                    } else {
+                        RouteReason::Affinity
+                    }
+                );
+            }
         }
-        // No replica beyond its bounded share (load_factor x 12 / 3, plus the
+        // No replica beyond its bounded share (load_factor x 60 / 3, plus the
         // request that reaches the bound), and more than one replica used.
-        let share = (PrefixKvConfig::default().load_factor * 12.0 / 3.0).ceil() as usize + 1;
+        let share = (PrefixKvConfig::default().load_factor * 60.0 / 3.0).ceil() as usize + 1;
         assert!(per.iter().all(|&n| n <= share), "{per:?}");
         assert!(per.iter().filter(|&&n| n > 0).count() >= 2, "{per:?}");
         assert!(spilled > 0);

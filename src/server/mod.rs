@@ -104,6 +104,23 @@ fn spawn_background(state: &Arc<AppState>) -> anyhow::Result<Vec<JoinHandle<()>>
             m.interval,
         )));
     }
+    // The doctor evaluates every scrape interval, so a finding is raised
+    // when its evidence shows and held (`doctor.clear_after`) whether or
+    // not anyone asks in between.
+    let every = if m.enabled {
+        m.interval
+    } else {
+        Duration::from_secs(1)
+    };
+    let watched = state.clone();
+    background.push(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            crate::api::admin::diagnose_now(&watched);
+        }
+    }));
     if !state.config.discovery.dns.is_empty() {
         let resolver = Arc::new(
             discovery::resolver(state.config.discovery.nameserver)

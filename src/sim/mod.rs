@@ -289,6 +289,9 @@ async fn metrics(State(s): State<Arc<SimState>>) -> Response {
         MetricsMode::Error => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         MetricsMode::Hang => return std::future::pending().await,
     }
+    if c.preempting {
+        s.metrics.preemptions.inc();
+    }
     let text = s.metrics.render_with(
         s.config.dialect,
         &s.config.model,
@@ -343,6 +346,9 @@ pub struct Control {
     pub kv_usage: Option<f64>,
     /// Report this many waiting requests instead of the engine's.
     pub waiting: Option<f64>,
+    /// Count one more preemption at every `/metrics` read (an engine out of
+    /// KV blocks, as its scrapes show it).
+    pub preempting: bool,
     /// `ok`, `error` (500) or `hang` (never answers): a replica whose metrics go stale.
     pub metrics: MetricsMode,
 }

@@ -218,7 +218,14 @@ impl Replica {
     }
 
     pub fn set_load(&self, mut s: LoadSample) {
-        self.learn_seats(self.load.load().as_deref(), &s);
+        let prev = self.load.load();
+        if let Some(p) = prev.as_deref() {
+            s.queued = s.waiting.is_some_and(|w| w >= 1.0) && p.waiting.is_some_and(|w| w >= 1.0);
+            // A restarted engine's counter starts again: only a rise counts.
+            s.preempting = matches!((p.preemptions, s.preemptions), (Some(a), Some(b)) if b > a);
+        }
+        drop(prev);
+        self.learn_seats(&s);
         s.cached_predicted = Some(self.series.cached_predicted.get() as f64);
         s.cached_actual = Some(self.series.cached_actual.get() as f64);
         s.attempts = Some(self.series.attempts.get() as f64);
@@ -287,7 +294,7 @@ impl Replica {
     /// gateway keeps it exactly at that and it queues nothing, probe upward
     /// (a sixteenth at a time): the limit may have been KV memory, which
     /// frees as sequences end.
-    fn learn_seats(&self, prev: Option<&LoadSample>, s: &LoadSample) {
+    fn learn_seats(&self, s: &LoadSample) {
         if self.configured_seats.is_some() {
             return;
         }
@@ -295,7 +302,7 @@ impl Replica {
             return;
         };
         let learned = self.learned_seats.load(Relaxed);
-        if waiting >= 1.0 && prev.and_then(|p| p.waiting).is_some_and(|w| w >= 1.0) {
+        if s.queued {
             if running >= 1.0 {
                 self.learned_seats.store(running.round() as u32, Relaxed);
             }
@@ -303,6 +310,12 @@ impl Replica {
             self.learned_seats
                 .store(learned + (learned / 16).max(1), Relaxed);
         }
+    }
+
+    /// How long this gateway has known the replica (since its config or
+    /// discovery listed it).
+    pub fn known_for(&self) -> Duration {
+        self.epoch.elapsed()
     }
 
     fn now_ms(&self) -> u64 {

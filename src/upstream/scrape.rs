@@ -175,6 +175,8 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
         prefix_elsewhere: None,
         gpu_util: None,
         gpu_memory: None,
+        queued: false,
+        preempting: false,
         at,
     }
 }

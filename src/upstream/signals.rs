@@ -41,6 +41,14 @@ pub struct LoadSample {
     /// (0..1 of used + free, over its GPUs).
     pub gpu_util: Option<f64>,
     pub gpu_memory: Option<f64>,
+    /// The engine's own word that it is full: requests were waiting at this
+    /// scrape and at the one before (a scrape interval is dozens of engine
+    /// steps: a queue that outlives it is one the engine could not take in).
+    /// Set by `Replica::set_load` from the previous sample.
+    pub queued: bool,
+    /// Its preemption counter rose since the previous scrape: it ran out of
+    /// KV blocks for the sequences it runs (set likewise).
+    pub preempting: bool,
     pub at: Instant,
 }
 
@@ -67,6 +75,8 @@ impl LoadSample {
             prefix_elsewhere: None,
             gpu_util: None,
             gpu_memory: None,
+            queued: false,
+            preempting: false,
             at,
         }
     }

@@ -18,6 +18,9 @@ fn doctor_config(urls: &[String]) -> Config {
     c.routing.metrics.stale_after = Duration::from_millis(1000);
     c.doctor.window = Duration::from_secs(3);
     c.doctor.leak_for = Duration::from_millis(500);
+    // Findings held 300 ms after their evidence goes (one clears in time
+    // for these tests; holding is tested on its own).
+    c.doctor.clear_after = Duration::from_millis(300);
     // Off (no median batch is below 0): these tests' light traffic would
     // otherwise be named underutilised; its own test turns it on.
     c.doctor.underused_batch = 0.0;
@@ -830,4 +833,77 @@ async fn prompts_that_share_only_an_opening_are_not_counted_as_scattered() {
             _ => assert_eq!(n, 7.0),
         }
     }
+}
+
+/// The findings' JSON objects.
+async fn finding_objects(gw: &Gateway) -> Vec<serde_json::Value> {
+    let (status, body) = get_text(&format!("{}/admin/diagnose", admin(gw))).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["findings"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_finding_whose_evidence_comes_and_goes_stays_named_since_it_began() {
+    let sims = [start_sim(fast_sim()).await, start_sim(fast_sim()).await];
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut c = doctor_config(&urls);
+    c.doctor.clear_after = Duration::from_secs(2);
+    let gw = start_routed(c, 2).await;
+    let a = label(&sims[0]);
+    let queue = |on: bool| {
+        let mut c = sims[0].state.control();
+        c.waiting = on.then_some(30.0);
+        sims[0].state.set_control(c);
+    };
+    let uneven = |gw: &Gateway| {
+        let a = a.clone();
+        let gw_admin = admin(gw);
+        async move {
+            let (_, body) = get_text(&format!("{gw_admin}/admin/diagnose")).await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            v["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["pathology"] == "uneven_queues" && f["backend"] == a.as_str())
+                .cloned()
+        }
+    };
+    // Raised at the first evaluation that sees it, with since when.
+    queue(true);
+    wait_until("uneven queues named", Duration::from_secs(10), || async {
+        uneven(&gw).await.is_some_and(|f| f["active"] == true)
+    })
+    .await;
+    let first = uneven(&gw).await.unwrap();
+    let since = first["since"].as_str().unwrap().to_string();
+    assert!(since.ends_with('Z'), "{first}");
+    assert!(first["for_seconds"].as_f64().is_some(), "{first}");
+    // The queue drains: the finding stays, marked as not seen now, with the
+    // same start.
+    queue(false);
+    wait_until(
+        "evidence gone, finding held",
+        Duration::from_secs(10),
+        || async { uneven(&gw).await.is_some_and(|f| f["active"] == false) },
+    )
+    .await;
+    let held = uneven(&gw).await.unwrap();
+    assert_eq!(held["since"], since.as_str(), "{held}");
+    assert!(held["gone_seconds"].as_f64().is_some(), "{held}");
+    // It comes back within the hold: the same episode, the same start.
+    queue(true);
+    wait_until("seen again", Duration::from_secs(10), || async {
+        uneven(&gw).await.is_some_and(|f| f["active"] == true)
+    })
+    .await;
+    assert_eq!(uneven(&gw).await.unwrap()["since"], since.as_str());
+    // Gone for longer than `clear_after`: cleared.
+    queue(false);
+    wait_until("cleared", Duration::from_secs(10), || async {
+        uneven(&gw).await.is_none()
+    })
+    .await;
+    assert!(finding_objects(&gw).await.is_empty());
 }

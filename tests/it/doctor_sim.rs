@@ -20,6 +20,9 @@ fn doctor_config(urls: &[String]) -> Config {
     c.routing.metrics.stale_after = Duration::from_millis(1000);
     c.doctor.window = Duration::from_secs(3);
     c.doctor.leak_for = Duration::from_millis(500);
+    // Findings held 300 ms after their evidence goes (one clears in time
+    // for these tests; holding is tested on its own).
+    c.doctor.clear_after = Duration::from_millis(300);
     c
 }
 
@@ -332,4 +335,47 @@ async fn prefill_starvation_is_named_on_the_replica_without_chunked_prefill() {
         l.abort();
     }
     until_cleared(&gw, "prefill_starvation").await;
+}
+
+#[tokio::test]
+async fn leaked_kv_is_named_on_a_replica_that_still_serves_traffic() {
+    let sims = [
+        start_sim(SimConfig::engine("tiny", 2.0).unwrap()).await,
+        start_sim(SimConfig::engine("tiny", 2.0).unwrap()).await,
+    ];
+    let mut ctl = sims[0].state.control();
+    ctl.faults = Faults::parse("leak").unwrap();
+    sims[0].state.set_control(ctl.clone());
+    let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
+    let mut c = doctor_config(&urls);
+    c.routing.policy = PolicyKind::RoundRobin;
+    let gw = start_routed(c, 2).await;
+    // Replica 0 leaks the blocks of the first five requests it serves
+    // (~500 prompt tokens each: more than half of its cache)...
+    for i in 0..10 {
+        let (status, _, body) = post(
+            &format!("{}/v1/chat/completions", api(&gw)),
+            &prompt(i, 250, 4),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    ctl.faults = Faults::default();
+    sims[0].state.set_control(ctl);
+    // ...then both serve a steady stream of requests: running sequences
+    // come and go on both, and neither is ever idle for long.
+    let clients = load(&gw, 4, |i| prompt(1000 + i, 20, 150));
+    let (m0, m1) = (&sims[0].state.metrics, &sims[1].state.metrics);
+    wait_until("both replicas serve", Duration::from_secs(10), || async {
+        m0.running.get() > 0 && m1.running.get() > 0
+    })
+    .await;
+    let (a, b) = (label(&sims[0]), label(&sims[1]));
+    until_named(&gw, "leaked_kv", &a, Duration::from_secs(15)).await;
+    // The replica that frees what it holds is not named, busy as it is.
+    assert!(!named(&findings(&gw).await, "leaked_kv", &b));
+    assert!(m1.received.get() > 5, "replica 1 served traffic");
+    for c in clients {
+        c.abort();
+    }
 }

@@ -444,3 +444,71 @@ async fn service_through_another_gateway_counts_here_through_redis() {
     drop(light);
     assert_eq!(crowd.await.unwrap().unwrap().status(), 200);
 }
+
+/// One replica whose seats are unknown (learned from its scrapes, read
+/// every 100 ms), with the tiers of `one_seat`.
+async fn unknown_seats() -> (SimHandle, Gateway) {
+    let sim = start_sim(fast_sim()).await;
+    let mut c = config_for(&[sim.url()]);
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_secs(30);
+    tenants(&mut c);
+    let gw = crate::routing::start_routed(c, 1).await;
+    (sim, gw)
+}
+
+#[tokio::test]
+async fn a_full_kv_cache_keeps_the_gate_open_while_the_engine_does_not_queue() {
+    let (sim, gw) = unknown_seats().await;
+    // Engines run their KV cache near full at full batch.
+    let mut c = sim.state.control();
+    c.kv_usage = Some(0.97);
+    sim.state.set_control(c);
+    crate::routing::until_backend(&gw, "KV usage seen", |v| {
+        crate::routing::backend(v, &sim)["kv_cache_usage"] == 0.97
+    })
+    .await;
+    let _holders = [
+        hold(&gw, FREE).await,
+        hold(&gw, FREE).await,
+        hold(&gw, FREE).await,
+    ];
+    // Nothing waits in the engine: the next request goes at once.
+    let resp = request(&gw, FREE, None).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("[DONE]"));
+    assert_eq!(outcomes(&gw, "immediate").await, 4.0);
+    assert_eq!(outcomes(&gw, "waited").await, 0.0);
+}
+
+#[tokio::test]
+async fn an_engine_queue_that_persists_closes_the_gate_and_teaches_its_seats() {
+    let (sim, gw) = unknown_seats().await;
+    let holders = [hold(&gw, FREE).await, hold(&gw, FREE).await];
+    // The engine queues what it cannot take in, scrape after scrape.
+    let mut c = sim.state.control();
+    c.waiting = Some(3.0);
+    sim.state.set_control(c.clone());
+    crate::routing::until_backend(&gw, "the engine's queue persists", |v| {
+        let b = crate::routing::backend(v, &sim);
+        b["engine_queued"] == true && b["seats"] == 2
+    })
+    .await;
+    // Full: a new request waits at the gateway, not in the engine.
+    let next = tokio::spawn(request(&gw, FREE, None).send());
+    wait_for_waiting(&gw, "0", 1.0).await;
+    assert_eq!(sim.state.metrics.received.get(), 2);
+    // The queue drains while the engine runs its two: it may hold more, so
+    // the gate probes a seat upward and the waiter goes, the two still held.
+    c.waiting = None;
+    sim.state.set_control(c);
+    let resp = next.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("[DONE]"));
+    assert_eq!(outcomes(&gw, "waited").await, 1.0);
+    let (_, text) = get_text(&format!("{}/admin/backends", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let seats = crate::routing::backend(&v, &sim)["seats"].as_u64();
+    assert!(seats.is_some_and(|n| n >= 3), "{v}");
+    drop(holders);
+}

@@ -161,11 +161,12 @@ async fn a_saturated_replica_keeps_its_sessions_and_sheds_new_ones() {
         placed.push((id.clone(), with_id(&url, &sims, &turn(s, 0), &id).await));
     }
     let full = placed[0].1;
+    // Its engine runs out of KV blocks (it preempts, scrape after scrape).
     let mut c = sims[full].state.control();
-    c.kv_usage = Some(0.99);
+    c.preempting = true;
     sims[full].state.set_control(c);
     until_backend(&gw, "pressure seen", |v| {
-        backend(v, &sims[full])["kv_cache_usage"] == 0.99
+        backend(v, &sims[full])["preempting"] == true
     })
     .await;
     // Its own sessions stay (their history is there)...

@@ -69,7 +69,7 @@ proptest! {
             ..Config::default()
         };
         c.routing.policy = policy;
-        c.routing.prefix_kv.kv_high = kv_high;
+        c.routing.prefix_kv.kv_high = Some(kv_high);
         c.upstream.timeouts.idle = Duration::from_millis(idle_ms);
         c.upstream.max_retries = retries;
         c.tiers.insert("free".into(), TierConfig { requests_per_minute: rpm, ..TierConfig::default() });

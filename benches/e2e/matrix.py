@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Routing over a matrix of fleets and seeds, with the peer routers in the same run.
+
+A routing result is a distribution, not a draw: each cell below is a fleet and a
+workload; each is run for several seeds, and for each seed every router gets the
+same fresh replicas (restarted, cold caches) and the same requests. Reported per
+cell: each router's TTFT p50/p99, the busiest replica's requests over the mean,
+the prefix-cache hit rate (the engines' own counters), stickiness for sessions;
+then the median over seeds, and over cells the worst and the median of Sluice's
+p99 against the best peer's.
+
+Cells (`--cells`, default all):
+
+  few_keys        the issue's fleet: 4 replicas of 64 seats, 2,048 batched tokens,
+                  1,024 KV blocks of 16 tokens, prefill 0.1 ms a token, steps of
+                  8 ms + 0.1 ms a running sequence; cold caches; 16 system prompts
+                  of ~1,500 tokens used uniformly, a ~20-token question, 32 tokens
+                  out, Poisson 40 requests/s
+  few_keys_tight  the same with 512 KV blocks a replica: the 16 prompts do not fit
+                  the fleet twice over (cache pressure on)
+  few_keys_slow   slow engine steps: 24 ms + 0.3 ms a sequence, prefill 0.3 ms a
+                  token, 13 requests/s (the same load relative to capacity)
+  many_keys       64 prompts of ~1,500 tokens on 4 replicas of 2,048 blocks (more
+                  keys than the fleet caches), 40 requests/s
+  sessions        200 coding-agent sessions, 48 at once (`sluice bench --workload
+                  agentic`: a shared 3,000-token system prompt, growing histories,
+                  3,000-token tool results in 20% of turns, 1 s think time), on the
+                  issue's fleet with 4,096 blocks a replica
+  sessions_heavy  the same with heavy-tailed session lengths (Pareto, at most 8x)
+  sessions_3gw    `sessions` through three Sluice gateways behind nginx (round robin);
+                  peers run one router (they share no state either)
+
+Routers: Sluice (defaults, no config) and, from `--routers-venv`, sglang-router
+`cache_aware` and vllm-router `cache_aware` (prefix cells) or `consistent_hash`
+(session cells, hashing `x-session-id`).
+
+    cargo build --release
+    python3 -m venv /tmp/routers && /tmp/routers/bin/pip install sglang-router vllm-router
+    python3 benches/e2e/matrix.py --routers-venv /tmp/routers --seeds 1,2,3,4,5 \\
+        --json docs/bench/matrix/routing_DATE.json
+
+Everything listens on 127.0.0.1; every process is stopped at the end of its run.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stream_overhead import free_port, wait_http  # noqa: E402
+from agentic import (ADMINS, Procs, gateway_counts, sim_counts, start_lb,  # noqa: E402
+                     start_router, start_sluice)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, "target", "release", "sluice")
+
+# The issue's engine: steps of 8 ms + 0.1 ms a running sequence, prefill 0.1 ms
+# a token, 64 seats, 2,048 batched tokens.
+FAST = ["--step-base", "8ms", "--step-per-seq", "100us", "--prefill-per-token", "100us",
+        "--max-num-seqs", "64", "--max-num-batched-tokens", "2048"]
+SLOW = ["--step-base", "24ms", "--step-per-seq", "300us", "--prefill-per-token", "300us",
+        "--max-num-seqs", "64", "--max-num-batched-tokens", "2048"]
+
+CELLS = {
+    "few_keys": dict(kind="prefix", engine=FAST, blocks=1024, prefixes=16, rate=40.0),
+    "few_keys_tight": dict(kind="prefix", engine=FAST, blocks=512, prefixes=16, rate=40.0),
+    "few_keys_slow": dict(kind="prefix", engine=SLOW, blocks=1024, prefixes=16, rate=13.0),
+    "many_keys": dict(kind="prefix", engine=FAST, blocks=2048, prefixes=64, rate=40.0),
+    "sessions": dict(kind="sessions", engine=FAST, blocks=4096),
+    "sessions_heavy": dict(kind="sessions", engine=FAST, blocks=4096, heavy=True),
+    "sessions_3gw": dict(kind="sessions", engine=FAST, blocks=4096, gateways=3),
+}
+
+
+def start_fleet(procs, cell, n=4):
+    urls = []
+    for _ in range(n):
+        port = free_port()
+        args = [BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "h100-llama3-8b",
+                "--output-tokens", "4096", "--num-blocks", str(cell["blocks"]), *cell["engine"]]
+        procs.start(args)
+        urls.append(f"http://127.0.0.1:{port}")
+    for u in urls:
+        wait_http(u + "/health")
+    return urls
+
+
+def routers(cell, venv):
+    out = ["sluice"]
+    if venv:
+        if cell["kind"] == "prefix":
+            out += ["sglang-cache_aware", "vllm-cache_aware"]
+        else:
+            out += ["sglang-cache_aware", "vllm-consistent_hash"]
+    return out
+
+
+def start(procs, name, sims, cell, venv):
+    ADMINS.clear()
+    if name == "sluice":
+        if cell.get("gateways", 1) > 1:
+            return start_lb(procs, [start_sluice(procs, sims) for _ in range(cell["gateways"])])
+        return start_sluice(procs, sims)
+    kind, policy = name.split("-", 1)
+    return start_router(procs, venv, kind, policy, sims)
+
+
+def bench(url, cell, args, seed):
+    out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+    cmd = [BIN, "bench", "--url", url, "--model", "sim-model", "--seed", str(seed), "--quiet",
+           "--json", out]
+    if cell["kind"] == "prefix":
+        cmd += ["--workload", "shared-prefix", "--prefixes", str(cell["prefixes"]),
+                "--prefix-tokens", "1500", "--prompt-tokens", "20", "--max-tokens", "32",
+                "--rate", str(cell["rate"]), "--concurrency", "1024",
+                "--requests", str(args.requests)]
+    else:
+        cmd += ["--workload", "agentic", "--sessions", "200", "--concurrency", "48",
+                "--turns", "12", "--prefix-tokens", "3000", "--prompt-tokens", "100",
+                "--max-tokens", "48", "--tool-tokens", "3000", "--tool-share", "0.2",
+                "--think-time", "1s"]
+        if cell.get("heavy"):
+            cmd.append("--heavy-sessions")
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        r = json.load(f)
+    os.unlink(out)
+    return r
+
+
+def run_one(name, cell, args, seed):
+    procs = Procs()
+    try:
+        sims = start_fleet(procs, cell)
+        url = start(procs, name, sims, cell, args.routers_venv)
+        time.sleep(2)  # health checks and the first metrics scrapes
+        r = bench(url, cell, args, seed)
+        served = sim_counts(sims, "vllm:request_success_total")
+        hits = sum(sim_counts(sims, "vllm:prefix_cache_hits_total"))
+        queries = sum(sim_counts(sims, "vllm:prefix_cache_queries_total"))
+        total = sum(served) or 1
+        row = {
+            "ok": r["ok"], "requests": r["requests"],
+            "ttft_p50_ms": round(r["ttft_seconds"]["p50"] * 1e3, 1),
+            "ttft_p99_ms": round(r["ttft_seconds"]["p99"] * 1e3, 1),
+            "itl_p99_ms": round(r["inter_token_seconds"]["p99"] * 1e3, 2),
+            "shares": [round(x / total, 3) for x in served],
+            "busiest_over_mean": round(max(served) / (total / len(served)), 3),
+            "prefix_hit": round(hits / queries, 4) if queries else None,
+        }
+        if r.get("sessions"):
+            s = r["sessions"]
+            row["sticky"] = round(s["stickiness"], 4)
+            row["second_turn_sticky"] = round(s["second_turn_stickiness"], 4)
+            row["engine_hit"] = round(s["prefix_hit"], 4)
+            row["ideal_hit"] = round(s["ideal_prefix_hit"], 4)
+        if ADMINS:
+            row["decisions"] = {k.split('reason="')[1].rstrip('"}'): v for k, v in gateway_counts(
+                ADMINS, ["sluice_routing_decisions_total"]).items() if v}
+        return row
+    finally:
+        procs.stop()
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--routers-venv", help="virtualenv with sglang-router and vllm-router")
+    ap.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS))
+    ap.add_argument("--seeds", default="1,2,3,4,5")
+    ap.add_argument("--only", nargs="*", help="run only these routers")
+    ap.add_argument("--requests", type=int, default=2000, help="prefix cells: requests a run")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not os.path.exists(BIN):
+        raise SystemExit("build first: cargo build --release")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}",
+        "commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                 capture_output=True, text=True).stdout.strip(),
+        "args": vars(args), "cells": {},
+    }
+
+    def save():
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+
+    for cname in args.cells:
+        cell = CELLS[cname]
+        names = [r for r in routers(cell, args.routers_venv) if not args.only or r in args.only]
+        runs = {n: [] for n in names}
+        for seed in seeds:
+            # Routers interleaved seed by seed: whatever the shared machine does
+            # meanwhile falls on all of them alike.
+            for n in names:
+                row = run_one(n, cell, args, seed)
+                row["seed"] = seed
+                runs[n].append(row)
+                extra = (f" sticky {row['sticky']*100:.1f}%" if "sticky" in row else "")
+                print(f"{cname:15s} seed {seed} {n:22s} p50 {row['ttft_p50_ms']:7.1f} "
+                      f"p99 {row['ttft_p99_ms']:8.1f} ms | busiest {row['busiest_over_mean']:.2f}x | "
+                      f"hit {row['prefix_hit'] if row['prefix_hit'] is not None else '-'}{extra} | "
+                      f"ok {row['ok']}/{row['requests']} | {row.get('decisions', '')}", flush=True)
+            out["cells"][cname] = {"cell": {k: v for k, v in cell.items() if k != "engine"},
+                                   "engine": cell["engine"], "runs": runs}
+            save()
+        summary = {}
+        for n, rows in runs.items():
+            summary[n] = {k: median([r.get(k) for r in rows]) for k in
+                          ("ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "busiest_over_mean",
+                           "prefix_hit", "sticky")}
+        peers = [n for n in names if n != "sluice"]
+        if peers:
+            # Per seed: Sluice's p99 against the best peer's in that seed.
+            ratios = []
+            for i in range(len(seeds)):
+                best = min(runs[p][i]["ttft_p99_ms"] for p in peers)
+                ratios.append(round(best / runs["sluice"][i]["ttft_p99_ms"], 3))
+            summary["best_peer_p99_over_sluice"] = {"per_seed": ratios, "median": median(ratios),
+                                                   "worst": min(ratios)}
+        out["cells"][cname]["summary"] = summary
+        print(f"== {cname}: {json.dumps(summary)}", flush=True)
+        save()
+    save()
+
+
+if __name__ == "__main__":
+    main()
