@@ -409,7 +409,7 @@ impl Default for SessionsConfig {
 }
 
 /// The `prefix_kv` policy's knobs. Defaults come from the routing benchmark on
-/// the simulator (docs/BENCHMARKS.md, "Routing"), with the reasoning there.
+/// the simulator (docs/benchmarks-log.md, "Routing"), with the reasoning there.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrefixKvConfig {

@@ -6,7 +6,7 @@
 //! add (integer-scaled, no CAS loop); the count is the buckets' sum, read when
 //! asked (a third locked add per observation cost more than every scrape's
 //! sum: locked instructions are where a `perf` profile of the request path
-//! put much of its time, docs/BENCHMARKS.md "2026-11-26 midday"). Labelled series are resolved
+//! put much of its time, docs/benchmarks-log.md "2026-11-26 midday"). Labelled series are resolved
 //! once per request (a read lock and a hash) and then used lock-free.
 
 use foldhash::{HashMap, HashMapExt as _};
