@@ -8,6 +8,7 @@ mod doctor;
 mod flow;
 mod limits;
 mod load;
+mod reference;
 mod telemetry;
 mod types;
 
@@ -18,6 +19,7 @@ pub use limits::{
     TierLimits,
 };
 pub use load::{ConfigError, load_file, load_file_with, parse_str, parse_str_with};
+pub use reference::{ConfigKey, RESTART, needs_restart, reference};
 pub use telemetry::{
     AccessLogConfig, LogTarget, OtlpProtocol, QualityConfig, RefusalConfig, ResolvedTracing,
     SamplingConfig, TracingConfig,

@@ -10,7 +10,7 @@ use std::time::Instant;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use super::registry::{Counter, Encoder, Family, FloatGauge, Gauge, Histogram, Kind};
+use super::registry::{Counter, Encoder, Family, FamilyInfo, FloatGauge, Gauge, Histogram, Kind};
 use crate::config::{Buckets, buckets};
 use crate::vocab::{Endpoint, FinishReason, LimitKind, RouteReason};
 
@@ -622,9 +622,35 @@ impl Metrics {
         self.upstream_errors.retain(|(n, _)| names.contains(n));
     }
 
+    /// Every family the gateway exports, as declared: a Markdown table of
+    /// name, type, labels and help, the generated part of `docs/metrics.md`.
+    pub fn reference_table() -> String {
+        let families = Self::new(&Buckets::default())
+            .encode(Encoder::cataloguing())
+            .catalog
+            .unwrap_or_default();
+        let mut out = String::from("| metric | type | labels | meaning |\n|---|---|---|---|\n");
+        for FamilyInfo {
+            name,
+            kind,
+            labels,
+            help,
+        } in families
+        {
+            let labels = labels.join(", ");
+            let help = help.replace('|', "\\|");
+            out.push_str(&format!("| `{name}` | {kind} | {labels} | {help} |\n"));
+        }
+        out
+    }
+
     /// The Prometheus text exposition, or OpenMetrics (with exemplars).
     pub(crate) fn render(&self, openmetrics: bool) -> String {
-        let mut e = Encoder::with_format(openmetrics);
+        self.encode(Encoder::with_format(openmetrics)).finish()
+    }
+
+    /// Every family, in exposition order: the one list of what is exported.
+    fn encode(&self, mut e: Encoder) -> Encoder {
         let m = &self.models;
         e.counters(
             "sluice_requests_total",
@@ -706,7 +732,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_stream_stalls_total",
-            "Inter-token gaps longer than telemetry.stall_threshold.",
+            "Inter-token gaps longer than telemetry.stall_threshold, including the silence of a stream cut before its next token.",
             m,
             |s| &s.stalls,
         );
@@ -766,7 +792,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_upstream_errors_total",
-            "Failed attempts against a replica, by kind.",
+            "Failed attempts against a replica and streams it broke, by kind.",
             &self.upstream_errors,
             |c| c,
         );
@@ -904,7 +930,7 @@ impl Metrics {
         );
         e.float_counters(
             "sluice_backend_engine_preemptions_total",
-            "Preemptions the replica's engine reports (vllm:num_preemptions_total), re-exported from its /metrics: its rate is the replica's preemption rate.",
+            "Preemptions the replica's engine reports (vllm:num_preemptions_total), re-exported from its /metrics (0 until it reports one): its rate is the replica's preemption rate.",
             &self.backends,
             |s| s.preemptions.get(),
         );
@@ -922,7 +948,7 @@ impl Metrics {
         );
         e.gauges(
             "sluice_backend_metrics_age_seconds",
-            "Age of the last successful scrape of the replica's metrics (+Inf: never).",
+            "Age of the last successful scrape of the replica's metrics (+Inf: never; NaN with routing.metrics.enabled false).",
             &self.backends,
             |s| {
                 if self.scraping.load(Relaxed) {
@@ -934,7 +960,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_ratelimit_decisions_total",
-            "Rate-limit admissions and rejections, by tier, limit hit and decision.",
+            "Rate-limit decisions by tier, limit hit (requests, tokens, concurrency; empty when none) and decision (admitted, rejected, admitted_store_down, rejected_store_down).",
             &self.ratelimit_decisions,
             |c| c,
         );
@@ -986,7 +1012,7 @@ impl Metrics {
             Kind::Gauge,
             self.started.elapsed().as_secs_f64(),
         );
-        e.finish()
+        e
     }
 }
 
@@ -1037,5 +1063,14 @@ mod tests {
         // A replica that leaves takes its series with it.
         m.retain_backends(&[]);
         assert!(!m.render(false).contains(r#"backend="r1""#));
+    }
+
+    #[test]
+    fn the_reference_table_has_every_family_once() {
+        let table = Metrics::reference_table();
+        let rendered = Metrics::new(&Buckets::default()).render(false);
+        let families = rendered.matches("# TYPE ").count();
+        assert_eq!(table.lines().count(), families + 2, "{table}");
+        assert!(table.contains("| `sluice_upstream_errors_total` | counter | backend, kind |"));
     }
 }
