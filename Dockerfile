@@ -6,7 +6,7 @@ FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 # BOLT (LLVM's post-link optimiser) lays the binary out from a profile of its
 # own work: 1-3% more requests per second on a capped core than the same build
-# without it (scripts/bolt.sh; docs/BENCHMARKS.md, "2026-11-26 afternoon").
+# without it (scripts/bolt.sh; docs/benchmarks-log.md, "2026-11-26 afternoon").
 # On x86-64 only: BOLT 15 does not instrument arm64 binaries, which get the
 # plain release build.
 RUN if [ "$(uname -m)" = x86_64 ]; then \

@@ -2,12 +2,12 @@
 # A release build of the gateway laid out by BOLT (LLVM's post-link optimiser)
 # from a profile of its own work: the code a request runs, packed together
 # and in the order it runs. Measured against the same code without it
-# (docs/BENCHMARKS.md, "2026-11-26 morning"): 3% less CPU per non-streamed
+# (docs/benchmarks-log.md, "2026-11-26 morning"): 3% less CPU per non-streamed
 # request (user time 6.3 against 6.6 us), 2% more requests per second on a
 # capped core. The image's build stage runs it (Dockerfile); `cargo build
 # --release` does not. Its `RUN` steps were run as written on Debian 12, the
 # stage's own base, since no Docker engine runs where this was made
-# (docs/BENCHMARKS.md, "2026-11-26 afternoon").
+# (docs/benchmarks-log.md, "2026-11-26 afternoon").
 #
 #   scripts/bolt.sh [OUT]        # default OUT: target/bolt/sluice
 #

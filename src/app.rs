@@ -111,7 +111,7 @@ fn direct_route(method: &http::Method, path: &str) -> Option<Endpoint> {
 /// straight to their handler with the request id the router's layer would
 /// assign; everything else goes through [`build_app`]'s router.
 ///
-/// Measured reason (docs/BENCHMARKS.md, "The hot path at nginx's cost"): going
+/// Measured reason (docs/benchmarks-log.md, "The hot path at nginx's cost"): going
 /// around the router, its `from_fn` layer and the tower adapters saved ~5,300
 /// instructions per non-streamed request, 6% of the gateway's user-space work
 /// on that path (callgrind; docs/bench/instructions_2026-11-25.txt).

@@ -166,7 +166,36 @@ impl std::fmt::Display for TimeoutPhase {
     }
 }
 
+/// The `kind` of a stream that a replica broke after its first byte (an
+/// in-band error event, a cut, an event that is not JSON).
+pub(crate) const STREAM_ERROR: &str = "upstream_stream_error";
+
 impl GatewayError {
+    /// One failure of each kind an attempt on a replica can end in, so that
+    /// their labels are known before any happens: the kinds of
+    /// `sluice_upstream_errors_total` (with [`STREAM_ERROR`]) and, of the
+    /// retryable ones, the reasons of `sluice_upstream_retries_total`.
+    pub(crate) fn attempt_failures() -> Vec<GatewayError> {
+        let fault = || UpstreamFault::from("");
+        let mut all = vec![
+            GatewayError::UpstreamConnect(fault()),
+            GatewayError::UpstreamProtocol(fault()),
+            GatewayError::Upstream {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                body: Bytes::new(),
+            },
+        ];
+        for phase in [
+            TimeoutPhase::Connect,
+            TimeoutPhase::FirstToken,
+            TimeoutPhase::Idle,
+            TimeoutPhase::Total,
+        ] {
+            all.push(GatewayError::UpstreamTimeout { phase });
+        }
+        all
+    }
+
     pub(crate) fn status(&self) -> StatusCode {
         match self {
             GatewayError::InvalidRequest(_) | GatewayError::MissingModel => StatusCode::BAD_REQUEST,

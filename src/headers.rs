@@ -18,7 +18,7 @@
 //! `x-sluice-priority`, ...). `HeaderMap::get` hashes the name before it
 //! looks: ~140 instructions a lookup, ~1,300 per non-streamed request; the
 //! scan brings that to ~640 (callgrind, `benches/e2e/instructions.sh`;
-//! docs/BENCHMARKS.md, "2026-11-26"). The scan compares the name with each entry's, a tag
+//! docs/benchmarks-log.md, "2026-11-26"). The scan compares the name with each entry's, a tag
 //! compare for the standard names. A map with a repeated name, or more than
 //! [`SCAN_UP_TO`] names, is left to `HeaderMap::get`. Checked against it by
 //! the tests below.

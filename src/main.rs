@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use sluice::cli::Cli;
 
-// The allocator, chosen by measurement (docs/BENCHMARKS.md, "Idle streams:
-// memory given back"): jemalloc, whose background thread gives the memory of
+// The allocator, chosen by measurement (docs/BENCHMARKS.md, "Idle streams"):
+// jemalloc, whose background thread gives the memory of
 // finished streams back to the system. The features are in Cargo.toml, its
 // run-time options in .cargo/config.toml.
 #[cfg(feature = "jemalloc")]

@@ -9,14 +9,15 @@ use axum::extract::FromRequestParts;
 use http::request::Parts;
 
 use crate::config::Config;
+use crate::error::GatewayError;
 use crate::flow::Flow;
 use crate::limits::Limiter;
 use crate::routing::{self, Affinity, RoutingPolicy};
 use crate::stream::signal::Signal;
 use crate::telemetry::Telemetry;
 use crate::telemetry::access_log::AccessLog;
-use crate::telemetry::metrics::Metrics;
-use crate::telemetry::traces::Traces;
+use crate::telemetry::metrics::{KnownLabels, Metrics};
+use crate::telemetry::traces::{Keep, Traces};
 use crate::upstream::client::{HttpClient, build_client};
 use crate::upstream::pool::Pool;
 
@@ -68,6 +69,8 @@ impl AppState {
             metrics.clone(),
             previous.and_then(|p| p.limiter.as_deref()),
         )?;
+        // Before the pool, whose replicas and models get their series then.
+        metrics.know(known_labels(&config, limiter.is_some()));
         let traces = match previous {
             Some(p) if p.config.telemetry.tracing == config.telemetry.tracing => {
                 p.telemetry.traces.clone()
@@ -132,6 +135,35 @@ impl AppState {
             started_unix,
             findings,
         }))
+    }
+}
+
+/// The label values `config` makes known before any request (see
+/// [`KnownLabels`]); `keys_checked`: the gateway has a rate limiter, so
+/// requests carry their tier.
+fn known_labels(config: &Config, keys_checked: bool) -> KnownLabels {
+    let tiers = if keys_checked {
+        config.tiers.keys().map(|t| Arc::from(t.as_str())).collect()
+    } else {
+        vec![Arc::from("")]
+    };
+    let rules = crate::flow::room::Rules::from_config(config);
+    let failures = GatewayError::attempt_failures();
+    let mut retry_kinds: Vec<&'static str> = failures
+        .iter()
+        .filter(|e| e.retryable())
+        .map(GatewayError::kind)
+        .collect();
+    retry_kinds.dedup();
+    let mut attempt_kinds: Vec<&'static str> = failures.iter().map(GatewayError::kind).collect();
+    attempt_kinds.push(crate::error::STREAM_ERROR);
+    KnownLabels {
+        tiers,
+        bands: rules.bands.iter().map(|b| rules.band_label(*b)).collect(),
+        store: config.rate_limits.store.as_str(),
+        attempt_kinds,
+        retry_kinds,
+        trace_reasons: Keep::ALL.iter().map(|k| k.as_str()).collect(),
     }
 }
 

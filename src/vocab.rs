@@ -92,6 +92,16 @@ impl FinishReason {
             FinishReason::Other => "other",
         }
     }
+
+    pub const ALL: [FinishReason; 7] = [
+        FinishReason::Stop,
+        FinishReason::Length,
+        FinishReason::ToolCalls,
+        FinishReason::ContentFilter,
+        FinishReason::FunctionCall,
+        FinishReason::Abort,
+        FinishReason::Other,
+    ];
 }
 
 /// Token counts of a generation, as the engine reports them.
@@ -238,4 +248,10 @@ impl LimitKind {
             LimitKind::Concurrency => "concurrency",
         }
     }
+
+    pub const ALL: [LimitKind; 3] = [
+        LimitKind::Requests,
+        LimitKind::Tokens,
+        LimitKind::Concurrency,
+    ];
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Gateway CPU per request at low load with N tokio worker threads, to tell
-# whether cross-thread wake-ups cost anything (docs/BENCHMARKS.md).
+# whether cross-thread wake-ups cost anything (docs/benchmarks-log.md).
 #
 #   cargo build --release
 #   bash benches/e2e/gateway_workers.sh 1 2 1 2     # worker counts, one run each

@@ -78,6 +78,16 @@ pub enum StoreKind {
     Redis,
 }
 
+impl StoreKind {
+    /// As written in the config; also the `store` label of its metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "memory",
+            StoreKind::Redis => "redis",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnStoreError {

@@ -8,6 +8,7 @@ mod doctor;
 mod flow;
 mod limits;
 mod load;
+mod reference;
 mod telemetry;
 mod types;
 
@@ -18,6 +19,7 @@ pub use limits::{
     TierLimits,
 };
 pub use load::{ConfigError, load_file, load_file_with, parse_str, parse_str_with};
+pub use reference::{ConfigKey, RESTART, needs_restart, reference};
 pub use telemetry::{
     AccessLogConfig, LogTarget, OtlpProtocol, QualityConfig, RefusalConfig, ResolvedTracing,
     SamplingConfig, TracingConfig,
@@ -409,7 +411,7 @@ impl Default for SessionsConfig {
 }
 
 /// The `prefix_kv` policy's knobs. Defaults come from the routing benchmark on
-/// the simulator (docs/BENCHMARKS.md, "Routing"), with the reasoning there.
+/// the simulator (docs/benchmarks-log.md, "Routing"), with the reasoning there.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrefixKvConfig {

@@ -263,12 +263,7 @@ impl Limiter {
             rl.store,
             (rl.store == StoreKind::Redis).then(|| rl.redis.clone()),
         );
-        let store_name = match rl.store {
-            StoreKind::Memory => "memory",
-            StoreKind::Redis => "redis",
-        };
-        // A healthy zero for the store in use, before any error.
-        metrics.ratelimit_store_errors.get(&(store_name,));
+        let store_name = rl.store.as_str();
         let store = match previous {
             Some(p) if p.store_settings == store_settings => p.store.clone(),
             _ => Arc::new(match rl.store {

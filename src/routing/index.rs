@@ -22,7 +22,7 @@
 //! `perf`, most of it waiting for those loads); and a generation's turn
 //! dropped a table of 131,072 hashes and regrew the next from empty, rehashing
 //! it at each doubling, in the path of the request that turned it
-//! (docs/BENCHMARKS.md, "2026-11-26 evening").
+//! (docs/benchmarks-log.md, "2026-11-26 evening").
 //!
 //! The tags: two hashes meet only when they share a set and 32 bits, about
 //! 8 in 2^32 for a lookup of a block not there. The insert count wraps after

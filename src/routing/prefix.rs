@@ -33,7 +33,7 @@ pub(crate) fn block_hashes(
     max_blocks: usize,
 ) -> Vec<u64> {
     // Measured reason for not walking byte by byte (`cargo bench --bench
-    // routing -- inspect`, docs/BENCHMARKS.md "Reading long prompts"): a
+    // routing -- inspect`, docs/benchmarks-log.md "Reading long prompts"): a
     // branch per byte was two thirds of reading a 64 KB prompt, and a
     // streaming hasher per block another fifth. Here the characters of a
     // block are counted a window at a time (`bytecount`, a word at a time)
@@ -41,7 +41,7 @@ pub(crate) fn block_hashes(
     // pieces (a chat's `role\ncontent\n` makes most short prompts one) is
     // gathered into a buffer and hashed in one call too: a streaming hasher
     // for it was a 64-byte-aligned allocation of ~600 bytes and its digest,
-    // ~500 instructions a request (callgrind; docs/BENCHMARKS.md "2026-11-26
+    // ~500 instructions a request (callgrind; docs/benchmarks-log.md "2026-11-26
     // afternoon"). `matches_the_byte_walk` checks the result against the byte
     // walk with a streaming hasher (kept in the tests).
     let mut seed = first_seed(salt);

@@ -14,7 +14,7 @@
 //! right after it waited for it. `Sessions::place` was the gateway's largest
 //! user-space item in a `perf` profile of non-streamed requests, 2.75-2.9%
 //! of all CPU, and a full shard also paid a scan to evict an eighth of it
-//! (docs/BENCHMARKS.md, "2026-11-26 afternoon"). Slots here are 16 bytes:
+//! (docs/benchmarks-log.md, "2026-11-26 afternoon"). Slots here are 16 bytes:
 //! the replica is an index into the shard's few names, the time a 32-bit
 //! count of sixteenths of a second. The tests below hold the table to a
 //! plain model of per-set LRU (`Model`).

@@ -264,16 +264,11 @@ impl Gateway {
         let mut background = self.background.lock();
         let old = self.live.load();
         let was = &old.config;
+        let fixed = crate::config::needs_restart(was, &config);
         anyhow::ensure!(
-            config.server.listen == was.server.listen
-                && config.server.admin_listen == was.server.admin_listen
-                && config.server.header_timeout == was.server.header_timeout
-                && config.server.http1 == was.server.http1,
-            "`server.listen`, `server.admin_listen`, `server.header_timeout` and `server.http1` cannot change on a reload: restart"
-        );
-        anyhow::ensure!(
-            config.telemetry.buckets == was.telemetry.buckets,
-            "`telemetry.buckets` cannot change on a reload: restart"
+            fixed.is_empty(),
+            "`{}` cannot change on a reload: restart",
+            fixed.join("`, `")
         );
         anyhow::ensure!(
             !config.backends.is_empty() || !config.discovery.dns.is_empty(),

@@ -11,7 +11,7 @@
 //! shape learned from the first one (as `shape.rs` does for tokens): the
 //! same head and tail around one valid JSON string are the same call with
 //! that string as its piece, so only the string is decoded (measured in
-//! docs/BENCHMARKS.md "Quality signals: cost per token": 0.51 us per piece
+//! docs/benchmarks-log.md "Quality signals: cost per token": 0.51 us per piece
 //! parsed whole, 0.07 us by the shape). Arguments are held only until the answer ends (each
 //! call's at most [`MAX_ARGS`] bytes: past that it is not judged), the
 //! opening only until the phrases are checked; neither reaches any output.

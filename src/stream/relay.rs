@@ -228,8 +228,8 @@ impl Relay {
                 if c.is_error {
                     // The engine reported a failure in-band; the client gets it as is.
                     let status = guard.record.status;
-                    guard.record.fail(status, "upstream_stream_error");
-                    guard.attempt_failed("upstream_stream_error", true);
+                    guard.record.fail(status, crate::error::STREAM_ERROR);
+                    guard.attempt_failed(crate::error::STREAM_ERROR, true);
                 }
                 Ok(!(self.strip_usage && c.is_usage_only()))
             }
@@ -272,8 +272,8 @@ impl Relay {
         if e.is_error {
             self.errored = true;
             let status = guard.record.status;
-            guard.record.fail(status, "upstream_stream_error");
-            guard.attempt_failed("upstream_stream_error", true);
+            guard.record.fail(status, crate::error::STREAM_ERROR);
+            guard.attempt_failed(crate::error::STREAM_ERROR, true);
         }
         if e.terminal {
             self.done_seen = true;

@@ -564,7 +564,7 @@ pub(crate) fn string_stop(b: &[u8], mut i: usize) -> Option<usize> {
 /// stop in the block that has one. The body's reader with it (`inspect`):
 /// -13% on a 1 KiB prompt, -25% on 10 KiB, -33% on 64 and 200 KiB; -2% and
 /// +2% on 1 and 10 KiB of short lines, where escapes come every few dozen
-/// bytes (`cargo bench --bench routing -- inspect`, docs/BENCHMARKS.md
+/// bytes (`cargo bench --bench routing -- inspect`, docs/benchmarks-log.md
 /// "2026-11-26 morning"). Not for keys, nor for the short pieces between
 /// escapes: there the extra loop costs more than it finds (the response
 /// scanner's inlined key reads: +500 instructions a request, callgrind).

@@ -10,8 +10,9 @@ use std::time::Instant;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use super::registry::{Counter, Encoder, Family, FloatGauge, Gauge, Histogram, Kind};
+use super::registry::{Counter, Encoder, Family, FamilyInfo, FloatGauge, Gauge, Histogram, Kind};
 use crate::config::{Buckets, buckets};
+use crate::vocab::{Endpoint, FinishReason, LimitKind, RouteReason};
 
 /// All series of one model, resolved once per request and then used lock-free.
 pub struct ModelSeries {
@@ -49,7 +50,7 @@ pub struct ModelSeries {
     /// `sluice_requests_total{status="200",error_kind=""}` of this model,
     /// endpoint and tier:
     pub(crate) ok_requests: OnceLock<Arc<Counter>>,
-    /// `sluice_finish_reasons_total` of this model, by `FinishReason as usize`.
+    /// `sluice_request_finish_reasons_total` of this model, by `FinishReason as usize`.
     pub(crate) finishes: [OnceLock<Arc<Counter>>; FINISH_REASONS],
     /// `sluice_routing_decisions_total` of this model, by `RouteReason as usize`.
     pub(crate) routes: [OnceLock<Arc<Counter>>; ROUTE_REASONS],
@@ -127,7 +128,9 @@ impl BackendSeries {
             prefix_hit_rate: FloatGauge::default(),
             gpu_util: FloatGauge::default(),
             gpu_memory: FloatGauge::default(),
-            preemptions: FloatGauge::new(f64::NAN),
+            // A counter reads 0 until the engine reports one (and stays 0
+            // for engines that report none), never absent.
+            preemptions: FloatGauge::new(0.0),
             scraped_at: AtomicU64::new(0),
         }
     }
@@ -142,7 +145,7 @@ impl BackendSeries {
             .set(load.prefix_hit_rate.unwrap_or(f64::NAN));
         self.gpu_util.set(load.gpu_util.unwrap_or(f64::NAN));
         self.gpu_memory.set(load.gpu_memory.unwrap_or(f64::NAN));
-        self.preemptions.set(load.preemptions.unwrap_or(f64::NAN));
+        self.preemptions.set(load.preemptions.unwrap_or(0.0));
         let ns = at.saturating_duration_since(epoch()).as_nanos();
         self.scraped_at
             .store(u64::try_from(ns).unwrap_or(u64::MAX).max(1), Relaxed);
@@ -192,6 +195,39 @@ pub struct BackendVitals {
     /// Failed attempts by kind.
     pub failed: Vec<(&'static str, u64)>,
 }
+
+/// Label values known before the first request: every series made of them
+/// is exported at zero from the start, so a dashboard panel reads 0 on a calm
+/// fleet and a rule can tell "none happened" from "not exported". Set from
+/// the config at start and at each reload ([`Metrics::know`]); models are
+/// added as the pool learns them ([`Metrics::init_model`]). All of them are
+/// bounded by the config and the fleet.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KnownLabels {
+    /// The `tier` label requests carry: the configured tiers when keys are
+    /// checked, only `""` on an open gateway.
+    pub tiers: Vec<Arc<str>>,
+    /// Flow control's bands.
+    pub bands: Vec<Arc<str>>,
+    /// The rate-limit store in use (`sluice_ratelimit_store_errors_total{store}`).
+    pub store: &'static str,
+    /// Kinds of a failed attempt, per replica (`sluice_upstream_errors_total{kind}`).
+    pub attempt_kinds: Vec<&'static str>,
+    /// Reasons of a retry, per model (`sluice_upstream_retries_total{reason}`).
+    pub retry_kinds: Vec<&'static str>,
+    /// Reasons the tail sampler keeps a trace (`sluice_traces_sampled_total{reason}`).
+    pub trace_reasons: Vec<&'static str>,
+}
+
+/// Outcomes of a request through flow control (`sluice_flow_requests_total{outcome}`).
+pub(crate) const FLOW_OUTCOMES: [&str; 4] =
+    ["immediate", "waited", "shed_timeout", "shed_overflow"];
+
+/// Decisions of the rate limiter that name no limit
+/// (`sluice_ratelimit_decisions_total{limit=""}`); a refusal by a limit is
+/// `rejected` with that limit.
+pub(crate) const RATELIMIT_UNLIMITED_DECISIONS: [&str; 3] =
+    ["admitted", "admitted_store_down", "rejected_store_down"];
 
 /// How long the journal of vitals is kept (the doctor's longest window).
 const JOURNAL: std::time::Duration = std::time::Duration::from_secs(600);
@@ -253,6 +289,10 @@ pub struct Metrics {
     /// without scraping their metrics age is NaN, not +Inf (nothing is stale).
     pub scraping: AtomicBool,
     pub started: Instant,
+    /// What series exist at zero from the start (see [`KnownLabels`]), and
+    /// the models they were made for. Read and written at setup and when the
+    /// pool's models change, never per request.
+    known: parking_lot::Mutex<(KnownLabels, Vec<Arc<str>>)>,
 }
 
 /// model, tier ("" without keys), status code, error kind ("" on success).
@@ -483,12 +523,134 @@ impl Metrics {
             model_replicas_healthy: Family::new(&["model"], Gauge::default),
             scraping: AtomicBool::new(true),
             started: Instant::now(),
+            known: parking_lot::Mutex::new((KnownLabels::default(), Vec::new())),
         }
+    }
+
+    /// Make every series of `known`'s label values exist (at zero), for the
+    /// whole gateway and for each model seen so far; called at start and at
+    /// each reload, before the pool is built.
+    pub(crate) fn know(&self, known: KnownLabels) {
+        for result in ["ok", "error"] {
+            self.config_reloads.get(&(result,));
+        }
+        for outcome in ["ok", "error"] {
+            self.flow_share_syncs.get(&(outcome,));
+        }
+        for reason in &known.trace_reasons {
+            for decision in ["kept", "capped"] {
+                self.traces.get(&(*reason, decision));
+            }
+        }
+        for outcome in ["exported", "export_failed", "queue_full"] {
+            self.trace_spans.get(&(outcome,));
+        }
+        self.ratelimit_store_errors.get(&(known.store,));
+        for tier in &known.tiers {
+            for decision in RATELIMIT_UNLIMITED_DECISIONS {
+                self.ratelimit_decisions.get(&(tier.clone(), "", decision));
+            }
+            for limit in LimitKind::ALL {
+                self.ratelimit_decisions
+                    .get(&(tier.clone(), limit.as_str(), "rejected"));
+            }
+        }
+        let mut k = self.known.lock();
+        k.0 = known;
+        let (known, models) = &*k;
+        for model in models {
+            self.init_model_with(known, model);
+        }
+    }
+
+    /// Make the series of `model` exist (at zero) for every known tier,
+    /// band and reason: called when the pool learns of a model.
+    pub(crate) fn init_model(&self, model: &Arc<str>) {
+        let mut k = self.known.lock();
+        if k.1.iter().any(|m| m == model) {
+            return;
+        }
+        k.1.push(model.clone());
+        self.init_model_with(&k.0, model);
+    }
+
+    fn init_model_with(&self, known: &KnownLabels, model: &Arc<str>) {
+        // The per-request families on the chat endpoint, the one every
+        // client speaks: enough for every panel and rule to find its series,
+        // without a histogram set per endpoint that may never be used.
+        let chat = Endpoint::Chat.as_str();
+        for tier in &known.tiers {
+            self.models.get(&(model.clone(), chat, tier.clone()));
+            self.requests
+                .get(&(model.clone(), chat, tier.clone(), StatusLabel(200), ""));
+        }
+        for f in FinishReason::ALL {
+            self.finish_reasons.get(&(model.clone(), f.as_str()));
+        }
+        for r in RouteReason::ALL {
+            self.routing.get(&(model.clone(), r.as_str()));
+            self.session_moves.get(&(model.clone(), r.as_str()));
+        }
+        for kind in &known.retry_kinds {
+            self.retries.get(&(model.clone(), *kind));
+        }
+        for band in &known.bands {
+            for outcome in FLOW_OUTCOMES {
+                self.flow_requests
+                    .get(&(model.clone(), band.clone(), outcome));
+            }
+            self.flow_wait.get(&(model.clone(), band.clone()));
+            self.flow_waiting.get(&(model.clone(), band.clone()));
+        }
+        self.model_replicas_healthy.get(&(model.clone(),));
+    }
+
+    /// The series of replica `name`: its own, and its failed attempts by
+    /// kind at zero. Returns its own.
+    pub(crate) fn init_backend(&self, name: &Arc<str>) -> Arc<BackendSeries> {
+        let kinds = self.known.lock().0.attempt_kinds.clone();
+        for kind in kinds {
+            self.upstream_errors.get(&(name.clone(), kind));
+        }
+        self.backends.get(&(name.clone(),))
+    }
+
+    /// Drop the series of replicas not in `names` (gone after a reload or a
+    /// DNS change), so that replica churn does not grow the exposition.
+    pub(crate) fn retain_backends(&self, names: &[Arc<str>]) {
+        self.backends.retain(|(n,)| names.contains(n));
+        self.upstream_errors.retain(|(n, _)| names.contains(n));
+    }
+
+    /// Every family the gateway exports, as declared: a Markdown table of
+    /// name, type, labels and help, the generated part of `docs/metrics.md`.
+    pub fn reference_table() -> String {
+        let families = Self::new(&Buckets::default())
+            .encode(Encoder::cataloguing())
+            .catalog
+            .unwrap_or_default();
+        let mut out = String::from("| metric | type | labels | meaning |\n|---|---|---|---|\n");
+        for FamilyInfo {
+            name,
+            kind,
+            labels,
+            help,
+        } in families
+        {
+            let labels = labels.join(", ");
+            let help = help.replace('|', "\\|");
+            out.push_str(&format!("| `{name}` | {kind} | {labels} | {help} |\n"));
+        }
+        out
     }
 
     /// The Prometheus text exposition, or OpenMetrics (with exemplars).
     pub(crate) fn render(&self, openmetrics: bool) -> String {
-        let mut e = Encoder::with_format(openmetrics);
+        self.encode(Encoder::with_format(openmetrics)).finish()
+    }
+
+    /// Every family, in exposition order: the one list of what is exported.
+    fn encode(&self, mut e: Encoder) -> Encoder {
         let m = &self.models;
         e.counters(
             "sluice_requests_total",
@@ -570,7 +732,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_stream_stalls_total",
-            "Inter-token gaps longer than telemetry.stall_threshold.",
+            "Inter-token gaps longer than telemetry.stall_threshold, including the silence of a stream cut before its next token.",
             m,
             |s| &s.stalls,
         );
@@ -630,7 +792,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_upstream_errors_total",
-            "Failed attempts against a replica, by kind.",
+            "Failed attempts against a replica and streams it broke, by kind.",
             &self.upstream_errors,
             |c| c,
         );
@@ -768,7 +930,7 @@ impl Metrics {
         );
         e.float_counters(
             "sluice_backend_engine_preemptions_total",
-            "Preemptions the replica's engine reports (vllm:num_preemptions_total), re-exported from its /metrics: its rate is the replica's preemption rate.",
+            "Preemptions the replica's engine reports (vllm:num_preemptions_total), re-exported from its /metrics (0 until it reports one): its rate is the replica's preemption rate.",
             &self.backends,
             |s| s.preemptions.get(),
         );
@@ -786,7 +948,7 @@ impl Metrics {
         );
         e.gauges(
             "sluice_backend_metrics_age_seconds",
-            "Age of the last successful scrape of the replica's metrics (+Inf: never).",
+            "Age of the last successful scrape of the replica's metrics (+Inf: never; NaN with routing.metrics.enabled false).",
             &self.backends,
             |s| {
                 if self.scraping.load(Relaxed) {
@@ -798,7 +960,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_ratelimit_decisions_total",
-            "Rate-limit admissions and rejections, by tier, limit hit and decision.",
+            "Rate-limit decisions by tier, limit hit (requests, tokens, concurrency; empty when none) and decision (admitted, rejected, admitted_store_down, rejected_store_down).",
             &self.ratelimit_decisions,
             |c| c,
         );
@@ -850,6 +1012,65 @@ impl Metrics {
             Kind::Gauge,
             self.started.elapsed().as_secs_f64(),
         );
-        e.finish()
+        e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(tiers: &[&str]) -> KnownLabels {
+        KnownLabels {
+            tiers: tiers.iter().map(|t| Arc::from(*t)).collect(),
+            bands: vec![Arc::from("0")],
+            store: "memory",
+            attempt_kinds: vec!["upstream_connect"],
+            retry_kinds: vec!["upstream_connect"],
+            trace_reasons: vec!["error"],
+        }
+    }
+
+    #[test]
+    fn known_labels_make_series_at_zero_for_models_seen_before_and_after() {
+        let m = Metrics::new(&Buckets::default());
+        m.know(known(&["free"]));
+        m.init_model(&Arc::from("a"));
+        let b = m.init_backend(&Arc::from("r1"));
+        assert_eq!(b.attempts.get(), 0);
+        let text = m.render(false);
+        for series in [
+            r#"sluice_upstream_retries_total{model="a",reason="upstream_connect"} 0"#,
+            r#"sluice_routing_session_moves_total{model="a",reason="fallback"} 0"#,
+            r#"sluice_requests_total{model="a",endpoint="chat",tier="free",status="200",error_kind=""} 0"#,
+            r#"sluice_ratelimit_decisions_total{tier="free",limit="tokens",decision="rejected"} 0"#,
+            r#"sluice_ratelimit_store_errors_total{store="memory"} 0"#,
+            r#"sluice_config_reloads_total{result="error"} 0"#,
+            r#"sluice_flow_requests_total{model="a",band="0",outcome="shed_timeout"} 0"#,
+            r#"sluice_upstream_errors_total{backend="r1",kind="upstream_connect"} 0"#,
+            r#"sluice_backend_engine_preemptions_total{backend="r1"} 0"#,
+            r#"sluice_time_to_first_token_seconds_count{model="a",endpoint="chat",tier="free"} 0"#,
+        ] {
+            assert!(text.contains(series), "{series} not in\n{text}");
+        }
+        // A reload that adds a tier: the models already seen get it too.
+        m.know(known(&["free", "pro"]));
+        let text = m.render(false);
+        assert!(
+            text.contains(r#"sluice_requests_total{model="a",endpoint="chat",tier="pro",status="200",error_kind=""} 0"#),
+            "{text}"
+        );
+        // A replica that leaves takes its series with it.
+        m.retain_backends(&[]);
+        assert!(!m.render(false).contains(r#"backend="r1""#));
+    }
+
+    #[test]
+    fn the_reference_table_has_every_family_once() {
+        let table = Metrics::reference_table();
+        let rendered = Metrics::new(&Buckets::default()).render(false);
+        let families = rendered.matches("# TYPE ").count();
+        assert_eq!(table.lines().count(), families + 2, "{table}");
+        assert!(table.contains("| `sluice_upstream_errors_total` | counter | backend, kind |"));
     }
 }

@@ -6,7 +6,7 @@
 //! add (integer-scaled, no CAS loop); the count is the buckets' sum, read when
 //! asked (a third locked add per observation cost more than every scrape's
 //! sum: locked instructions are where a `perf` profile of the request path
-//! put much of its time, docs/BENCHMARKS.md "2026-11-26 midday"). Labelled series are resolved
+//! put much of its time, docs/benchmarks-log.md "2026-11-26 midday"). Labelled series are resolved
 //! once per request (a read lock and a hash) and then used lock-free.
 
 use foldhash::{HashMap, HashMapExt as _};
@@ -413,6 +413,20 @@ impl<K: LabelKey, M> Family<K, M> {
 pub(crate) struct Encoder {
     pub out: String,
     pub openmetrics: bool,
+    /// When set, every family written is also noted here as declared (its
+    /// name, type, label names and help): the metrics reference is made from
+    /// the same calls as `/metrics`.
+    pub catalog: Option<Vec<FamilyInfo>>,
+}
+
+/// One metric family as the code declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FamilyInfo {
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    pub labels: Vec<&'static str>,
+    pub help: String,
 }
 
 #[derive(Clone, Copy)]
@@ -431,15 +445,32 @@ impl Encoder {
         Self {
             out: String::with_capacity(16 * 1024),
             openmetrics,
+            catalog: None,
         }
     }
 
-    fn header(&mut self, name: &str, help: &str, kind: Kind) {
+    /// An encoder that also notes each family it writes (see `catalog`).
+    pub(crate) fn cataloguing() -> Self {
+        Self {
+            catalog: Some(Vec::new()),
+            ..Self::new()
+        }
+    }
+
+    fn header(&mut self, name: &str, help: &str, kind: Kind, labels: &[&'static str]) {
         let t = match kind {
             Kind::Counter => "counter",
             Kind::Gauge => "gauge",
             Kind::Histogram => "histogram",
         };
+        if let Some(c) = &mut self.catalog {
+            c.push(FamilyInfo {
+                name: name.to_string(),
+                kind: t,
+                labels: labels.to_vec(),
+                help: help.to_string(),
+            });
+        }
         let family = match kind {
             Kind::Counter if self.openmetrics => name.strip_suffix("_total").unwrap_or(name),
             _ => name,
@@ -464,7 +495,7 @@ impl Encoder {
         fam: &Family<K, M>,
         pick: impl Fn(&M) -> &Counter,
     ) {
-        self.header(name, help, Kind::Counter);
+        self.header(name, help, Kind::Counter, fam.names);
         for (labels, m) in fam.snapshot() {
             let _ = writeln!(self.out, "{name}{} {}", wrap(&labels), pick(&m).get());
         }
@@ -479,7 +510,7 @@ impl Encoder {
         fam: &Family<K, M>,
         pick: impl Fn(&M) -> f64,
     ) {
-        self.header(name, help, Kind::Counter);
+        self.header(name, help, Kind::Counter, fam.names);
         for (labels, m) in fam.snapshot() {
             let v = pick(&m);
             if v.is_finite() {
@@ -495,7 +526,7 @@ impl Encoder {
         fam: &Family<K, M>,
         pick: impl Fn(&M) -> f64,
     ) {
-        self.header(name, help, Kind::Gauge);
+        self.header(name, help, Kind::Gauge, fam.names);
         for (labels, m) in fam.snapshot() {
             let _ = writeln!(self.out, "{name}{} {}", wrap(&labels), fmt_value(pick(&m)));
         }
@@ -508,7 +539,7 @@ impl Encoder {
         fam: &Family<K, M>,
         pick: impl Fn(&M) -> &Histogram,
     ) {
-        self.header(name, help, Kind::Histogram);
+        self.header(name, help, Kind::Histogram, fam.names);
         let om = self.openmetrics;
         for (labels, m) in fam.snapshot() {
             pick(&m).render(&mut self.out, name, &labels, om);
@@ -517,19 +548,20 @@ impl Encoder {
 
     /// One unlabelled value.
     pub(crate) fn single(&mut self, name: &str, help: &str, kind: Kind, value: f64) {
-        self.header(name, help, kind);
+        self.header(name, help, kind, &[]);
         let _ = writeln!(self.out, "{name} {value}");
     }
 
     /// One series with a preformatted label set (`a="x",b="y"`, may be empty).
     pub(crate) fn one(&mut self, name: &str, help: &str, kind: Kind, labels: &str, value: f64) {
-        self.header(name, help, kind);
+        self.header(name, help, kind, &[]);
         let _ = writeln!(self.out, "{name}{} {value}", wrap(labels));
     }
 
-    /// One histogram series with a preformatted label set.
+    /// One histogram series with a preformatted label set (none in the
+    /// catalog: give it label names if it ever has labels).
     pub(crate) fn one_histogram(&mut self, name: &str, help: &str, labels: &str, h: &Histogram) {
-        self.header(name, help, Kind::Histogram);
+        self.header(name, help, Kind::Histogram, &[]);
         h.render(&mut self.out, name, labels, self.openmetrics);
     }
 }

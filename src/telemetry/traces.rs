@@ -47,6 +47,14 @@ impl Keep {
             Keep::Sampled => "sampled",
         }
     }
+
+    pub(crate) const ALL: [Keep; 5] = [
+        Keep::Error,
+        Keep::SlowTtft,
+        Keep::SlowE2e,
+        Keep::Stall,
+        Keep::Sampled,
+    ];
 }
 
 /// The tail sampler: a pure decision plus a per-second budget.
@@ -159,18 +167,8 @@ impl Traces {
                 .build(),
         );
         let (tx, rx) = mpsc::channel(QUEUE);
-        // Healthy zeros for every reason and decision, before the first.
-        for keep in [
-            Keep::Error,
-            Keep::SlowTtft,
-            Keep::SlowE2e,
-            Keep::Stall,
-            Keep::Sampled,
-        ] {
-            for decision in ["kept", "capped"] {
-                metrics.traces.get(&(keep.as_str(), decision));
-            }
-        }
+        // (Every reason and decision exists at zero from the start:
+        // `Metrics::know`.)
         let spans = &metrics.trace_spans;
         let (exported, failed) = (spans.get(&("exported",)), spans.get(&("export_failed",)));
         // Detached: when the last `Traces` is dropped (a config reload that

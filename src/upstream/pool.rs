@@ -165,7 +165,7 @@ impl Replica {
                 v.set_sensitive(true);
                 v
             });
-        let series = metrics.backends.get(&(name.clone(),));
+        let series = metrics.init_backend(&name);
         Self {
             name,
             source,
@@ -513,7 +513,7 @@ impl Pool {
         }
         if previous.is_some() {
             let names: Vec<Arc<str>> = replicas.iter().map(|r| r.name.clone()).collect();
-            metrics.backends.retain(|(n,)| names.iter().any(|m| m == n));
+            metrics.retain_backends(&names);
         }
         let aliases = config
             .models
@@ -576,21 +576,23 @@ impl Pool {
             }
         }
         let names: Vec<Arc<str>> = next.iter().map(|r| r.name.clone()).collect();
-        self.metrics
-            .backends
-            .retain(|(n,)| names.iter().any(|m| m == n));
+        self.metrics.retain_backends(&names);
         self.replicas.store(Arc::new(next));
         self.rebuild_index();
         true
     }
 
-    /// Recompute the model index from every replica's model list.
+    /// Recompute the model index from every replica's model list; a model
+    /// seen for the first time gets its series at zero.
     pub(crate) fn rebuild_index(&self) {
         let mut by_model: HashMap<Arc<str>, Vec<Arc<Replica>>> = HashMap::new();
         for r in self.replicas().iter() {
             for m in r.models() {
                 by_model.entry(m).or_default().push(r.clone());
             }
+        }
+        for model in by_model.keys() {
+            self.metrics.init_model(model);
         }
         self.index.store(Arc::new(ModelIndex { by_model }));
     }

@@ -18,6 +18,7 @@ mod dashboard;
 mod defects;
 mod deploy;
 mod deps;
+mod docs;
 mod doctor;
 mod doctor_sim;
 mod errors;

@@ -11,7 +11,7 @@
 //! reader took ~4,950 instructions a request (callgrind,
 //! `benches/e2e/instructions.sh`), most of them in its field machinery and
 //! in buffering the untagged `ContentLite`, not in reading the bytes; see
-//! docs/BENCHMARKS.md, "2026-11-25 late night". It is checked against serde
+//! docs/benchmarks-log.md, "2026-11-25 late night". It is checked against serde
 //! by the tests below (a corpus, every truncation and byte change of it)
 //! and by generated bodies in `prop.rs`: it may decline, never disagree.
 

@@ -1,7 +1,7 @@
 //! The API listener's own HTTP/1.1 server (`server.http1: own`, the
 //! default; `hyper` keeps hyper's server as before).
 //!
-//! Measured reason (docs/BENCHMARKS.md, "The gateway's own HTTP/1.1
+//! Measured reason (docs/benchmarks-log.md, "The gateway's own HTTP/1.1
 //! server"): hyper's dispatcher polls a streaming body three times per
 //! wake-up, formats every chunk-size line through `fmt`, reads the client's
 //! socket on every pass, and spends ~16,000 instructions of a non-streamed
