@@ -47,16 +47,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIN = os.path.join(ROOT, "target", "release", "sluice")
 KEYS = {"vip": ("premium", "sk-bench-vip"), "heavy": ("free", "sk-bench-heavy"),
         "light": ("free", "sk-bench-light"), "crowd": ("free", "sk-bench-crowd")}
-SEATS = 48
 REPLICAS = 2
+
+# The fleets (`--fleet`): the engine's arguments, its seats, and the requests'
+# shape (prompt and output tokens).
+FLEETS = {
+    # Seats bind, KV is ample: A100 Llama-3.1-8B, 48 seats a replica.
+    "seats": dict(engine=["--profile", "a100-llama3-8b", "--max-num-seqs", "48"], seats=48,
+                  prompt=128, output=64, workload="random"),
+    # Long contexts on a small cache: 64 seats whose KV cache is ~90% full when
+    # all are busy (1,000-token prompts, 16 tokens out: 64 blocks a sequence,
+    # 4,550 blocks), engine steps of ~330 ms at full batch.
+    "kv-full": dict(engine=["--profile", "h100-llama3-8b", "--max-num-seqs", "64",
+                            "--num-blocks", "4550", "--step-base", "250ms",
+                            "--step-per-seq", "1ms", "--prefill-per-token", "50us"],
+                    seats=64, prompt=1000, output=16, workload="fixed"),
+}
+FLEET = FLEETS["seats"]
+SEATS = FLEET["seats"]
+SEED = 1
 
 
 def start_sims(procs):
     urls = []
     for _ in range(REPLICAS):
         port = free_port()
-        procs.start([BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "a100-llama3-8b",
-                     "--max-num-seqs", str(SEATS), "--output-tokens", "4096"])
+        procs.start([BIN, "sim", "--listen", f"127.0.0.1:{port}", *FLEET["engine"],
+                     "--output-tokens", "4096"])
         urls.append(f"http://127.0.0.1:{port}")
     for u in urls:
         wait_http(u + "/health")
@@ -145,8 +162,9 @@ def flow_metrics(admins):
 def bench(url, who, tmp, seconds, rate=None, concurrency=2000, seed=1):
     out = os.path.join(tmp, f"bench-{who}-{free_port()}.json")
     args = [BIN, "bench", "--url", url, "--api-key", KEYS[who][1], "--duration", f"{seconds}s",
-            "--prompt-tokens", "128", "--max-tokens", "64", "--concurrency", str(concurrency),
-            "--seed", str(seed), "--quiet", "--json", out]
+            "--prompt-tokens", str(FLEET["prompt"]), "--max-tokens", str(FLEET["output"]),
+            "--workload", FLEET["workload"], "--concurrency", str(concurrency),
+            "--seed", str(seed + 1000 * (SEED - 1)), "--quiet", "--json", out]
     if rate:
         args += ["--rate", f"{rate:.3f}"]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL), out
@@ -225,13 +243,19 @@ def scenario(name, seconds, tmp, flow=True, gateways=1, tenants=(), learned=Fals
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=40)
-    ap.add_argument("--premium-rate", type=float, default=4.0)
+    ap.add_argument("--premium-rate", type=float,
+                    help="requests/s (default: 4 on the seats fleet, 0.4 C on kv-full)")
     ap.add_argument("--capacity", type=float, help="skip measuring it (requests/s)")
     ap.add_argument("--only", help="comma-separated runs (exploration; the verdict needs all)")
     ap.add_argument("--floor", type=lambda v: [int(x) for x in v.split(",")], default=[],
                     help="batch sizes per replica for the floor sweep, e.g. 46,32,16,8")
+    ap.add_argument("--fleet", choices=list(FLEETS), default="seats")
+    ap.add_argument("--seed", type=int, default=1, help="varies every tenant's arrivals")
     ap.add_argument("--json")
     args = ap.parse_args()
+    global FLEET, SEATS, SEED
+    FLEET, SEED = FLEETS[args.fleet], args.seed
+    SEATS = FLEET["seats"]
     if not os.path.exists(BIN):
         raise SystemExit("build first: cargo build --release")
     tmp = tempfile.mkdtemp()
@@ -251,7 +275,7 @@ def main():
             procs.stop()
         C = cap["ok"] / cap["duration_seconds"]
         print(f"capacity: {C:.1f} req/s ({summary(cap)})", flush=True)
-    p = args.premium_rate
+    p = args.premium_rate or (4.0 if args.fleet == "seats" else round(0.4 * C, 2))
     flood = 1.5 * C - p
 
     light, heavy = 1.5 * C / 11, 1.5 * C * 10 / 11
@@ -302,32 +326,30 @@ def main():
         rows[name] = scenario(name, T, tmp, **plan[name])
         if "light" in rows[name] and "heavy" in rows[name]:
             print(f"  fairness: {fairness(rows[name])}", flush=True)
-    if args.only:
-        if args.json:
-            write(args.json, {k: fairness(v) for k, v in rows.items()
-                              if isinstance(v, dict) and "light" in v and "heavy" in v}, rows)
-        return
-
     def goodput(res):
         res = {w: r for w, r in res.items() if not w.startswith("_")}
         return sum(r["output_tokens"] for r in res.values()) / max(
             r["duration_seconds"] for r in res.values())
 
-    base = rows["unloaded"]["vip"]["ttft_seconds"]["p99"]
-    verdict = {
-        "premium_ttft_p99_vs_unloaded": {
+    # What the runs made allow (`--only` runs a part).
+    verdict = {}
+    if "unloaded" in rows:
+        base = rows["unloaded"]["vip"]["ttft_seconds"]["p99"]
+        verdict["premium_ttft_p99_vs_unloaded"] = {
             k: round(rows[k]["vip"]["ttft_seconds"]["p99"] / base, 2)
-            for k in ("flood", "flood_off", "flood_learned")},
-        "goodput_vs_off": {
-            "flood": round(goodput(rows["flood"]) / goodput(rows["flood_off"]), 3),
-            "fair": round(goodput(rows["fair"]) / goodput(rows["fair_off"]), 3)},
-        "fairness_jain_light_served": {
-            k: fairness(rows[k])
-            for k in ("fair", "fair_off", "fair_2gw", "skew_2gw", "skew_2gw_redis")},
-        "longest_answer_s": {
-            k: max(r["e2e_seconds"]["max"] for w, r in rows[k].items() if not w.startswith("_"))
-            for k in ("flood", "fair", "fair_2gw")},
-    }
+            for k in ("flood", "flood_off", "flood_learned") if k in rows}
+        verdict["premium_ttft_p99_vs_unloaded"].update({
+            k: round(rows[k]["vip"]["ttft_seconds"]["p99"] / base, 2)
+            for k in rows if k.startswith("floor_")})
+    verdict["goodput_vs_off"] = {
+        k: round(goodput(rows[k]) / goodput(rows[f"{k}_off"]), 3)
+        for k in ("flood", "fair") if k in rows and f"{k}_off" in rows}
+    verdict["fairness_jain_light_served"] = {
+        k: fairness(v) for k, v in rows.items()
+        if isinstance(v, dict) and "light" in v and "heavy" in v}
+    verdict["longest_answer_s"] = {
+        k: max(r["e2e_seconds"]["max"] for w, r in rows[k].items() if not w.startswith("_"))
+        for k in ("flood", "fair", "fair_2gw", "flood_learned") if k in rows}
     print(json.dumps(verdict, indent=2))
     if args.json:
         write(args.json, verdict, rows)

@@ -30,6 +30,10 @@ Cells (`--cells`, default all):
   sessions_3gw    `sessions` through three Sluice gateways behind nginx (round robin);
                   peers run one router (they share no state either)
 
+`--engine b` runs the replicas on `engine_b.py`, a second engine model written apart
+from `sluice sim` (same API and metric names, its own tokenizer, scheduler, cache and
+preemption): a decision tuned on one model must hold on the other.
+
 Routers: Sluice (defaults, no config) and, from `--routers-venv`, sglang-router
 `cache_aware` and vllm-router `cache_aware` (prefix cells) or `consistent_hash`
 (session cells, hashing `x-session-id`).
@@ -62,11 +66,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIN = os.path.join(ROOT, "target", "release", "sluice")
 
 # The issue's engine: steps of 8 ms + 0.1 ms a running sequence, prefill 0.1 ms
-# a token, 64 seats, 2,048 batched tokens.
-FAST = ["--step-base", "8ms", "--step-per-seq", "100us", "--prefill-per-token", "100us",
-        "--max-num-seqs", "64", "--max-num-batched-tokens", "2048"]
-SLOW = ["--step-base", "24ms", "--step-per-seq", "300us", "--prefill-per-token", "300us",
-        "--max-num-seqs", "64", "--max-num-batched-tokens", "2048"]
+# a token, 64 seats, 2,048 batched tokens. (Milliseconds.)
+FAST = dict(base=8.0, per_seq=0.1, per_token=0.1, seats=64, batched=2048)
+SLOW = dict(base=24.0, per_seq=0.3, per_token=0.3, seats=64, batched=2048)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def engine_args(kind, e, blocks, port):
+    """The command of one replica: `sluice sim`, or the second engine model
+    (`engine_b.py`, written apart from it)."""
+    if kind == "b":
+        return [sys.executable, os.path.join(HERE, "engine_b.py"), "--port", str(port),
+                "--num-blocks", str(blocks), "--max-seqs", str(e["seats"]),
+                "--max-batched-tokens", str(e["batched"]), "--step-base-ms", str(e["base"]),
+                "--per-seq-ms", str(e["per_seq"]), "--per-token-ms", str(e["per_token"])]
+    return [BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "h100-llama3-8b",
+            "--output-tokens", "4096", "--num-blocks", str(blocks),
+            "--step-base", f"{e['base'] * 1000:.0f}us", "--step-per-seq", f"{e['per_seq'] * 1000:.0f}us",
+            "--prefill-per-token", f"{e['per_token'] * 1000:.0f}us",
+            "--max-num-seqs", str(e["seats"]), "--max-num-batched-tokens", str(e["batched"])]
 
 CELLS = {
     "few_keys": dict(kind="prefix", engine=FAST, blocks=1024, prefixes=16, rate=40.0),
@@ -79,13 +97,14 @@ CELLS = {
 }
 
 
+ENGINE = "sim"
+
+
 def start_fleet(procs, cell, n=4):
     urls = []
     for _ in range(n):
         port = free_port()
-        args = [BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "h100-llama3-8b",
-                "--output-tokens", "4096", "--num-blocks", str(cell["blocks"]), *cell["engine"]]
-        procs.start(args)
+        procs.start(engine_args(ENGINE, cell["engine"], cell["blocks"], port))
         urls.append(f"http://127.0.0.1:{port}")
     for u in urls:
         wait_http(u + "/health")
@@ -180,9 +199,13 @@ def main():
     ap.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS))
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--only", nargs="*", help="run only these routers")
-    ap.add_argument("--requests", type=int, default=2000, help="prefix cells: requests a run")
+    ap.add_argument("--requests", type=int, default=3000, help="prefix cells: requests a run")
+    ap.add_argument("--engine", choices=["sim", "b"], default="sim",
+                    help="the replicas: `sluice sim`, or engine_b.py (the second engine model)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    global ENGINE
+    ENGINE = args.engine
     if not os.path.exists(BIN):
         raise SystemExit("build first: cargo build --release")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -216,8 +239,7 @@ def main():
                       f"p99 {row['ttft_p99_ms']:8.1f} ms | busiest {row['busiest_over_mean']:.2f}x | "
                       f"hit {row['prefix_hit'] if row['prefix_hit'] is not None else '-'}{extra} | "
                       f"ok {row['ok']}/{row['requests']} | {row.get('decisions', '')}", flush=True)
-            out["cells"][cname] = {"cell": {k: v for k, v in cell.items() if k != "engine"},
-                                   "engine": cell["engine"], "runs": runs}
+            out["cells"][cname] = {"cell": cell, "engine": args.engine, "runs": runs}
             save()
         summary = {}
         for n, rows in runs.items():

@@ -16,8 +16,57 @@
 //! (`routing::placement` does the accounting per request.)
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 use crate::telemetry::ewma::Ewma;
+use crate::telemetry::metrics::epoch;
+
+/// The span of one window of [`Recent`]: it counts the requests of the
+/// current window and the one before, 5 to 10 seconds of them.
+const WINDOW: Duration = Duration::from_secs(5);
+
+/// Requests routed to a replica lately, counted in two alternating windows
+/// (one atomic add a request; the window that comes round again is zeroed by
+/// whoever sees it first, so a count may lose a request or two at a turn:
+/// this is a share of traffic, not an account).
+#[derive(Default)]
+pub(crate) struct Recent {
+    /// `counts[w % 2]` holds window `w`'s requests while `windows[w % 2] == w`.
+    counts: [AtomicU64; 2],
+    windows: [AtomicU64; 2],
+}
+
+impl Recent {
+    fn window(now: Instant) -> u64 {
+        (now.saturating_duration_since(epoch()).as_nanos() / WINDOW.as_nanos()) as u64
+    }
+
+    pub(crate) fn add(&self, now: Instant) {
+        let w = Self::window(now);
+        let i = (w % 2) as usize;
+        let seen = self.windows[i].load(Relaxed);
+        if seen != w
+            && self.windows[i]
+                .compare_exchange(seen, w, Relaxed, Relaxed)
+                .is_ok()
+        {
+            self.counts[i].store(0, Relaxed);
+        }
+        self.counts[i].fetch_add(1, Relaxed);
+    }
+
+    /// Requests of this window and the one before.
+    pub(crate) fn get(&self, now: Instant) -> u64 {
+        let w = Self::window(now);
+        (0..2)
+            .filter(|&i| {
+                let seen = self.windows[i].load(Relaxed);
+                seen == w || seen + 1 == w
+            })
+            .map(|i| self.counts[i].load(Relaxed))
+            .sum()
+    }
+}
 
 /// What routing learns of a replica from this gateway's requests.
 #[derive(Default)]
@@ -36,6 +85,9 @@ pub(crate) struct Load {
     /// Requests whose cached tokens fell short of the prediction (the index
     /// was corrected for them).
     pub(crate) shortfalls: AtomicU64,
+    /// Requests this gateway routed here lately: its share of the traffic,
+    /// for placing new keys.
+    pub(crate) routed: Recent,
 }
 
 impl Load {
@@ -54,5 +106,26 @@ impl Load {
         let own = self.backlog() as f64;
         let per = self.per_request.get().unwrap_or(0.0);
         own.max(scraped_waiting.unwrap_or(0.0) * per)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_counts_two_windows_and_forgets_older_ones() {
+        let r = Recent::default();
+        let t = epoch() + WINDOW * 10;
+        for _ in 0..3 {
+            r.add(t);
+        }
+        assert_eq!(r.get(t), 3);
+        r.add(t + WINDOW);
+        assert_eq!(r.get(t + WINDOW), 4, "this window and the one before");
+        assert_eq!(r.get(t + WINDOW * 2), 1, "only the one before");
+        r.add(t + WINDOW * 2);
+        assert_eq!(r.get(t + WINDOW * 2), 2, "the oldest window was reused");
+        assert_eq!(r.get(t + WINDOW * 5), 0);
     }
 }

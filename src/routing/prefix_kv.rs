@@ -108,8 +108,9 @@ struct View {
     /// the cache decides where the wait is shortest.
     pressed: Blocked,
     in_flight: f64,
-    /// This gateway's requests in flight there plus the engine's own queue
-    /// at its last fresh scrape (`least_loaded::work`), for placing new keys.
+    /// For placing new keys: this gateway's requests in flight there, the
+    /// engine's own queue at its last fresh scrape (`least_loaded::work`),
+    /// and the requests this gateway sent there in the last 5-10 s.
     work: f64,
     /// Scraped KV-cache usage (0 unknown): a tiebreak, never a stop.
     kv: f64,
@@ -137,35 +138,42 @@ fn order(key: u64, candidates: &[ReplicaView]) -> Vec<usize> {
     o
 }
 
-/// A new key's replica: of the first `choices` replicas in the key's
-/// rendezvous order that pass `eligible`, the one with the least work (this
-/// gateway's requests in flight there and the engine's own queue), then with
-/// less prefill queued by this gateway, then the earlier in the order.
-/// Gateways given the same scrapes, with nothing in flight, choose alike
-/// (the engine's queue, not its running count or KV usage, which move with
-/// every step: two gateways scraping a moment apart would read them
-/// differently); with two choices, a key has at most two homes whatever
-/// they disagree on.
+/// Where a key goes among the replicas that pass `eligible`, scanned in the
+/// key's rendezvous order (ties go to the earlier: on an even fleet a key
+/// goes where its own order says, which every gateway computes the same).
+///
+/// - A new home (`held`: each replica's prefix blocks in this gateway's
+///   index, and the prompt's own): the replica holding least, in whole prompts' worth of blocks
+///   (the prefixes placed there and the traffic they brought, as a router
+///   that sees every prompt balances its trees; gateways whose indexes
+///   differ by less than a prompt still see the same replicas as least
+///   full); then the one with fewer prompts like this one queued for
+///   prefill (the tokens ahead there in units of this prompt: a cold
+///   prefill in progress counts, a few cached requests do not); then the
+///   least work (this gateway's requests in flight there, the engine's own
+///   queue, the requests it sent there lately).
+/// - Among a prefix's holders (`held` is `None`): the fewest prompts queued
+///   for prefill, then the least work.
 fn place(
     ranked: &[usize],
     views: &[View],
-    choices: usize,
+    prompt_tokens: u32,
+    held: Option<(&[f64], usize)>,
     eligible: impl Fn(usize) -> bool,
 ) -> Option<usize> {
+    let prompts_ahead = |i: usize| (views[i].ahead / f64::from(prompt_tokens.max(1))).round();
+    let size = |i: usize| held.map_or(0.0, |(blocks, own)| (blocks[i] / own.max(1) as f64).round());
+    // `min_by` keeps the first of equals: the earlier in the order.
     ranked
         .iter()
         .copied()
         .filter(|&i| eligible(i))
-        .take(choices)
-        .enumerate()
-        .min_by(|&(ra, a), &(rb, b)| {
-            let (va, vb) = (&views[a], &views[b]);
-            va.work
-                .total_cmp(&vb.work)
-                .then(va.ahead.total_cmp(&vb.ahead))
-                .then(ra.cmp(&rb))
+        .min_by(|&a, &b| {
+            size(a)
+                .total_cmp(&size(b))
+                .then(prompts_ahead(a).total_cmp(&prompts_ahead(b)))
+                .then(views[a].work.total_cmp(&views[b].work))
         })
-        .map(|(_, i)| i)
 }
 
 /// Where a request belongs, and why.
@@ -339,7 +347,8 @@ impl PrefixKv {
             blocked,
             pressed,
             in_flight: f64::from(r.in_flight),
-            work: least_loaded::work(r, ctx, self.stale_after),
+            work: least_loaded::work(r, ctx, self.stale_after)
+                + memory.load.routed.get(ctx.now) as f64,
             kv,
             // (Read in `pick`, after `warm`.)
             matched: 0,
@@ -495,13 +504,13 @@ impl PrefixKv {
         let open = |i: usize| views[i].blocked == Blocked::No;
         let within = |i: usize| views[i].in_flight < bound;
         let home_len = c.home_blocks.min(ctx.hashes.len());
-        let holders = || {
-            ranked
-                .iter()
-                .copied()
-                .filter(move |&i| home_len > 0 && views[i].matched >= home_len)
-        };
-        if let Some(i) = holders().find(|&i| open(i) && within(i)) {
+
+        // Of the replicas holding it (a prefix that outgrew one home has
+        // two), the least loaded, as a new key would be placed.
+        let held = |i: usize| home_len > 0 && views[i].matched >= home_len;
+        if let Some(i) = place(&ranked, views, ctx.prompt_tokens, None, |i| {
+            held(i) && open(i) && within(i)
+        }) {
             return Home {
                 index: i,
                 reason: RouteReason::Affinity,
@@ -510,15 +519,29 @@ impl PrefixKv {
             };
         }
         // Why the prefix's home could not keep it.
-        let reason = match holders().next() {
+        let reason = match ranked.iter().copied().find(|&i| held(i)) {
             Some(h) if open(h) => RouteReason::SpillLoad,
             Some(h) => views[h].blocked.spill(),
             None if home_len == 0 => RouteReason::LeastLoaded,
             None => RouteReason::PrefixNew,
         };
-        let choices = if home_len == 0 { n } else { 2 };
-        let index = place(&ranked, views, choices, |i| open(i) && within(i))
-            .or_else(|| place(&ranked, views, choices, open))
+        // A new home balances what the replicas hold: the prefix blocks this
+        // gateway sent each (the prefixes placed there, and the traffic
+        // they bring), as a router that sees every prompt balances its
+        // trees. Read only here: a new prefix is a rare event. A prompt
+        // shorter than a block has nothing to keep: the least work.
+        let blocks: Vec<f64> = if home_len == 0 {
+            Vec::new()
+        } else {
+            views
+                .iter()
+                .map(|v| v.memory.prefixes.len() as f64)
+                .collect()
+        };
+        let held = (home_len > 0).then_some((blocks.as_slice(), ctx.hashes.len()));
+        let prompt = ctx.prompt_tokens;
+        let index = place(&ranked, views, prompt, held, |i| open(i) && within(i))
+            .or_else(|| place(&ranked, views, prompt, held, open))
             .unwrap_or(ranked[0]);
         Home {
             index,
@@ -547,6 +570,7 @@ impl PrefixKv {
         if !ctx.hashes.is_empty() {
             v.memory.prefixes.insert(ctx.hashes);
         }
+        v.memory.load.routed.add(ctx.now);
         Decision {
             index,
             reason,
@@ -670,7 +694,7 @@ mod tests {
         let (mut a, mut b) = (replicas(4), replicas(4));
         // The same scrapes: the engines' queues are uneven (queues no
         // longer than a scrape, so no replica is pressed).
-        for (i, waiting) in [3.0, 0.0, 5.0, 1.0].into_iter().enumerate() {
+        for (i, waiting) in [30.0, 0.0, 50.0, 10.0].into_iter().enumerate() {
             let s = LoadView {
                 queued: false,
                 ..sample(0.1, waiting)
@@ -678,28 +702,31 @@ mod tests {
             a[i].load = Some(s);
             b[i].load = Some(s);
         }
-        let waiting = |r: &ReplicaView| r.load.and_then(|l| l.waiting).unwrap_or(0.0);
         let (pa, pb) = (policy(), policy());
         let mut used = std::collections::HashSet::new();
-        for key in 0..40u64 {
+        let mut homes = [0; 4];
+        for key in 0..12u64 {
             let h = [key, key + 1000];
             let da = pick(&pa, &a, &h);
             let db = pick(&pb, &b, &h);
             assert_eq!(da.index, db.index, "prefix {key}");
             assert_eq!(da.reason, RouteReason::PrefixNew);
-            // Of its first two replicas in rendezvous order, the one with the
-            // shorter queue.
-            let ranked = order(h[1], &a);
-            let want = if waiting(&a[ranked[1]]) < waiting(&a[ranked[0]]) {
-                ranked[1]
-            } else {
-                ranked[0]
-            };
-            assert_eq!(da.index, want, "prefix {key}");
+            homes[da.index] += 1;
+            if key == 0 {
+                // Nothing held anywhere yet: the shortest queue.
+                assert_eq!(da.index, 1);
+            }
             // Its next request goes where this one went, whatever the load.
-            assert_eq!(pick(&pa, &a, &h).reason, RouteReason::Affinity);
-            assert_eq!(pick(&pa, &a, &h).index, da.index);
+            for p in [&pa, &pb] {
+                let again = pick(p, &a, &h);
+                assert_eq!(
+                    (again.index, again.reason),
+                    (da.index, RouteReason::Affinity)
+                );
+            }
         }
+        // New homes go where least is held: three prefixes each.
+        assert_eq!(homes, [3; 4]);
         // On an even fleet, hashing alone spreads the prefixes.
         let even = replicas(4);
         for key in 100..140u64 {
@@ -738,6 +765,30 @@ mod tests {
         assert!(gap(hashed) >= 4, "{hashed:?} {placed:?}");
         assert!(gap(placed) <= 2, "{placed:?} (hashing alone: {hashed:?})");
         assert!(most(placed) <= 5, "{placed:?}");
+    }
+
+    #[test]
+    fn a_new_prefix_goes_where_less_is_held_then_less_traffic_went() {
+        let reps = replicas(2);
+        let p = policy();
+        // A busy prefix: its home has served 20 requests lately.
+        let hot = [1, 2];
+        let home = pick(&p, &reps, &hot).index;
+        for _ in 0..19 {
+            assert_eq!(pick(&p, &reps, &hot).index, home);
+        }
+        let other = 1 - home;
+        // The first new prefix: the other holds nothing. The second: each
+        // holds one prefix, the home carried the traffic. The third: the
+        // other now holds two.
+        let got: Vec<(usize, RouteReason)> = (10..13u64)
+            .map(|key| {
+                let d = pick(&p, &reps, &[key, key + 1]);
+                (d.index, d.reason)
+            })
+            .collect();
+        let new = RouteReason::PrefixNew;
+        assert_eq!(got, [(other, new), (other, new), (home, new)]);
     }
 
     #[test]
