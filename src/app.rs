@@ -195,5 +195,12 @@ pub(crate) fn build_admin(state: Arc<Live>) -> Router {
         .route("/admin/diagnose", get(admin::diagnose))
         .route("/admin/config", get(admin::config))
         .fallback(|req: Request| async move { proxy::not_found(req).await.into_response() })
+        // The admin token (`server.admin_auth`), outermost: nothing but the
+        // probes (and `/metrics` where opened) is read without it, not even
+        // a 404.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            admin::require_token,
+        ))
         .with_state(state)
 }

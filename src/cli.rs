@@ -70,6 +70,9 @@ pub enum Command {
         /// The gateway's admin listener.
         #[arg(long, default_value = "http://127.0.0.1:9090")]
         admin: Url,
+        /// The admin listener's token, where `server.admin_auth` sets one.
+        #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+        admin_token: Option<String>,
         /// Print the JSON of /admin/diagnose instead of the report.
         #[arg(long)]
         json: bool,
@@ -83,6 +86,9 @@ pub enum Command {
         /// The gateway's admin listener.
         #[arg(long, default_value = "http://127.0.0.1:9090")]
         admin: Url,
+        /// The admin listener's token, where `server.admin_auth` sets one.
+        #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+        admin_token: Option<String>,
         /// Time between two frames.
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         interval: Duration,

@@ -242,11 +242,22 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo(args) => demo::run(args).await,
-        Command::Diagnose { admin, json } => doctor::report::run(&admin, json).await,
+        Command::Diagnose {
+            admin,
+            admin_token,
+            json,
+        } => {
+            doctor::report::use_token(admin_token);
+            doctor::report::run(&admin, json).await
+        }
         Command::Top {
             admin,
+            admin_token,
             interval,
             frames,
-        } => top::run(&admin, interval, frames).await,
+        } => {
+            doctor::report::use_token(admin_token);
+            top::run(&admin, interval, frames).await
+        }
     }
 }

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use sha2::Digest as _;
+
 use arc_swap::ArcSwap;
 use axum::extract::FromRequestParts;
 use http::request::Parts;
@@ -44,6 +46,9 @@ pub struct AppState {
     /// The doctor's findings raised and not yet cleared (kept across
     /// reloads: a pathology does not end because the config changed).
     pub findings: Arc<crate::doctor::Held>,
+    /// SHA-256 of the admin token (`server.admin_auth`), read at start and
+    /// at each reload; `None`: the admin listener is open.
+    pub admin_token: Option<[u8; 32]>,
 }
 
 impl AppState {
@@ -121,6 +126,11 @@ impl AppState {
             |p| p.started_unix,
         );
         let findings = previous.map_or_else(crate::doctor::Held::new, |p| p.findings.clone());
+        let admin_token = config
+            .server
+            .admin_auth
+            .token()?
+            .map(|t| <[u8; 32]>::from(sha2::Sha256::digest(t.expose().as_bytes())));
         Ok(Arc::new(Self {
             config: Arc::new(config),
             pool,
@@ -134,6 +144,7 @@ impl AppState {
             limiter,
             started_unix,
             findings,
+            admin_token,
         }))
     }
 }

@@ -28,7 +28,7 @@ Cells (`--cells`, default all):
                   issue's fleet with 4,096 blocks a replica
   sessions_heavy  the same with heavy-tailed session lengths (Pareto, at most 8x)
   sessions_3gw    `sessions` through three Sluice gateways behind nginx (round robin);
-                  peers run one router (they share no state either)
+                  Sluice only: the peers' runs of `sessions` (same seeds) compare
 
 `--engine b` runs the replicas on `engine_b.py`, a second engine model written apart
 from `sluice sim` (same API and metric names, its own tokenizer, scheduler, cache and
@@ -113,7 +113,9 @@ def start_fleet(procs, cell, n=4):
 
 def routers(cell, venv):
     out = ["sluice"]
-    if venv:
+    # Several gateways are Sluice's case only: the peers run one router (their
+    # runs on the one-gateway cell, same seeds, are the comparison).
+    if venv and cell.get("gateways", 1) == 1:
         if cell["kind"] == "prefix":
             out += ["sglang-cache_aware", "vllm-cache_aware"]
         else:

@@ -2,12 +2,51 @@
 //! knows about its replicas and its config. Never exposed publicly.
 
 use axum::Json;
+use sha2::Digest as _;
 
 use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 use serde::Serialize;
 
 use crate::state::Current;
+
+/// The admin token, where `server.admin_auth` sets one: every route but the
+/// probes (and `/metrics` with `metrics_open`) answers 401 without
+/// `Authorization: Bearer TOKEN`. Compared by SHA-256 digest, so the time
+/// taken says nothing of how much of a guess was right.
+pub(crate) async fn require_token(
+    axum::extract::State(live): axum::extract::State<std::sync::Arc<crate::state::Live>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let state = live.load();
+    let Some(want) = state.admin_token else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    let open = matches!(path, "/healthz" | "/readyz")
+        || (path == "/metrics" && state.config.server.admin_auth.metrics_open);
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| <[u8; 32]>::from(sha2::Sha256::digest(t.trim().as_bytes())));
+    if open || given == Some(want) {
+        return next.run(req).await;
+    }
+    let body = serde_json::json!({"error": {
+        "message": "the admin listener needs its token: Authorization: Bearer TOKEN (server.admin_auth)",
+        "type": "authentication_error",
+        "code": "invalid_admin_token",
+    }});
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        Json(body),
+    )
+        .into_response()
+}
 
 pub(crate) async fn healthz() -> &'static str {
     "ok\n"

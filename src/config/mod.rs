@@ -28,6 +28,7 @@ pub use types::{ByteSize, Secret};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -82,6 +83,51 @@ pub struct ServerConfig {
     /// (`own`, less CPU per token and per request) or hyper's (`hyper`, the
     /// one before it). Both answer alike; the admin listener is always hyper.
     pub http1: Http1Server,
+    /// A token the admin listener requires (`Authorization: Bearer TOKEN`)
+    /// on every route but `/healthz` and `/readyz` (and `/metrics` with
+    /// `metrics_open`). Off without `token_file` or `token_env`.
+    pub admin_auth: AdminAuthConfig,
+}
+
+/// `server.admin_auth`: where the admin token comes from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminAuthConfig {
+    /// A file whose first line is the token (a mounted Secret); read at
+    /// start and at every reload.
+    pub token_file: Option<PathBuf>,
+    /// Or the environment variable that holds it.
+    pub token_env: Option<String>,
+    /// Serve `/metrics` without the token (a scraper that cannot send one).
+    pub metrics_open: bool,
+}
+
+impl AdminAuthConfig {
+    /// The token, read from its file or variable (`None`: not configured).
+    /// An unreadable file, an unset variable or an empty token is an error:
+    /// an admin listener meant to be locked never opens by accident.
+    pub fn token(&self) -> anyhow::Result<Option<Secret>> {
+        let raw = match (&self.token_file, &self.token_env) {
+            (Some(_), Some(_)) => {
+                anyhow::bail!("server.admin_auth: give token_file or token_env, not both")
+            }
+            (Some(path), None) => std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!(
+                    "server.admin_auth.token_file: cannot read {}: {e}",
+                    path.display()
+                )
+            })?,
+            (None, Some(var)) => std::env::var(var)
+                .map_err(|_| anyhow::anyhow!("server.admin_auth.token_env: ${var} is not set"))?,
+            (None, None) => return Ok(None),
+        };
+        let token = raw.lines().next().unwrap_or("").trim().to_string();
+        anyhow::ensure!(
+            !token.is_empty(),
+            "server.admin_auth: the admin token is empty"
+        );
+        Ok(Some(Secret::new(token)))
+    }
 }
 
 /// The API listener's HTTP/1.1 server (`server.http1`).
@@ -103,6 +149,7 @@ impl Default for ServerConfig {
             body_timeout: Duration::from_secs(60),
             header_timeout: Duration::from_secs(75),
             http1: Http1Server::Own,
+            admin_auth: AdminAuthConfig::default(),
         }
     }
 }

@@ -49,19 +49,38 @@ fn yes() -> bool {
     true
 }
 
+/// The admin token the commands send (`--admin-token`, `SLUICE_ADMIN_TOKEN`):
+/// set once by the command, before its first request.
+static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Send this token to the admin listener (a command's `--admin-token`).
+pub fn use_token(token: Option<String>) {
+    if let Some(t) = token {
+        let _ = TOKEN.set(t);
+    }
+}
+
 /// GET `path` from a gateway's admin listener (for the commands that read a
 /// running gateway: `diagnose`, `top`).
 pub async fn admin_get(admin: &Url, path: &str) -> anyhow::Result<Bytes> {
     let url = format!("{}{path}", admin.as_str().trim_end_matches('/'));
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
-    let req = http::Request::get(&url).body(Full::new(Bytes::new()))?;
+    let mut req = http::Request::get(&url).body(Full::new(Bytes::new()))?;
+    if let Some(t) = TOKEN.get() {
+        req.headers_mut()
+            .insert(http::header::AUTHORIZATION, format!("Bearer {t}").parse()?);
+    }
     let resp = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(req))
         .await
         .map_err(|_| anyhow::anyhow!("{url} did not answer within 10 s"))?
         .map_err(|e| {
             anyhow::anyhow!("cannot reach {url}: {e} (is --admin the gateway's admin listener?)")
         })?;
+    anyhow::ensure!(
+        resp.status() != http::StatusCode::UNAUTHORIZED,
+        "{url} answered 401: the admin listener wants its token (--admin-token or SLUICE_ADMIN_TOKEN)"
+    );
     anyhow::ensure!(
         resp.status().is_success(),
         "{url} answered {}",

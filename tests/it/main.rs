@@ -10,6 +10,7 @@
     reason = "helpers are shared by the modules of this one test binary; nothing is exported"
 )]
 
+mod admin_auth;
 mod alerting;
 mod bench;
 mod cli;
