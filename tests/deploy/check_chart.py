@@ -40,6 +40,7 @@ ALL_ON = {
     "dashboard": {"enabled": True},
     "redis": {"enabled": True},
     "apiKeys": {"existingSecret": "sluice-keys"},
+    "adminAuth": {"existingSecret": "sluice-admin"},
     "service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8"]},
     "env": [{"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel:4317"}],
     "networkPolicy": {"enabled": True, "apiFrom": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]},
@@ -201,6 +202,12 @@ def main():
     check(mounts.get("keys") == "/etc/sluice/keys", f"keys Secret mounted: {mounts}")
     secret_vol = [v for v in pod["spec"]["volumes"] if v["name"] == "keys"][0]
     check(secret_vol["secret"]["secretName"] == "sluice-keys", "keys volume is the named Secret")
+    # The admin token: mounted, named in the config, sent by the ServiceMonitor.
+    check(cfg["server"]["admin_auth"] == {"token_file": "/etc/sluice/admin/token", "metrics_open": False},
+          f"admin token wiring {cfg['server'].get('admin_auth')}")
+    check(mounts.get("admin-token") == "/etc/sluice/admin", f"admin token Secret mounted: {mounts}")
+    token_vol = [v for v in pod["spec"]["volumes"] if v["name"] == "admin-token"][0]
+    check(token_vol["secret"]["secretName"] == "sluice-admin", "admin token volume is the named Secret")
 
     # The NetworkPolicy: API port from the listed sources, admin port only from
     # the monitoring namespace; it selects exactly the gateway pods.
@@ -221,6 +228,9 @@ def main():
           "the ServiceMonitor must not select the public Service")
     check(sm["spec"]["endpoints"][0]["port"] == "admin" and sm["metadata"]["labels"]["release"] == "prometheus",
           f"ServiceMonitor {sm['spec']}")
+    check(sm["spec"]["endpoints"][0].get("authorization") == {
+        "type": "Bearer", "credentials": {"name": "sluice-admin", "key": "token"}},
+          f"the ServiceMonitor sends the admin token: {sm['spec']['endpoints'][0]}")
 
     rule = by_kind(docs, "PrometheusRule")[0]
     with open(os.path.join(CHART, "files", "alerts.yaml")) as f:

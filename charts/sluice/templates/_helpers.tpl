@@ -54,6 +54,9 @@ from the values (listeners, drain, Redis when the chart runs it, keys file).
 {{- $_ := set $server "listen" (printf "0.0.0.0:%d" (int .Values.ports.api)) -}}
 {{- $_ := set $server "admin_listen" (printf "0.0.0.0:%d" (int .Values.ports.admin)) -}}
 {{- $_ := set $server "drain_timeout" (printf "%ds" (int .Values.drainTimeoutSeconds)) -}}
+{{- if .Values.adminAuth.existingSecret -}}
+{{- $_ := set $server "admin_auth" (dict "token_file" (printf "/etc/sluice/admin/%s" .Values.adminAuth.key) "metrics_open" .Values.adminAuth.metricsOpen) -}}
+{{- end -}}
 {{- $_ := set $cfg "server" $server -}}
 {{- if .Values.redis.enabled -}}
 {{- $rl := deepCopy (default (dict) $cfg.rate_limits) -}}
