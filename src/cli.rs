@@ -190,6 +190,19 @@ pub struct SimArgs {
     /// Share of requests the --fault applies to.
     #[arg(long, default_value_t = 1.0)]
     pub fault_rate: f64,
+    /// Prefill/decode disaggregation: `prefill` or `decode` plays that leg of
+    /// SGLang's protocol (bootstrap rooms) and refuses the other leg of
+    /// vLLM's (KV transfer parameters); `mixed` serves both vLLM legs and
+    /// plain requests.
+    #[arg(long, value_enum, default_value = "mixed")]
+    pub role: crate::sim::disagg::Role,
+    /// How long KV prefilled for a decode replica is kept for it to pull.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub kv_ttl: Duration,
+    /// The bandwidth of a KV transfer to a decode replica, in GB/s (a decode
+    /// leg waits prompt tokens x the profile's KV bytes per token over it).
+    #[arg(long, default_value_t = 25.0)]
+    pub kv_bandwidth_gbps: f64,
 }
 
 #[derive(Debug, Args)]
@@ -272,6 +285,11 @@ pub struct BenchArgs {
     /// Write the report as JSON to this file (`-` for stdout).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write every request's timing to this file, one JSON line each (when
+    /// sent, TTFT, end to end, the replica that answered where it says,
+    /// cached tokens). Not with agentic.
+    #[arg(long, value_name = "FILE")]
+    pub requests_json: Option<PathBuf>,
     /// No progress lines.
     #[arg(long, short)]
     pub quiet: bool,

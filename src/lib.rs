@@ -172,6 +172,9 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                     faults,
                     fault_rate: args.fault_rate,
                     dialect: args.dialect,
+                    role: args.role,
+                    kv_ttl: args.kv_ttl,
+                    kv_bandwidth: args.kv_bandwidth_gbps * 1e9,
                 },
             )
             .await?;
@@ -184,6 +187,10 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
             anyhow::ensure!(
                 args.api == bench::Api::Chat || args.workload != bench::workload::Workload::Agentic,
                 "--workload agentic speaks chat only (--api chat)"
+            );
+            anyhow::ensure!(
+                args.requests_json.is_none() || args.workload != bench::workload::Workload::Agentic,
+                "--requests-json is for the open and closed loops, not --workload agentic"
             );
             anyhow::ensure!(
                 !args.no_stream || args.workload != bench::workload::Workload::Agentic,
@@ -234,6 +241,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 json: args.json.clone(),
                 progress: !args.quiet,
                 api: args.api,
+                requests_out: args.requests_json.clone(),
             })
             .await?;
             if args.json.as_deref() != Some(std::path::Path::new("-")) {

@@ -272,6 +272,15 @@ impl RequestGuard {
         if let Some(mut a) = self.admission.take() {
             a.finish(used);
         }
+        // A remote prefill: the request's cached tokens are the prefill
+        // replica's (the decode replica counts the KV it pulled); the closed
+        // loop below still compares the decode replica with itself.
+        let served_cached = self.record.usage.and_then(|u| u.cached_tokens);
+        if let (Some(pd), Some(u)) = (&self.record.pd, self.record.usage.as_mut())
+            && let Some(c) = pd.prefill_cached
+        {
+            u.cached_tokens = Some(c);
+        }
         // 2. Report once.
         self.tele.report(
             &mut self.record,
@@ -281,9 +290,7 @@ impl RequestGuard {
         // 3. Release the replica, with what it taught us.
         if let Some(attempt) = self.attempt.take() {
             let r = &self.record;
-            if let (Some(p), Some(actual)) =
-                (self.placement.take(), r.usage.and_then(|u| u.cached_tokens))
-            {
+            if let (Some(p), Some(actual)) = (self.placement.take(), served_cached) {
                 // Closed loop: what routing expected cached against the engine.
                 p.finished(actual);
                 let series = &attempt.replica().series;

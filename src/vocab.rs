@@ -232,6 +232,52 @@ impl RouteReason {
     ];
 }
 
+/// How a request of a disaggregated model was prefilled
+/// (`sluice_pd_decisions_total{reason}`, the access log, the trace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdReason {
+    /// On a prefill replica; its KV went to the decode replica.
+    Remote,
+    /// Locally: the decode replica held most of the prompt already.
+    LocalCached,
+    /// Locally: the prefill replicas' predicted wait was longer than the
+    /// local prefill.
+    LocalPoolBusy,
+    /// Locally: no prefill replica could be used.
+    LocalNoPrefill,
+    /// Locally: the remote prefill failed, was refused or timed out.
+    LocalFallback,
+    /// Locally: the prefill replica answered without KV transfer parameters
+    /// (its one token ended the answer).
+    LocalNoKv,
+    /// Locally, again: the decode replica could not fetch the KV.
+    LocalKvFetchFailed,
+}
+
+impl PdReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PdReason::Remote => "remote",
+            PdReason::LocalCached => "local_cached",
+            PdReason::LocalPoolBusy => "local_pool_busy",
+            PdReason::LocalNoPrefill => "local_no_prefill_replica",
+            PdReason::LocalFallback => "local_fallback",
+            PdReason::LocalNoKv => "local_no_kv",
+            PdReason::LocalKvFetchFailed => "local_kv_fetch_failed",
+        }
+    }
+
+    pub const ALL: [PdReason; 7] = [
+        PdReason::Remote,
+        PdReason::LocalCached,
+        PdReason::LocalPoolBusy,
+        PdReason::LocalNoPrefill,
+        PdReason::LocalFallback,
+        PdReason::LocalNoKv,
+        PdReason::LocalKvFetchFailed,
+    ];
+}
+
 /// Which rate limit refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitKind {

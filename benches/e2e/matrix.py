@@ -142,6 +142,10 @@ def bench(url, cell, args, seed):
                 "--prefix-tokens", "1500", "--prompt-tokens", "20", "--max-tokens", "32",
                 "--rate", str(cell["rate"]), "--concurrency", "1024",
                 "--requests", str(args.requests)]
+        if args.requests_dir:
+            os.makedirs(args.requests_dir, exist_ok=True)
+            cmd += ["--requests-json", os.path.join(
+                args.requests_dir, f"{args.current}_{ENGINE}_seed{seed}.jsonl")]
     else:
         cmd += ["--workload", "agentic", "--sessions", "200", "--concurrency", "48",
                 "--turns", "12", "--prefix-tokens", "3000", "--prompt-tokens", "100",
@@ -157,6 +161,7 @@ def bench(url, cell, args, seed):
 
 
 def run_one(name, cell, args, seed):
+    args.current = f"{args.cell_name}_{name}"
     procs = Procs()
     try:
         sims = start_fleet(procs, cell)
@@ -204,6 +209,7 @@ def main():
     ap.add_argument("--requests", type=int, default=3000, help="prefix cells: requests a run")
     ap.add_argument("--engine", choices=["sim", "b"], default="sim",
                     help="the replicas: `sluice sim`, or engine_b.py (the second engine model)")
+    ap.add_argument("--requests-dir", help="prefix cells: every request's timing, a file a run")
     ap.add_argument("--json")
     args = ap.parse_args()
     global ENGINE
@@ -227,6 +233,7 @@ def main():
 
     for cname in args.cells:
         cell = CELLS[cname]
+        args.cell_name = cname
         names = [r for r in routers(cell, args.routers_venv) if not args.only or r in args.only]
         runs = {n: [] for n in names}
         for seed in seeds:

@@ -1,6 +1,7 @@
 //! Thin HTTP handlers: the proxied API, the model list, and the admin endpoints.
 
 pub(crate) mod admin;
+pub(crate) mod disagg;
 pub mod inbound;
 pub(crate) mod models;
 pub mod proxy;

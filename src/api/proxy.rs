@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http::{HeaderValue, Request, header};
 use tokio::time::Instant;
 
@@ -364,6 +365,14 @@ async fn forward(
     guard: &mut RequestGuard,
 ) -> Result<Reply, GatewayError> {
     let fallback = candidates.fallback;
+    // A disaggregated model's prefill replicas (vLLM's protocol, the chat
+    // and completions APIs: `api/disagg.rs`).
+    let prefills = match (endpoint, state.config.routing.disaggregation.protocol) {
+        (Endpoint::Chat | Endpoint::Completions, crate::config::PdProtocol::Vllm) => {
+            std::mem::take(&mut candidates.prefill)
+        }
+        _ => Vec::new(),
+    };
     let candidates = &mut candidates.replicas;
     let cfg = &state.config.upstream;
     let deadline = guard.record.arrival + cfg.timeouts.total;
@@ -492,6 +501,43 @@ async fn forward(
                 &with_priority
             }
         };
+        // A disaggregated model: the prefill, remote or local, planned now
+        // that the decode replica is known (boxed: a rare path's state stays
+        // out of every request's future).
+        let pd_body;
+        let local_body = body;
+        let body = if prefills.is_empty() {
+            body
+        } else {
+            let ctx = RouteCtx {
+                model: &model,
+                hashes: &hashes,
+                session,
+                prompt_tokens,
+                tail_tokens,
+                now: turn::now_std(),
+            };
+            let attempt = super::disagg::Attempt {
+                state,
+                parts,
+                path,
+                rid,
+                traceparent: traceparent.as_ref().map(|t| &t[..]),
+                ctx: &ctx,
+                decode: &replica,
+                decode_cached: decision.cached_tokens,
+                deadline,
+            };
+            let (b, record) = Box::pin(super::disagg::prefill(attempt, body, &prefills)).await?;
+            state
+                .metrics
+                .pd_decisions
+                .get(&(model.clone(), record.reason.as_str()))
+                .inc();
+            guard.record.pd = Some(Box::new(record));
+            pd_body = b;
+            &pd_body
+        };
         // A replica at the root takes the client's path as it came.
         let prefixed;
         let path = if replica.path_prefix.is_empty() {
@@ -500,7 +546,7 @@ async fn forward(
             prefixed = format!("{}{}", replica.path_prefix, path);
             prefixed.as_str()
         };
-        let req = {
+        let build = |body: &Bytes| {
             let mut added: [(&http::HeaderName, &[u8]); 3] =
                 [(&header::HOST, replica.conns.host.as_bytes()); 3];
             let mut n = 1;
@@ -514,6 +560,7 @@ async fn forward(
             }
             proxied_request(&parts.method, path, &parts.headers, rid, &added[..n], body)
         };
+        let req = build(body);
 
         // Read afresh: the gateway's overhead ends here.
         let sent = turn::fresh();
@@ -548,7 +595,31 @@ async fn forward(
         // The answer is taken out of the result before `respond` is awaited:
         // a result matched around that await would be kept in the request's
         // future beside what `respond` keeps.
-        let (resp, conn) = match send::send(&replica, req, headers_by, inbound.stream).await {
+        let mut sent = send::send(&replica, req, headers_by, inbound.stream).await;
+        // The decode replica could not fetch the prefill's KV (it answered an
+        // error before any byte reached the client): once more, prefilling
+        // locally.
+        if matches!(sent, Err(GatewayError::Upstream { .. }))
+            && let Some(pd) = guard.record.pd.as_mut()
+            && pd.reason == crate::vocab::PdReason::Remote
+        {
+            tracing::warn!(backend = %replica.name, "the decode replica could not use the remote prefill; prefilling there");
+            pd.reason = crate::vocab::PdReason::LocalKvFetchFailed;
+            pd.prefill_cached = None;
+            state
+                .metrics
+                .pd_decisions
+                .get(&(model.clone(), pd.reason.as_str()))
+                .inc();
+            sent = Box::pin(send::send(
+                &replica,
+                build(local_body),
+                headers_by,
+                inbound.stream,
+            ))
+            .await;
+        }
+        let (resp, conn) = match sent {
             Ok(answer) => answer,
             Err(error) => {
                 guard.attempt_error(&error);

@@ -52,6 +52,8 @@ pub(crate) struct BenchConfig {
     pub api: Api,
     /// Streamed requests (else whole answers).
     pub stream: bool,
+    /// Write every request's timing, one JSON line each (`--requests-json`).
+    pub requests_out: Option<PathBuf>,
 }
 
 /// The API a load's requests use (`--api`).
@@ -148,6 +150,10 @@ pub(crate) struct Sample {
     content: Option<String>,
     /// Which replica answered, from `system_fingerprint` (when collecting).
     replica: Option<String>,
+    /// The request's number and when it was sent, from the run's start
+    /// (for `--requests-json`).
+    index: u64,
+    sent: Duration,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -302,13 +308,18 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
         let (client, base, key) = (client.clone(), base.clone(), cfg.api_key.clone());
         let (done, failed, api) = (done.clone(), failed.clone(), cfg.api);
         let stream = cfg.stream;
+        let each = cfg.requests_out.is_some();
+        let (index, sent) = (n, started.elapsed());
         tasks.spawn(async move {
             let body = body.to_string();
-            let s = if stream {
-                one(&client, &base, key.as_deref(), api, body, until).await
+            let mut s = if stream {
+                // Per request, the replica's name too (its system_fingerprint).
+                one_with(&client, &base, key.as_deref(), api, body, until, &[], each).await
             } else {
                 whole(&client, &base, key.as_deref(), api, body).await
             };
+            s.content = None;
+            (s.index, s.sent) = (index, sent);
             if s.error.is_some() {
                 failed.fetch_add(1, Relaxed);
             }
@@ -328,8 +339,34 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
         p.abort();
     }
     let elapsed = started.elapsed().as_secs_f64();
+    if let Some(path) = &cfg.requests_out {
+        write_requests(path, &mut samples)?;
+    }
     let report = summarise(&cfg, &model, samples, elapsed);
     write_json(&cfg, report)
+}
+
+/// One JSON line per request, in the order they were sent: when (seconds
+/// from the start), its TTFT and end to end, the replica that answered
+/// where it says (`system_fingerprint`), its cached and prompt tokens.
+fn write_requests(path: &std::path::Path, samples: &mut [Sample]) -> anyhow::Result<()> {
+    samples.sort_by_key(|s| s.index);
+    let mut out = String::new();
+    for s in samples.iter() {
+        let line = serde_json::json!({
+            "i": s.index,
+            "sent_s": s.sent.as_secs_f64(),
+            "ttft_s": s.ttft.map(|d| d.as_secs_f64()),
+            "e2e_s": s.e2e.as_secs_f64(),
+            "replica": s.replica,
+            "cached_tokens": s.cached_tokens,
+            "prompt_tokens": s.prompt_tokens,
+            "error": s.error,
+        });
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
 fn write_json(cfg: &BenchConfig, report: Report) -> anyhow::Result<Report> {
@@ -361,17 +398,6 @@ async fn first_model(
         .and_then(|m| m.as_str())
         .map(str::to_string)
         .context("/v1/models lists no model; pass --model")
-}
-
-async fn one(
-    client: &BenchClient,
-    base: &str,
-    key: Option<&str>,
-    api: Api,
-    body: String,
-    until: Option<Instant>,
-) -> Sample {
-    one_with(client, base, key, api, body, until, &[], false).await
 }
 
 /// POST `body` to `api`'s path with the key and extra `headers`: the

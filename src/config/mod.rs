@@ -267,6 +267,46 @@ pub struct BackendConfig {
     /// (underutilisation) and the dashboard's GPU row.
     #[serde(default)]
     pub dcgm_url: Option<Url>,
+    /// Prefill/decode disaggregation: `prefill` replicas compute prompts
+    /// whose KV decode replicas pull (`routing.disaggregation`); `decode`
+    /// replicas generate; `mixed` (the default) serve whole requests and may
+    /// play either part.
+    #[serde(default)]
+    pub role: Role,
+    /// SGLang's protocol: the prefill replica's bootstrap port
+    /// (`--disaggregation-bootstrap-port`; unset: the engine's default).
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
+}
+
+/// A replica's part in a disaggregated fleet (`backends[].role`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    #[default]
+    Mixed,
+    Prefill,
+    Decode,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Mixed => "mixed",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+
+    /// Serves whole requests and decode legs (everything but `prefill`).
+    pub fn decodes(self) -> bool {
+        self != Role::Prefill
+    }
+
+    /// May prefill for another replica (everything but `decode`).
+    pub fn prefills(self) -> bool {
+        self != Role::Decode
+    }
 }
 
 impl BackendConfig {
@@ -279,6 +319,8 @@ impl BackendConfig {
             max_concurrency: None,
             engine_priority: EnginePriority::Off,
             dcgm_url: None,
+            role: Role::Mixed,
+            bootstrap_port: None,
         }
     }
 
@@ -335,6 +377,51 @@ pub struct RoutingConfig {
     pub responses: ResponsesConfig,
     /// Scraping each replica's own `/metrics` (KV usage, queue).
     pub metrics: ScrapeConfig,
+    /// Prefill/decode disaggregation, for models with `prefill` replicas.
+    pub disaggregation: DisaggregationConfig,
+}
+
+/// `routing.disaggregation`: how a request to a model with `prefill`
+/// replicas is served (see docs/routing.md, "Disaggregated fleets").
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DisaggregationConfig {
+    /// The engines' protocol: `vllm` (a prefill request whose answer's
+    /// `kv_transfer_params` go with the decode request: NIXL, Mooncake) or
+    /// `sglang` (`bootstrap_host`, `bootstrap_port`, `bootstrap_room` sent to
+    /// both replicas at once).
+    pub protocol: PdProtocol,
+    /// A prefill leg that has not answered by then is given up (another
+    /// prefill replica, or a local prefill, serves the request).
+    #[serde(with = "humantime_serde")]
+    pub prefill_timeout: Duration,
+    /// When no prefill replica can do it (all failed, refused or timed out),
+    /// the decode replica prefills the prompt itself; off, the request fails
+    /// (503).
+    pub local_fallback: bool,
+    /// The decode replica prefills locally when it already holds at least
+    /// this share of the prompt (its prefix or its session).
+    pub local_share: f64,
+}
+
+/// `routing.disaggregation.protocol`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PdProtocol {
+    #[default]
+    Vllm,
+    Sglang,
+}
+
+impl Default for DisaggregationConfig {
+    fn default() -> Self {
+        Self {
+            protocol: PdProtocol::Vllm,
+            prefill_timeout: Duration::from_secs(30),
+            local_fallback: true,
+            local_share: 0.5,
+        }
+    }
 }
 
 /// The memory of response id -> replica, so that a `previous_response_id`
@@ -610,6 +697,12 @@ pub struct DnsSource {
     /// (`http://IP:PORT/metrics`), as `backends[].dcgm_url`.
     #[serde(default)]
     pub dcgm_port: Option<u16>,
+    /// As `backends[].role`, for each replica found (one source per pool).
+    #[serde(default)]
+    pub role: Role,
+    /// As `backends[].bootstrap_port`.
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
 }
 
 impl DnsSource {
@@ -730,6 +823,12 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
         if b.url.host_str().is_none() {
             bad(format!("backends[{i}].url"), "URL has no host".into());
         }
+        if b.bootstrap_port.is_some() && b.role == Role::Decode {
+            bad(
+                format!("backends[{i}].bootstrap_port"),
+                "a bootstrap port is a prefill replica's (role: prefill or mixed)".into(),
+            );
+        }
         if let Some(prev) = seen.insert(b.label(), i) {
             bad(
                 format!("backends[{i}]"),
@@ -823,6 +922,19 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
         bad(
             "routing.prefix_kv.queue_high".into(),
             "must be at least 1".into(),
+        );
+    }
+    let dg = &config.routing.disaggregation;
+    if !(0.0..=1.0).contains(&dg.local_share) {
+        bad(
+            "routing.disaggregation.local_share".into(),
+            "must be between 0 and 1".into(),
+        );
+    }
+    if dg.prefill_timeout.is_zero() {
+        bad(
+            "routing.disaggregation.prefill_timeout".into(),
+            "must be greater than zero".into(),
         );
     }
     let f = &config.flow_control;

@@ -239,6 +239,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     let forever = Duration::from_secs(365 * 24 * 3600);
     let mut workload = tokio::spawn(bench::run(BenchConfig {
+        requests_out: None,
         url: api.clone(),
         model: Some(MODEL.into()),
         concurrency,
@@ -262,6 +263,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }));
     // The free tenant, over its limit: its 429s show in the tenants' view.
     let free_tenant = tokio::spawn(bench::run(BenchConfig {
+        requests_out: None,
         url: api.clone(),
         model: Some(MODEL.into()),
         concurrency: 16,
@@ -302,6 +304,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             (bench::Arrival::Poisson(3.0), 64, shape(1200, 16), 4),
         ] {
             starving.push(tokio::spawn(bench::run(BenchConfig {
+                requests_out: None,
                 url: api.clone(),
                 model: Some(MODEL.into()),
                 concurrency,

@@ -298,6 +298,8 @@ impl RoutingPolicy for PrefixKv {
                     RouteReason::Affinity
                 }
                 r @ (RouteReason::SpillKv | RouteReason::SpillQueue | RouteReason::SpillStale) => r,
+                // A home kept under its engine's queue, left for the wait.
+                _ if views[home.index].blocked != Blocked::No => views[home.index].blocked.spill(),
                 _ => RouteReason::SpillLoad,
             };
             remember(best);
@@ -506,10 +508,18 @@ impl PrefixKv {
         let home_len = c.home_blocks.min(ctx.hashes.len());
 
         // Of the replicas holding it (a prefix that outgrew one home has
-        // two), the least loaded, as a new key would be placed.
+        // two), the least loaded, as a new key would be placed. A holder
+        // whose engine queues keeps its prefix (as a session's replica keeps
+        // its session): sending it elsewhere costs a cold prefill there, and
+        // when every replica queues (a cache too small for the fleet's
+        // prefixes) such spills evicted each other's prefixes in turn until
+        // none was cached. One that preempts is out of KV: it gets nothing new.
         let held = |i: usize| home_len > 0 && views[i].matched >= home_len;
+        let keeps = |i: usize| {
+            open(i) || (views[i].blocked == Blocked::Queue && views[i].pressed == Blocked::Queue)
+        };
         if let Some(i) = place(&ranked, views, ctx.prompt_tokens, None, |i| {
-            held(i) && open(i) && within(i)
+            held(i) && keeps(i) && within(i)
         }) {
             return Home {
                 index: i,
@@ -520,7 +530,7 @@ impl PrefixKv {
         }
         // Why the prefix's home could not keep it.
         let reason = match ranked.iter().copied().find(|&i| held(i)) {
-            Some(h) if open(h) => RouteReason::SpillLoad,
+            Some(h) if keeps(h) => RouteReason::SpillLoad,
             Some(h) => views[h].blocked.spill(),
             None if home_len == 0 => RouteReason::LeastLoaded,
             None => RouteReason::PrefixNew,
@@ -815,13 +825,21 @@ mod tests {
             (second.index, second.reason),
             (d.index, RouteReason::Affinity)
         );
-        // A queue that outlived a scrape while others have none: spill_queue.
+        // A queue that outlived a scrape while others have none: the prefix
+        // it holds stays (a cold prefill elsewhere costs more than a short
+        // queue), new prefixes go elsewhere.
         let h = [17, 18, 19];
         let home = pick(&p, &reps, &h).index;
         reps[home].load = Some(sample(0.2, 2.0));
         let d = pick(&p, &reps, &h);
-        assert_ne!(d.index, home);
-        assert_eq!(d.reason, RouteReason::SpillQueue);
+        assert_eq!((d.index, d.reason), (home, RouteReason::Affinity));
+        for key in 50..60u64 {
+            assert_ne!(
+                pick(&p, &reps, &[key, key + 1, key + 2]).index,
+                home,
+                "{key}"
+            );
+        }
         // Every replica queued: none has room, the cache decides.
         for r in &mut reps {
             r.load = Some(sample(0.5, 3.0));

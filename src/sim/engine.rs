@@ -325,6 +325,16 @@ impl State {
                 s.blocks = self.pool.take_prefix(hashes);
                 s.computed = s.blocks.len() as u32 * bs;
                 s.registered = s.blocks.len();
+                // KV pulled from a prefill replica: computed but for the
+                // last token (its blocks are allocated below, as a prefill's).
+                if !s.admitted {
+                    s.slot.set_cached(s.computed);
+                }
+                s.computed = s.computed.max(
+                    s.req
+                        .remote_tokens
+                        .min(s.req.prompt_tokens.saturating_sub(1)),
+                );
             }
             let need = s.target() - s.computed;
             let alone = budget == self.profile.max_num_batched_tokens;
@@ -361,8 +371,7 @@ impl State {
                 m.queue_time.observe_duration(s.req.arrival.elapsed());
                 m.prompt_tokens.add(u64::from(s.req.prompt_tokens));
                 m.prefix_queries.add(u64::from(s.req.prompt_tokens));
-                m.prefix_hits.add(u64::from(s.computed));
-                s.slot.set_cached(s.computed);
+                m.prefix_hits.add(u64::from(s.slot.cached()));
             }
             if s.computed < s.req.prompt_tokens {
                 prefill += n.min(s.req.prompt_tokens - s.computed);

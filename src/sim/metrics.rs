@@ -54,6 +54,9 @@ pub struct SimMetrics {
     pub prefix_queries: Counter,
     pub prefix_hits: Counter,
     pub preemptions: Counter,
+    /// Decode legs whose KV could not be pulled (unknown, expired, the
+    /// prefill replica unreachable).
+    pub kv_transfer_failures: Counter,
     /// HTTP requests received (any endpoint that generates).
     pub received: Counter,
     /// TCP connections accepted (keep-alive reuse shows as a small number).
@@ -80,6 +83,7 @@ impl SimMetrics {
             prefix_queries: Counter::default(),
             prefix_hits: Counter::default(),
             preemptions: Counter::default(),
+            kv_transfer_failures: Counter::default(),
             received: Counter::default(),
             connections: Counter::default(),
             ttft: Histogram::seconds(Arc::from(TTFT)),

@@ -12,6 +12,7 @@
 //! which also keeps this replica's stored responses).
 
 mod dcgm;
+pub mod disagg;
 pub(crate) mod engine;
 pub mod faults;
 mod fixed;
@@ -67,6 +68,12 @@ pub struct SimConfig {
     pub faults: Faults,
     pub fault_rate: f64,
     pub dialect: Dialect,
+    /// Prefill/decode disaggregation (`disagg.rs`): this replica's role, how
+    /// long KV handed to a decode replica is kept, and the bandwidth a KV
+    /// transfer runs at (bytes per second).
+    pub role: disagg::Role,
+    pub kv_ttl: Duration,
+    pub kv_bandwidth: f64,
 }
 
 impl Default for SimConfig {
@@ -81,6 +88,10 @@ impl Default for SimConfig {
             faults: Faults::default(),
             fault_rate: 1.0,
             dialect: Dialect::Vllm,
+            role: disagg::Role::Mixed,
+            kv_ttl: Duration::from_secs(30),
+            // 25 GB/s: an RDMA NIC of 200 Gb/s.
+            kv_bandwidth: 25e9,
         }
     }
 }
@@ -113,6 +124,10 @@ pub struct SimState {
     last_request: Mutex<Option<Value>>,
     /// Responses kept in this replica's memory (`store`, as vLLM does).
     responses: protocols::ResponseStore,
+    /// Where it listens (named in the KV transfer parameters it hands out).
+    addr: SocketAddr,
+    /// KV prefilled here for decode replicas to pull.
+    transfers: disagg::Transfers,
 }
 
 impl SimState {
@@ -213,6 +228,8 @@ pub async fn start(listener: TcpListener, config: SimConfig) -> std::io::Result<
         control: Mutex::new(control),
         last_request: Mutex::new(None),
         responses: protocols::ResponseStore::default(),
+        addr,
+        transfers: disagg::Transfers::default(),
     });
     let app = router(state.clone());
     let counted = state.clone();
@@ -253,10 +270,11 @@ pub(crate) fn router(state: Arc<SimState>) -> Router {
         .route("/sim/last_request", get(last_request))
         .route("/sim/control", get(get_control).put(put_control))
         .route("/sim/reset", post(reset))
+        .route("/sim/kv/pull", post(disagg::pull_handler))
         .with_state(state)
 }
 
-fn vllm_error(status: StatusCode, message: &str) -> Response {
+pub(super) fn vllm_error(status: StatusCode, message: &str) -> Response {
     // vLLM's error body shape (flat, `object: "error"`).
     let body = json!({
         "object": "error",
@@ -649,6 +667,21 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
             ),
         );
     }
+    // Prefill/decode disaggregation: which leg this is, and for a decode
+    // leg its prompt's KV, pulled before it starts.
+    let leg = match disagg::leg(&body, s.config.role) {
+        Ok(l) => l,
+        Err(resp) => return resp,
+    };
+    let (output_tokens, finish_reason) = match leg {
+        // SGLang's prefill leg computes the prompt and one token.
+        disagg::Leg::SglangPrefill { .. } => (1, "length"),
+        _ => (output_tokens, finish_reason),
+    };
+    let remote_tokens = match disagg::pull(&s, &leg).await {
+        Ok(n) => n.min(prompt_tokens),
+        Err(resp) => return resp,
+    };
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body
         .pointer("/stream_options/include_usage")
@@ -698,6 +731,15 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         }),
         _ => None,
     };
+    if let disagg::Leg::SglangPrefill { room } = leg {
+        s.transfers.open_room(room, s.config.kv_ttl);
+    }
+    // A pulled prompt's KV arrives after its transfer time, as a request
+    // held before it starts.
+    let hold = match (remote_tokens, faults.first_token) {
+        (0, f) => f,
+        (n, f) => Some(disagg::transfer_time(&s, n) + f.unwrap_or_default()),
+    };
     let slot = s.submit(
         slot::Request {
             prompt_tokens,
@@ -707,9 +749,24 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
             arrival,
             stall: faults.stall,
             leak: faults.leak,
+            remote_tokens,
         },
-        faults.first_token,
+        hold,
     );
+    if let disagg::Leg::SglangPrefill { room } = leg {
+        // The room is ready once the prompt is computed (its one token out).
+        let (sim, done) = (s.clone(), slot.clone());
+        let ttl = s.config.kv_ttl;
+        tokio::spawn(async move {
+            // Bounded: a cancelled request may never finish.
+            if tokio::time::timeout(ttl, done.finished()).await.is_ok() && !done.is_cancelled() {
+                sim.transfers.fill_room(room, prompt_tokens);
+            }
+        });
+    }
+    // vLLM's prefill leg answers with the parameters a decode replica pulls
+    // its KV with, when it stopped at its one-token limit.
+    let offer = matches!(leg, disagg::Leg::VllmPrefill).then(|| (s.clone(), prompt_tokens));
     if stream {
         let body = SimStream::new(generation, faults, slot, keep);
         return Response::builder()
@@ -718,7 +775,7 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
             .body(Body::new(body))
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
     }
-    non_streamed(generation, slot, keep).await
+    non_streamed(generation, slot, keep, offer).await
 }
 
 /// Cancels the request in the engine if the handler is dropped (client gone).
@@ -730,7 +787,12 @@ impl Drop for CancelOnDrop {
     }
 }
 
-async fn non_streamed(g: Generation, slot: Arc<Slot>, keep: Option<Keep>) -> Response {
+async fn non_streamed(
+    g: Generation,
+    slot: Arc<Slot>,
+    keep: Option<Keep>,
+    offer: Option<(Arc<SimState>, u32)>,
+) -> Response {
     let guard = CancelOnDrop(slot);
     std::future::poll_fn(|cx| {
         if guard.0.is_done() {
@@ -753,7 +815,7 @@ async fn non_streamed(g: Generation, slot: Arc<Slot>, keep: Option<Keep>) -> Res
         "total_tokens": g.prompt_tokens + g.output_tokens,
         "prompt_tokens_details": {"cached_tokens": guard.0.cached()},
     });
-    let body = match g.api {
+    let mut body = match g.api {
         Api::Chat => json!({
             "id": g.id, "object": "chat.completion", "created": g.created, "model": &*g.model,
             "system_fingerprint": &*g.fingerprint,
@@ -776,6 +838,15 @@ async fn non_streamed(g: Generation, slot: Arc<Slot>, keep: Option<Keep>) -> Res
             obj
         }
     };
+    if let Some((s, prompt_tokens)) = offer
+        && g.finish_reason == "length"
+        && let Some(o) = body.as_object_mut()
+    {
+        o.insert(
+            "kv_transfer_params".into(),
+            disagg::offer(&s, &g.id, prompt_tokens),
+        );
+    }
     axum::Json(body).into_response()
 }
 

@@ -26,6 +26,7 @@ fn submit(engine: &Engine, prompt_tokens: u32, output_tokens: u32, leak: bool) -
             arrival: Instant::now(),
             stall: None,
             leak,
+            remote_tokens: 0,
         },
         slot.clone(),
     );

@@ -22,6 +22,8 @@ pub(crate) struct Slot {
     waker: AtomicWaker,
     /// A producer waiting on a timer, to learn of a cancel at once.
     cancel_waker: AtomicWaker,
+    /// Anyone else waiting for the end (an SGLang prefill leg's room).
+    ended: tokio::sync::Notify,
 }
 
 impl Slot {
@@ -74,8 +76,20 @@ impl Slot {
         self.waker.wake();
     }
 
+    /// Resolves once the request is over.
+    pub(crate) async fn finished(&self) {
+        loop {
+            let ended = self.ended.notified();
+            if self.is_done() {
+                return;
+            }
+            ended.await;
+        }
+    }
+
     pub(super) fn finish(&self) {
         self.done.store(1, Ordering::Release);
+        self.ended.notify_waiters();
         self.waker.wake();
     }
 }
@@ -94,4 +108,7 @@ pub(crate) struct Request {
     /// Fault: its KV blocks are never freed when it ends (finished or
     /// aborted), as an engine whose exit path forgets to free them.
     pub leak: bool,
+    /// Prompt tokens whose KV came from a prefill replica (disaggregation):
+    /// computed already, but for the last token.
+    pub remote_tokens: u32,
 }

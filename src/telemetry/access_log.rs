@@ -44,6 +44,13 @@ struct Line<'a> {
     flow: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     flow_wait_ms: Option<f64>,
+    /// A disaggregated model: how it was prefilled, where, how long.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pd: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefill_backend: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefill_ms: Option<f64>,
     finish_reason: Option<&'static str>,
     prompt_tokens: Option<u32>,
     completion_tokens: Option<u32>,
@@ -122,6 +129,9 @@ impl AccessLog {
             band: r.flow.map(|f| f.band),
             flow: r.flow.map(|f| f.outcome),
             flow_wait_ms: r.flow.map(|f| ms(f.waited)),
+            pd: r.pd.as_ref().map(|p| p.reason.as_str()),
+            prefill_backend: r.pd.as_ref().and_then(|p| p.prefill_backend.as_deref()),
+            prefill_ms: r.pd.as_ref().and_then(|p| p.prefill.map(ms)),
             finish_reason: r.finish_reason.map(|f| f.as_str()),
             prompt_tokens: r.usage.map(|u| u.prompt_tokens),
             completion_tokens: r.usage.map(|u| u.completion_tokens),

@@ -261,6 +261,11 @@ pub struct Metrics {
     pub flow_requests: Family<(Arc<str>, Arc<str>, &'static str), Counter>,
     /// model, band: time spent waiting for a seat (0 for those that did not).
     pub flow_wait: Family<(Arc<str>, Arc<str>), Histogram>,
+    /// model, reason: how each request of a disaggregated model was
+    /// prefilled (`remote`, or why locally).
+    pub pd_decisions: Family<(Arc<str>, &'static str), Counter>,
+    /// model: a remote prefill leg, sent to answered (TTFT's first part).
+    pub pd_prefill: Family<(Arc<str>,), Histogram>,
     /// model, band: requests waiting now.
     pub flow_waiting: Family<(Arc<str>, Arc<str>), Gauge>,
     /// Syncs of fairness with the other gateways (one per model per round),
@@ -448,6 +453,8 @@ impl Metrics {
             arc(&b.e2e),
             arc(&b.queue),
         );
+        // A remote prefill is part of a TTFT: the same buckets.
+        let prefill_buckets = ttft.clone();
         let tokens: Arc<[f64]> = Arc::from(buckets::TOKENS);
         // Shares of max_tokens used: fine near 1, where truncation sits.
         let budget: Arc<[f64]> = Arc::from(&[0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0][..]);
@@ -504,6 +511,10 @@ impl Metrics {
                 Histogram::seconds(flow_queue.clone())
             }),
             flow_waiting: Family::new(&["model", "band"], Gauge::default),
+            pd_decisions: Family::new(&["model", "reason"], Counter::default),
+            pd_prefill: Family::new(&["model"], move || {
+                Histogram::seconds(prefill_buckets.clone())
+            }),
             flow_share_syncs: Family::new(&["outcome"], Counter::default),
             diagnosis_active: Family::new(&["pathology", "backend"], Gauge::default),
             backends: Family::new(&["backend"], BackendSeries::new),
@@ -591,6 +602,10 @@ impl Metrics {
             self.routing.get(&(model.clone(), r.as_str()));
             self.session_moves.get(&(model.clone(), r.as_str()));
         }
+        for r in crate::vocab::PdReason::ALL {
+            self.pd_decisions.get(&(model.clone(), r.as_str()));
+        }
+        self.pd_prefill.get(&(model.clone(),));
         for kind in &known.retry_kinds {
             self.retries.get(&(model.clone(), *kind));
         }
@@ -830,6 +845,18 @@ impl Metrics {
             "sluice_flow_wait_seconds",
             "Time a request waited at the gateway for a replica with room (0 when it went at once); part of its queue time and TTFT.",
             &self.flow_wait,
+            |h| h,
+        );
+        e.counters(
+            "sluice_pd_decisions_total",
+            "Requests of disaggregated models, by how they were prefilled: `remote`, or locally on the decode replica and why.",
+            &self.pd_decisions,
+            |c| c,
+        );
+        e.histograms(
+            "sluice_pd_prefill_seconds",
+            "Remote prefill legs of disaggregated models, sent to answered (the first part of their TTFT).",
+            &self.pd_prefill,
             |h| h,
         );
         e.counters(

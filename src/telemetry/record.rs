@@ -105,6 +105,21 @@ pub struct RequestRecord {
     /// Responses: the id of the response the replica produced (where a
     /// later `previous_response_id` must go).
     pub response_id: Option<String>,
+    /// A disaggregated model: how the request was prefilled (boxed: rare).
+    pub pd: Option<Box<PdRecord>>,
+}
+
+/// How a request of a disaggregated model was prefilled.
+#[derive(Debug, Clone)]
+pub struct PdRecord {
+    pub reason: crate::vocab::PdReason,
+    /// The prefill replica of the leg that served (a remote prefill).
+    pub prefill_backend: Option<Arc<str>>,
+    /// The remote prefill leg, sent to answered.
+    pub prefill: Option<Duration>,
+    /// Prompt tokens the prefill replica had cached (reported as the
+    /// request's cached tokens: the decode replica's count the transfer).
+    pub prefill_cached: Option<u32>,
 }
 
 impl RequestRecord {
@@ -149,6 +164,7 @@ impl RequestRecord {
             end: None,
             disconnected: false,
             response_id: None,
+            pd: None,
         }
     }
 

@@ -330,6 +330,15 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
     if let Some(reason) = r.route_reason {
         attrs.push(KeyValue::new("sluice.route.reason", reason.as_str()));
     }
+    if let Some(pd) = &r.pd {
+        attrs.push(KeyValue::new("sluice.pd.reason", pd.reason.as_str()));
+        if let Some(b) = &pd.prefill_backend {
+            attrs.push(KeyValue::new("sluice.pd.prefill_backend", b.to_string()));
+        }
+        if let Some(d) = pd.prefill {
+            attrs.push(KeyValue::new("sluice.pd.prefill_seconds", d.as_secs_f64()));
+        }
+    }
     if let Some(b) = &r.backend {
         attrs.push(KeyValue::new("sluice.backend", b.to_string()));
     }

@@ -53,6 +53,8 @@ fn backends_of(src: &DnsSource, ips: &[IpAddr]) -> Vec<BackendConfig> {
                 max_concurrency: src.max_concurrency,
                 engine_priority: src.engine_priority,
                 dcgm_url: src.dcgm_url(&host),
+                role: src.role,
+                bootstrap_port: src.bootstrap_port,
             })
         })
         .collect()

@@ -17,7 +17,7 @@ use http::HeaderValue;
 
 use super::conn::ConnPool;
 use super::signals::{Ewma, LoadSample};
-use crate::config::{BackendConfig, Config, EnginePriority, OutlierConfig, UpstreamConfig};
+use crate::config::{BackendConfig, Config, EnginePriority, OutlierConfig, Role, UpstreamConfig};
 use crate::error::GatewayError;
 use crate::telemetry::metrics::{BackendSeries, Metrics, ScrapedLoad};
 
@@ -108,6 +108,10 @@ pub struct Replica {
     /// The replica's DCGM exporter (`backends[].dcgm_url`), read with each
     /// scrape round.
     pub dcgm: Option<String>,
+    /// Its part in a disaggregated fleet (`backends[].role`), and SGLang's
+    /// bootstrap port where it prefills.
+    pub role: Role,
+    pub bootstrap_port: Option<u16>,
 }
 
 impl Replica {
@@ -121,6 +125,8 @@ impl Replica {
             && self.configured_seats == other.configured_seats
             && self.engine_priority == other.engine_priority
             && self.dcgm == other.dcgm
+            && self.role == other.role
+            && self.bootstrap_port == other.bootstrap_port
     }
 
     /// Start from what `old` (the same replica before a reload rebuilt it)
@@ -193,6 +199,8 @@ impl Replica {
             others: AtomicU32::new(0),
             engine_priority: b.engine_priority,
             dcgm: b.dcgm_url.as_ref().map(|u| u.to_string()),
+            role: b.role,
+            bootstrap_port: b.bootstrap_port,
         }
     }
 
@@ -431,9 +439,15 @@ pub(crate) struct ModelIndex {
 /// The outcome of resolving a model: its served name and where it may go.
 pub struct Candidates {
     pub model: Arc<str>,
+    /// The replicas that serve whole requests and decode legs (every role
+    /// but `prefill`).
     pub replicas: Vec<Arc<Replica>>,
     /// Every available replica was ejected, so ejected ones are offered anyway.
     pub fallback: bool,
+    /// A disaggregated model (one with `prefill` replicas): the replicas that
+    /// may prefill for a decode replica (`prefill` and `mixed`). Empty
+    /// otherwise: no request of the model is disaggregated.
+    pub prefill: Vec<Arc<Replica>>,
 }
 
 pub struct Pool {
@@ -508,6 +522,8 @@ impl Pool {
                 max_concurrency: src.max_concurrency,
                 engine_priority: src.engine_priority,
                 dcgm_url,
+                role: src.role,
+                bootstrap_port: src.bootstrap_port,
             };
             replicas.push(place(&b, Some(i)));
         }
@@ -611,9 +627,22 @@ impl Pool {
         let Some((name, replicas)) = index.by_model.get_key_value(target) else {
             return Err(GatewayError::ModelNotFound(requested.to_string()));
         };
+        let usable = |r: &&Arc<Replica>| r.is_healthy() && r.circuit() != Circuit::Open;
+        // Prefill replicas take no whole requests: only decode legs and mixed
+        // ones are candidates; they prefill for them.
+        let prefill: Vec<Arc<Replica>> = if replicas.iter().any(|r| r.role == Role::Prefill) {
+            replicas
+                .iter()
+                .filter(|r| r.role.prefills())
+                .filter(usable)
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         let healthy: Vec<Arc<Replica>> = replicas
             .iter()
-            .filter(|r| r.is_healthy())
+            .filter(|r| r.is_healthy() && r.role.decodes())
             .cloned()
             .collect();
         if healthy.is_empty() {
@@ -629,6 +658,7 @@ impl Pool {
             model: name.clone(),
             replicas: if fallback { healthy } else { open },
             fallback,
+            prefill,
         })
     }
 

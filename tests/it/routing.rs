@@ -417,6 +417,8 @@ async fn dns_changes_are_picked_up() {
         max_concurrency: None,
         engine_priority: Default::default(),
         dcgm_port: None,
+        role: Default::default(),
+        bootstrap_port: None,
     }];
     let gw = start_routed(config.clone(), 1).await;
     let sims = [a, b];

@@ -1,0 +1,361 @@
+//! Prefill/decode disaggregation: for a model with `prefill` replicas, each
+//! request is planned once its decode replica is chosen (by the routing
+//! policy, among the decode and mixed replicas, as any request):
+//!
+//! 1. **Local or remote.** The decode replica prefills the prompt itself when
+//!    it already holds at least `routing.disaggregation.local_share` of it
+//!    (its prefix or its session: `local_cached`), when no prefill replica
+//!    can be used (`local_no_prefill_replica`), or when the prefill
+//!    replicas' predicted wait (the prompt tokens queued ahead there, over
+//!    their calibrated rate) is longer than the local prefill would take
+//!    (`local_pool_busy`). Otherwise the prefill is remote (`remote`).
+//! 2. **Which prefill replica:** the routing policy's pick among the
+//!    `prefill` and `mixed` replicas (not the decode replica): prefix
+//!    affinity and predicted wait, as for any request.
+//! 3. **vLLM's protocol** (NIXL, Mooncake; vLLM's own disaggregation proxy
+//!    and vllm-router do the same): the client's body with `stream: false`,
+//!    `max_tokens` (and `max_completion_tokens`, where sent) 1, no
+//!    `stream_options`, and `kv_transfer_params` asking for a remote decode
+//!    goes to the prefill replica, within `prefill_timeout`; the
+//!    `kv_transfer_params` of its answer go, as they came, into the client's
+//!    own body for the decode replica, whose answer streams to the client as
+//!    any answer does.
+//! 4. **Failures, nothing lost.** A prefill replica that refuses, fails or
+//!    times out: one other prefill replica, then a local prefill
+//!    (`local_fallback`; off, the request fails with 503). An answer
+//!    without transfer parameters (its one token ended it) is prefilled
+//!    locally (`local_no_kv`). A decode replica that cannot fetch the KV
+//!    (a non-2xx answer before any byte reached the client) is asked once
+//!    more with a local prefill (`local_kv_fetch_failed`, in the proxy). A
+//!    client that leaves during the prefill drops it: the prefill
+//!    replica's connection closes at once, which is how vLLM aborts.
+//!
+//! The SGLang protocol (bootstrap rooms) is not orchestrated yet: a model
+//! with `routing.disaggregation.protocol: sglang` is served by its decode and
+//! mixed replicas with local prefill.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, header};
+use serde_json::{Map, Value, json};
+use tokio::time::Instant;
+
+use super::Head;
+use super::send;
+use crate::error::GatewayError;
+use crate::routing::placement::Placement;
+use crate::routing::{ReplicaView, RouteCtx};
+use crate::state::AppState;
+use crate::telemetry::record::PdRecord;
+use crate::telemetry::tracecontext::TRACEPARENT;
+use crate::upstream::client::proxied_request;
+use crate::upstream::pool::{InFlight, Replica};
+use crate::vocab::PdReason;
+
+/// Prefill replicas tried for one request before it is prefilled locally.
+const PREFILL_TRIES: usize = 2;
+
+/// Largest prefill answer read (a one-token answer and its parameters).
+const MAX_PREFILL_ANSWER: usize = 1 << 20;
+
+/// What the proxy knows of the attempt a prefill is planned for.
+pub(crate) struct Attempt<'a> {
+    pub state: &'a AppState,
+    pub parts: &'a Head,
+    /// The request's path as the client sent it.
+    pub path: &'a str,
+    pub rid: &'a HeaderValue,
+    pub traceparent: Option<&'a [u8]>,
+    /// The routing context of the decode decision (the prefill's is the
+    /// same, without the session: a prefill replica holds no conversation).
+    pub ctx: &'a RouteCtx<'a>,
+    pub decode: &'a Replica,
+    /// Prompt tokens routing expects cached on the decode replica.
+    pub decode_cached: u32,
+    pub deadline: Instant,
+}
+
+/// Plan the prefill of `body` (the body the decode replica would get) and
+/// run it when remote: the body for the decode replica and what was done.
+pub(crate) async fn prefill(
+    a: Attempt<'_>,
+    body: &Bytes,
+    prefills: &[Arc<Replica>],
+) -> Result<(Bytes, PdRecord), GatewayError> {
+    let local = |reason| {
+        (
+            body.clone(),
+            PdRecord {
+                reason,
+                prefill_backend: None,
+                prefill: None,
+                prefill_cached: None,
+            },
+        )
+    };
+    let cfg = &a.state.config.routing.disaggregation;
+    let prompt = a.ctx.prompt_tokens.max(1);
+    if f64::from(a.decode_cached) >= cfg.local_share * f64::from(prompt) {
+        return Ok(local(PdReason::LocalCached));
+    }
+    let mut pool: Vec<Arc<Replica>> = prefills
+        .iter()
+        .filter(|p| p.name != a.decode.name)
+        .cloned()
+        .collect();
+    if pool.is_empty() {
+        return Ok(local(PdReason::LocalNoPrefill));
+    }
+    if pool_busy(&a, &pool) {
+        return Ok(local(PdReason::LocalPoolBusy));
+    }
+    let ctx = RouteCtx {
+        session: None,
+        ..*a.ctx
+    };
+    for _ in 0..PREFILL_TRIES {
+        let views: Vec<ReplicaView> = pool.iter().map(|r| super::proxy::view(r)).collect();
+        let Some(pick) = a.state.policy.pick(&ctx, &views) else {
+            break;
+        };
+        let replica = pool.swap_remove(pick.index);
+        let placement = Placement::new(
+            a.state.affinity.of(&replica.name, ctx.now),
+            prompt.saturating_sub(pick.cached_tokens),
+            pick.cached_tokens,
+            Arc::from(ctx.hashes),
+            pick.matched_blocks,
+            tokens_per_block(a.state),
+        );
+        match leg(&a, &replica, body, placement).await {
+            Ok((params, cached, took)) => {
+                a.state
+                    .metrics
+                    .pd_prefill
+                    .get(&(a.ctx.model.into(),))
+                    .observe(took.as_secs_f64());
+                let Some(params) = params else {
+                    // Its one token ended the answer: nothing to transfer.
+                    return Ok(local(PdReason::LocalNoKv));
+                };
+                return Ok((
+                    with_member(body, "kv_transfer_params", params)?,
+                    PdRecord {
+                        reason: PdReason::Remote,
+                        prefill_backend: Some(replica.name.clone()),
+                        prefill: Some(took),
+                        prefill_cached: cached,
+                    },
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(backend = %replica.name, error = %e, "prefill leg failed; trying another or prefilling locally");
+                a.state
+                    .metrics
+                    .upstream_errors
+                    .get(&(replica.name.clone(), e.kind()))
+                    .inc();
+                if pool.is_empty() {
+                    break;
+                }
+            }
+        }
+    }
+    if cfg.local_fallback {
+        Ok(local(PdReason::LocalFallback))
+    } else {
+        Err(GatewayError::NoHealthyBackend(format!(
+            "{} (no prefill replica answered; routing.disaggregation.local_fallback is off)",
+            a.ctx.model
+        )))
+    }
+}
+
+/// Whether the prefill replicas would make the prompt wait longer than the
+/// decode replica takes to prefill it itself: the shortest predicted wait
+/// among them (tokens queued ahead, at their calibrated rate) against the
+/// decode replica's rate times the prompt's uncached tokens there.
+fn pool_busy(a: &Attempt<'_>, pool: &[Arc<Replica>]) -> bool {
+    let now = a.ctx.now;
+    let rate_and_ahead = |r: &Replica| {
+        let m = a.state.affinity.of(&r.name, now);
+        let waiting = r.load().and_then(|s| s.waiting);
+        (m.load.rate(), m.load.ahead(waiting))
+    };
+    let (decode_rate, _) = rate_and_ahead(a.decode);
+    let uncached = f64::from(a.ctx.prompt_tokens.saturating_sub(a.decode_cached));
+    let wait = pool
+        .iter()
+        .map(|p| {
+            let (rate, ahead) = rate_and_ahead(p);
+            // Unknown rates: the same unit on both sides (tokens).
+            rate.or(decode_rate).unwrap_or(1.0) * ahead
+        })
+        .fold(f64::INFINITY, f64::min);
+    wait > decode_rate.unwrap_or(1.0) * uncached
+}
+
+fn tokens_per_block(state: &AppState) -> u32 {
+    u32::try_from(state.config.routing.prefix_kv.block_chars / crate::tokens::CHARS_PER_TOKEN)
+        .unwrap_or(16)
+        .max(1)
+}
+
+/// One prefill leg on `replica`: the transfer parameters of its answer (if
+/// any), its cached prompt tokens, and how long it took.
+async fn leg(
+    a: &Attempt<'_>,
+    replica: &Arc<Replica>,
+    body: &Bytes,
+    mut placement: Placement,
+) -> Result<(Option<Value>, Option<u32>, std::time::Duration), GatewayError> {
+    let cfg = &a.state.config;
+    let body = prefill_body(body)?;
+    let prefixed;
+    let path = if replica.path_prefix.is_empty() {
+        a.path
+    } else {
+        prefixed = format!("{}{}", replica.path_prefix, a.path);
+        prefixed.as_str()
+    };
+    let req = {
+        let mut added: Vec<(&http::HeaderName, &[u8])> =
+            vec![(&header::HOST, replica.conns.host.as_bytes())];
+        if let Some(t) = a.traceparent {
+            added.push((&TRACEPARENT, t));
+        }
+        if let Some(key) = &replica.api_key {
+            added.push((&header::AUTHORIZATION, key.as_bytes()));
+        }
+        proxied_request(&Method::POST, path, &a.parts.headers, a.rid, &added, &body)
+    };
+    let _in_flight = InFlight::new(replica.clone());
+    let started = Instant::now();
+    let by = (started + cfg.routing.disaggregation.prefill_timeout).min(a.deadline);
+    let (_, mut conn) = send::send(replica, req, by, false).await?;
+    let bytes = match conn.collect(MAX_PREFILL_ANSWER, by).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
+            return Err(GatewayError::UpstreamProtocol(
+                e.during("reading the prefill answer"),
+            ));
+        }
+        Err(_) => {
+            return Err(GatewayError::UpstreamTimeout {
+                phase: crate::error::TimeoutPhase::Total,
+            });
+        }
+    };
+    replica.conns.checkin(conn);
+    let took = started.elapsed();
+    placement.first_token(took);
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        GatewayError::UpstreamProtocol(format!("the prefill answer is not JSON: {e}").into())
+    })?;
+    let params = v
+        .get("kv_transfer_params")
+        .filter(|p| p.is_object())
+        .cloned();
+    let cached = v
+        .pointer("/usage/prompt_tokens_details/cached_tokens")
+        .and_then(Value::as_u64)
+        .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    if let Some(c) = cached {
+        placement.finished(c);
+    }
+    Ok((params, cached, took))
+}
+
+/// The prefill leg's body (vLLM): the client's, answered whole with one
+/// token, asking the engine to keep the KV for a remote decode.
+pub(crate) fn prefill_body(body: &Bytes) -> Result<Bytes, GatewayError> {
+    let mut v = object(body)?;
+    v.insert("stream".into(), Value::Bool(false));
+    v.remove("stream_options");
+    v.insert("max_tokens".into(), json!(1));
+    if v.contains_key("max_completion_tokens") {
+        v.insert("max_completion_tokens".into(), json!(1));
+    }
+    // vLLM checks min_tokens <= max_tokens.
+    for min in ["min_tokens", "min_completion_tokens"] {
+        if v.get(min).and_then(Value::as_u64).is_some_and(|n| n > 1) {
+            v.insert(min.into(), json!(1));
+        }
+    }
+    v.insert(
+        "kv_transfer_params".into(),
+        json!({
+            "do_remote_decode": true,
+            "do_remote_prefill": false,
+            "remote_engine_id": null,
+            "remote_block_ids": null,
+            "remote_host": null,
+            "remote_port": null,
+        }),
+    );
+    serde_json::to_vec(&v)
+        .map(Bytes::from)
+        .map_err(|e| GatewayError::Internal(e.to_string()))
+}
+
+/// `body` with the top-level `key` set to `value`.
+fn with_member(body: &Bytes, key: &str, value: Value) -> Result<Bytes, GatewayError> {
+    let mut v = object(body)?;
+    v.insert(key.into(), value);
+    serde_json::to_vec(&v)
+        .map(Bytes::from)
+        .map_err(|e| GatewayError::Internal(e.to_string()))
+}
+
+fn object(body: &Bytes) -> Result<Map<String, Value>, GatewayError> {
+    serde_json::from_slice(body)
+        .map_err(|e| GatewayError::InvalidRequest(format!("invalid request body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefill_body_asks_one_token_whole_and_keeps_the_rest() {
+        let body = Bytes::from_static(
+            br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":300,"max_completion_tokens":300,"min_tokens":5,"messages":[{"role":"user","content":"hi"}],"temperature":0.2}"#,
+        );
+        let v: Value = serde_json::from_slice(&prefill_body(&body).unwrap()).unwrap();
+        assert_eq!(v["stream"], false);
+        assert!(v.get("stream_options").is_none());
+        assert_eq!(
+            (
+                v["max_tokens"].as_u64(),
+                v["max_completion_tokens"].as_u64()
+            ),
+            (Some(1), Some(1))
+        );
+        assert_eq!(v["min_tokens"], 1);
+        assert_eq!(v["kv_transfer_params"]["do_remote_decode"], true);
+        assert_eq!(v["kv_transfer_params"]["do_remote_prefill"], false);
+        assert_eq!(v["messages"][0]["content"], "hi");
+        assert_eq!(v["temperature"], 0.2);
+        // Not added where the client did not send it.
+        let plain = Bytes::from_static(br#"{"model":"m","prompt":"x"}"#);
+        let v: Value = serde_json::from_slice(&prefill_body(&plain).unwrap()).unwrap();
+        assert!(v.get("max_completion_tokens").is_none());
+        assert_eq!(v["max_tokens"], 1);
+    }
+
+    #[test]
+    fn the_decode_body_carries_the_prefills_parameters_as_they_came() {
+        let body = Bytes::from_static(br#"{"model":"m","stream":true,"max_tokens":300}"#);
+        let params = json!({"do_remote_prefill": true, "remote_block_ids": [1, 2], "tp_size": 1});
+        let v: Value = serde_json::from_slice(
+            &with_member(&body, "kv_transfer_params", params.clone()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v["kv_transfer_params"], params);
+        assert_eq!(
+            (v["stream"].as_bool(), v["max_tokens"].as_u64()),
+            (Some(true), Some(300))
+        );
+    }
+}
