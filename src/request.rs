@@ -276,6 +276,13 @@ impl RequestGuard {
         // replica's (the decode replica counts the KV it pulled); the closed
         // loop below still compares the decode replica with itself.
         let served_cached = self.record.usage.and_then(|u| u.cached_tokens);
+        if let Some(pd) = &self.record.pd {
+            self.tele
+                .metrics
+                .pd_decisions
+                .get(&(self.record.model.clone(), pd.reason.as_str()))
+                .inc();
+        }
         if let (Some(pd), Some(u)) = (&self.record.pd, self.record.usage.as_mut())
             && let Some(c) = pd.prefill_cached
         {

@@ -26,6 +26,9 @@ struct Backend {
     requests_running: Option<f64>,
     ttft_recent_seconds: Option<f64>,
     tpot_recent_seconds: Option<f64>,
+    /// `mixed` (not shown), `prefill` or `decode`.
+    #[serde(default)]
+    role: String,
 }
 
 #[derive(Deserialize)]
@@ -168,6 +171,10 @@ fn frame(
             b.circuit.clone()
         } else {
             "ok".to_string()
+        };
+        let state = match b.role.as_str() {
+            "" | "mixed" => state,
+            role => format!("{state} ({role})"),
         };
         let name: String = b.name.chars().take(22).collect();
         let _ = writeln!(

@@ -128,6 +128,8 @@ pub(crate) struct BackendView {
     circuit: &'static str,
     ejected_for_seconds: Option<f64>,
     in_flight: u32,
+    /// Its part in a disaggregated fleet: `mixed`, `prefill` or `decode`.
+    role: &'static str,
     models: Vec<String>,
     /// Seconds since the last health check, if any.
     checked_ago_seconds: Option<f64>,
@@ -172,6 +174,7 @@ pub(crate) async fn backends(Current(state): Current) -> Json<Vec<BackendView>> 
                 circuit: r.circuit().as_str(),
                 ejected_for_seconds: r.ejected_for().map(|d| d.as_secs_f64()),
                 in_flight: r.in_flight(),
+                role: r.role.as_str(),
                 models: r.models().iter().map(|m| m.to_string()).collect(),
                 checked_ago_seconds: h.checked_at.map(|t| t.elapsed().as_secs_f64()),
                 consecutive_failures: h.consecutive_failures,
@@ -225,6 +228,8 @@ struct SessionRow {
 #[derive(Serialize)]
 struct ReplicaRouting {
     name: String,
+    /// `mixed`, `prefill` or `decode`.
+    role: &'static str,
     in_flight: u32,
     /// Prefix blocks this gateway remembers sending there.
     prefix_index_blocks: usize,
@@ -256,6 +261,7 @@ pub(crate) async fn routing(Current(state): Current) -> Json<RoutingView> {
         .iter()
         .map(|r| ReplicaRouting {
             name: r.name.to_string(),
+            role: r.role.as_str(),
             in_flight: r.in_flight(),
             prefix_index_blocks: state.affinity.blocks(&r.name),
         })

@@ -74,6 +74,8 @@ pub(crate) struct Attempt<'a> {
     /// Prompt tokens routing expects cached on the decode replica.
     pub decode_cached: u32,
     pub deadline: Instant,
+    /// What routing sees of a replica (the proxy's `view`).
+    pub view: fn(&Replica) -> ReplicaView,
 }
 
 /// Plan the prefill of `body` (the body the decode replica would get) and
@@ -115,7 +117,7 @@ pub(crate) async fn prefill(
         ..*a.ctx
     };
     for _ in 0..PREFILL_TRIES {
-        let views: Vec<ReplicaView> = pool.iter().map(|r| super::proxy::view(r)).collect();
+        let views: Vec<ReplicaView> = pool.iter().map(|r| (a.view)(r)).collect();
         let Some(pick) = a.state.policy.pick(&ctx, &views) else {
             break;
         };

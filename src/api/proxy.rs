@@ -527,13 +527,10 @@ async fn forward(
                 decode: &replica,
                 decode_cached: decision.cached_tokens,
                 deadline,
+                view,
             };
             let (b, record) = Box::pin(super::disagg::prefill(attempt, body, &prefills)).await?;
-            state
-                .metrics
-                .pd_decisions
-                .get(&(model.clone(), record.reason.as_str()))
-                .inc();
+            // (Counted when the request ends, with its final reason.)
             guard.record.pd = Some(Box::new(record));
             pd_body = b;
             &pd_body
@@ -606,11 +603,6 @@ async fn forward(
             tracing::warn!(backend = %replica.name, "the decode replica could not use the remote prefill; prefilling there");
             pd.reason = crate::vocab::PdReason::LocalKvFetchFailed;
             pd.prefill_cached = None;
-            state
-                .metrics
-                .pd_decisions
-                .get(&(model.clone(), pd.reason.as_str()))
-                .inc();
             sent = Box::pin(send::send(
                 &replica,
                 build(local_body),

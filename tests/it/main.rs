@@ -19,6 +19,7 @@ mod dashboard;
 mod defects;
 mod deploy;
 mod deps;
+mod disagg;
 mod docs;
 mod doctor;
 mod doctor_sim;

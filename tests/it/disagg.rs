@@ -1,0 +1,291 @@
+//! Prefill/decode disaggregation over real sockets: `sluice sim` replicas in
+//! the prefill and decode roles behind the gateway, vLLM's protocol (a
+//! one-token prefill leg whose `kv_transfer_params` go with the decode
+//! request), its plan and every fallback.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use sluice::config::{BackendConfig, Config, Role};
+use sluice::server::Gateway;
+use sluice::sim::disagg::Role as SimRole;
+use sluice::sim::faults::Faults;
+use sluice::sim::{SimConfig, SimHandle};
+
+use crate::common::*;
+use crate::routing::start_routed;
+
+/// An engine-model replica in `role` (fast: tests only).
+async fn replica(role: SimRole, tweak: impl FnOnce(&mut SimConfig)) -> SimHandle {
+    let mut cfg = SimConfig::engine("tiny", 10.0).unwrap();
+    cfg.output_tokens = 6;
+    cfg.role = role;
+    tweak(&mut cfg);
+    start_sim(cfg).await
+}
+
+fn backend(sim: &SimHandle, role: Role) -> BackendConfig {
+    BackendConfig {
+        role,
+        ..BackendConfig::from_url(sim.url().parse().unwrap())
+    }
+}
+
+/// One prefill and one decode replica behind a gateway.
+async fn fleet(
+    prefill: impl FnOnce(&mut SimConfig),
+    tweak: impl FnOnce(&mut Config),
+) -> (SimHandle, SimHandle, Gateway) {
+    let p = replica(SimRole::Prefill, prefill).await;
+    let d = replica(SimRole::Decode, |_| {}).await;
+    let mut c = config_for(&[]);
+    c.backends = vec![backend(&p, Role::Prefill), backend(&d, Role::Decode)];
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_secs(30);
+    tweak(&mut c);
+    let gw = start_routed(c, 2).await;
+    (p, d, gw)
+}
+
+/// A chat request with a prompt of ~`words` x 2 tokens, distinct per `i`.
+fn chat(i: usize, words: usize, stream: bool) -> serde_json::Value {
+    let text: String = (0..words).map(|w| format!("q{i}w{w} ")).collect();
+    serde_json::json!({
+        "model": "sim-model", "stream": stream, "max_tokens": 5,
+        "messages": [{"role": "user", "content": text}],
+    })
+}
+
+async fn last_body(sim: &SimHandle) -> serde_json::Value {
+    let (_, text) = get_text(&format!("{}/sim/last_request", sim.url())).await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["body"].clone()
+}
+
+async fn decisions(gw: &Gateway, reason: &str) -> f64 {
+    gateway_metric(
+        gw,
+        &format!("sluice_pd_decisions_total{{model=\"sim-model\",reason=\"{reason}\"}}"),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_remote_prefill_hands_its_kv_to_the_decode_replica_streamed_and_whole() {
+    let (p, d, gw) = fleet(|_| {}, |_| {}).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    for (i, stream) in [(0, true), (1, false)] {
+        let (status, _, text) = post(&url, &chat(i, 200, stream)).await;
+        assert_eq!(status, 200, "{text}");
+        if stream {
+            assert!(text.contains("[DONE]"), "{text}");
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["usage"]["completion_tokens"], 5, "{v}");
+            assert!(
+                v.get("kv_transfer_params").is_none(),
+                "the decode answer is the client's: {v}"
+            );
+        }
+        // The prefill leg: whole, one token, keeping the KV for a remote decode.
+        let pb = last_body(&p).await;
+        assert_eq!(pb["stream"], false, "{pb}");
+        assert_eq!(pb["max_tokens"], 1, "{pb}");
+        assert!(pb.get("stream_options").is_none(), "{pb}");
+        assert_eq!(pb["kv_transfer_params"]["do_remote_decode"], true, "{pb}");
+        // The decode leg: the client's own request, with the prefill's
+        // parameters as they came.
+        let db = last_body(&d).await;
+        assert_eq!(db["stream"], stream, "{db}");
+        assert_eq!(db["max_tokens"], 5, "{db}");
+        let kv = &db["kv_transfer_params"];
+        assert_eq!(kv["do_remote_prefill"], true, "{db}");
+        assert_eq!(kv["remote_port"], p.addr.port(), "{db}");
+        assert!(kv["remote_request_id"].is_string(), "{db}");
+    }
+    assert_eq!(p.state.metrics.received.get(), 2);
+    assert_eq!(d.state.metrics.received.get(), 2);
+    // The decode replica used the pulled KV: it prefilled only the last token.
+    assert!(d.state.metrics.prompt_tokens.get() > 0);
+    assert_eq!(d.state.metrics.kv_transfer_failures.get(), 0);
+    assert_eq!(decisions(&gw, "remote").await, 2.0);
+    // Usage counted once: the decode answer's prompt tokens, not both legs'.
+    let (_, m) = get_text(&format!("{}/metrics", admin(&gw))).await;
+    let prompt = metric_sum(&m, "sluice_prompt_tokens_total");
+    let sent = d.state.metrics.prompt_tokens.get() as f64;
+    assert_eq!(prompt, sent, "prompt tokens counted once");
+    assert!(metric_sum(&m, "sluice_pd_prefill_seconds_count") >= 2.0);
+    // Roles are shown.
+    let (_, backends) = get_text(&format!("{}/admin/backends", admin(&gw))).await;
+    assert!(backends.contains("\"role\":\"prefill\"") && backends.contains("\"role\":\"decode\""));
+}
+
+/// Sum of every series of a family in a `/metrics` text.
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_failing_prefill_replica_falls_back_to_a_local_prefill() {
+    let (p, d, gw) = fleet(
+        |c| {
+            c.faults = Faults::parse("error=500").unwrap();
+        },
+        |_| {},
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let (status, _, text) = post(&url, &chat(0, 200, true)).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("[DONE]"));
+    assert!(p.state.metrics.received.get() >= 1, "the prefill was tried");
+    let db = last_body(&d).await;
+    assert!(
+        db.get("kv_transfer_params").is_none(),
+        "prefilled locally: {db}"
+    );
+    assert_eq!(decisions(&gw, "local_fallback").await, 1.0);
+}
+
+#[tokio::test]
+async fn without_the_local_fallback_a_failed_prefill_is_a_503() {
+    let (_p, d, gw) = fleet(
+        |c| {
+            c.faults = Faults::parse("error=500").unwrap();
+        },
+        |c| c.routing.disaggregation.local_fallback = false,
+    )
+    .await;
+    let (status, _, text) = post(
+        &format!("{}/v1/chat/completions", api(&gw)),
+        &chat(0, 200, false),
+    )
+    .await;
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("local_fallback"), "{text}");
+    assert_eq!(d.state.metrics.received.get(), 0);
+}
+
+#[tokio::test]
+async fn kv_the_decode_replica_cannot_fetch_is_prefilled_there_instead() {
+    // The prefill replica keeps its KV for a millisecond: it is gone when
+    // the decode replica asks for it.
+    let (_p, d, gw) = fleet(|c| c.kv_ttl = Duration::from_millis(1), |_| {}).await;
+    let (status, _, text) = post(
+        &format!("{}/v1/chat/completions", api(&gw)),
+        &chat(0, 200, true),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("[DONE]"));
+    assert_eq!(d.state.metrics.kv_transfer_failures.get(), 1);
+    let db = last_body(&d).await;
+    assert!(
+        db.get("kv_transfer_params").is_none(),
+        "asked again locally: {db}"
+    );
+    assert_eq!(decisions(&gw, "local_kv_fetch_failed").await, 1.0);
+    assert_eq!(decisions(&gw, "remote").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_prompt_the_decode_replica_holds_is_prefilled_there() {
+    let (p, d, gw) = fleet(|_| {}, |_| {}).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let body = chat(7, 200, false);
+    assert_eq!(post(&url, &body).await.0, 200);
+    assert_eq!(p.state.metrics.received.get(), 1);
+    // The same prompt again: the decode replica has it (routing's index).
+    assert_eq!(post(&url, &body).await.0, 200);
+    assert_eq!(
+        p.state.metrics.received.get(),
+        1,
+        "no second remote prefill"
+    );
+    assert_eq!(d.state.metrics.received.get(), 2);
+    assert_eq!(decisions(&gw, "local_cached").await, 1.0);
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_during_the_prefill_cancels_it() {
+    // The prefill replica holds each request 30 s before starting it.
+    let (p, d, gw) = fleet(
+        |c| c.faults = Faults::parse("first_token=30s").unwrap(),
+        |_| {},
+    )
+    .await;
+    let req = client()
+        .post(format!("{}/v1/chat/completions", api(&gw)))
+        .json(&chat(0, 200, true))
+        .send();
+    let held = tokio::spawn(req);
+    wait_until(
+        "the prefill leg reached the replica",
+        Duration::from_secs(5),
+        || async { p.state.metrics.received.get() == 1 },
+    )
+    .await;
+    held.abort();
+    let _ = held.await;
+    wait_until(
+        "the prefill leg cancelled",
+        Duration::from_secs(1),
+        || async { p.state.metrics.finished_count("abort") >= 1 },
+    )
+    .await;
+    assert_eq!(d.state.metrics.received.get(), 0);
+}
+
+#[tokio::test]
+async fn a_bootstrap_port_on_a_decode_replica_is_a_config_error_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pd.yaml");
+    std::fs::write(
+        &path,
+        "backends:\n  - url: http://10.0.0.1:8000\n    role: prefill\n    bootstrap_port: 8998\n  - url: http://10.0.0.2:8000\n    role: decode\n    bootstrap_port: 8998\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check-config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("backends[1].bootstrap_port"), "{err}");
+    std::fs::write(
+        &path,
+        "backends:\n  - url: http://10.0.0.1:8000\n    role: prefil\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check-config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("role") && err.contains("line 3"), "{err}");
+}
+
+#[tokio::test]
+async fn a_stream_of_a_remote_prefill_is_timed_and_its_prefill_recorded() {
+    let (_p, _d, gw) = fleet(|_| {}, |_| {}).await;
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", api(&gw)))
+        .json(&chat(3, 200, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut text = String::new();
+    while let Some(c) = body.next().await {
+        text.push_str(&String::from_utf8_lossy(&c.unwrap()));
+    }
+    assert!(text.contains("[DONE]"));
+    let (_, m) = get_text(&format!("{}/metrics", admin(&gw))).await;
+    assert!(metric_sum(&m, "sluice_time_to_first_token_seconds_count") >= 1.0);
+    assert_eq!(metric_sum(&m, "sluice_pd_prefill_seconds_count"), 1.0);
+}
