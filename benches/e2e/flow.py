@@ -61,7 +61,9 @@ FLEETS = {
     "kv-full": dict(engine=["--profile", "h100-llama3-8b", "--max-num-seqs", "64",
                             "--num-blocks", "4550", "--step-base", "250ms",
                             "--step-per-seq", "1ms", "--prefill-per-token", "50us"],
-                    seats=64, prompt=1000, output=16, workload="fixed"),
+                    seats=64, prompt=1000, output=16, workload="fixed",
+                    # As the issue found it: seats learned, not configured.
+                    learned=True),
 }
 FLEET = FLEETS["seats"]
 SEATS = FLEET["seats"]
@@ -99,7 +101,7 @@ def config(sims, flow, tmp, learned, redis=None):
     keys = "\n".join(
         f"    - {{name: {name}, tier: {tier}, sha256: \"{hashlib.sha256(key.encode()).hexdigest()}\"}}"
         for name, (tier, key) in KEYS.items())
-    seats = "" if learned else f"\n    max_concurrency: {SEATS}"
+    seats = "" if learned or FLEET.get("learned") else f"\n    max_concurrency: {SEATS}"
     backends = "\n".join(f"  - url: {s}{seats}" for s in sims)
     text = f"""
 backends:

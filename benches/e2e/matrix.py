@@ -98,6 +98,8 @@ CELLS = {
 
 
 ENGINE = "sim"
+# A config file for the Sluice gateways (experiments: `--sluice-config`).
+SLUICE_CONFIG = None
 
 
 def start_fleet(procs, cell, n=4):
@@ -126,9 +128,10 @@ def routers(cell, venv):
 def start(procs, name, sims, cell, venv):
     ADMINS.clear()
     if name == "sluice":
+        extra = ["--config", SLUICE_CONFIG] if SLUICE_CONFIG else []
         if cell.get("gateways", 1) > 1:
-            return start_lb(procs, [start_sluice(procs, sims) for _ in range(cell["gateways"])])
-        return start_sluice(procs, sims)
+            return start_lb(procs, [start_sluice(procs, sims, extra) for _ in range(cell["gateways"])])
+        return start_sluice(procs, sims, extra)
     kind, policy = name.split("-", 1)
     return start_router(procs, venv, kind, policy, sims)
 
@@ -209,11 +212,12 @@ def main():
     ap.add_argument("--requests", type=int, default=3000, help="prefix cells: requests a run")
     ap.add_argument("--engine", choices=["sim", "b"], default="sim",
                     help="the replicas: `sluice sim`, or engine_b.py (the second engine model)")
+    ap.add_argument("--sluice-config", help="a config file for the Sluice gateways (experiments)")
     ap.add_argument("--requests-dir", help="prefix cells: every request's timing, a file a run")
     ap.add_argument("--json")
     args = ap.parse_args()
-    global ENGINE
-    ENGINE = args.engine
+    global ENGINE, SLUICE_CONFIG
+    ENGINE, SLUICE_CONFIG = args.engine, args.sluice_config
     if not os.path.exists(BIN):
         raise SystemExit("build first: cargo build --release")
     seeds = [int(s) for s in args.seeds.split(",")]

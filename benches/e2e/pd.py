@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Disaggregated serving on a simulated fleet: Sluice against vllm-router's PD mode.
+
+Four `sluice sim` replicas, restarted for every run (cold caches): two with
+`--role prefill` and two with `--role decode` (vLLM's protocol: a one-token
+prefill leg whose `kv_transfer_params` go with the decode request), behind
+
+  sluice-pd              Sluice, `backends[].role` prefill/decode (plans each request)
+  vllm-pd-cache_aware    vllm-router --vllm-pd-disaggregation --policy cache_aware
+  vllm-pd-power_of_two   vllm-router --vllm-pd-disaggregation --policy power_of_two
+  sluice-mixed           the same four replicas as `mixed` behind Sluice (no disaggregation)
+
+Workloads (`--workloads`):
+  chat        16 shared system prompts of ~1,500 tokens, a short question, 64 tokens out
+  retrieval   long prompts (~6,000 tokens, 8 documents reused), 32 tokens out
+  codegen     ~600-token prompts over 4 prefixes, 512 tokens out (long decodes)
+  agentic     coding-agent sessions (`sluice bench --workload agentic`, 100 sessions)
+
+Engine: steps of 8 ms + 0.1 ms a running sequence, prefill 0.1 ms a token, 64 seats,
+2,048 batched tokens, 2,048 KV blocks; KV transfers at 25 GB/s of 128 KiB a token.
+Reported per run: TTFT and inter-token p50/p99, errors, and Sluice's decisions
+(`sluice_pd_decisions_total`: remote prefills against local ones, and why).
+
+    cargo build --release
+    python3 -m venv /tmp/routers && /tmp/routers/bin/pip install vllm-router
+    python3 benches/e2e/pd.py --routers-venv /tmp/routers --seeds 1,2,3 --json docs/bench/pd_DATE.json
+
+Everything listens on 127.0.0.1; every process is stopped at the end of its run.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stream_overhead import free_port, wait_http  # noqa: E402
+from agentic import ADMINS, Procs, gateway_counts  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, "target", "release", "sluice")
+ENGINE = ["--profile", "h100-llama3-8b", "--output-tokens", "4096", "--num-blocks", "2048",
+          "--step-base", "8ms", "--step-per-seq", "100us", "--prefill-per-token", "100us",
+          "--max-num-seqs", "64", "--max-num-batched-tokens", "2048"]
+
+WORKLOADS = {
+    "chat": ["--workload", "shared-prefix", "--prefixes", "16", "--prefix-tokens", "1500",
+             "--prompt-tokens", "20", "--max-tokens", "64", "--rate", "20"],
+    "retrieval": ["--workload", "shared-prefix", "--prefixes", "8", "--prefix-tokens", "6000",
+                  "--prompt-tokens", "50", "--max-tokens", "32", "--rate", "6"],
+    "codegen": ["--workload", "shared-prefix", "--prefixes", "4", "--prefix-tokens", "600",
+                "--prompt-tokens", "30", "--max-tokens", "512", "--rate", "6"],
+    "agentic": ["--workload", "agentic", "--sessions", "100", "--concurrency", "32",
+                "--turns", "8", "--prefix-tokens", "3000", "--prompt-tokens", "100",
+                "--max-tokens", "48", "--tool-tokens", "3000", "--tool-share", "0.2",
+                "--think-time", "1s"],
+}
+
+
+def start_sims(procs, roles):
+    out = []
+    for role in roles:
+        port = free_port()
+        procs.start([BIN, "sim", "--listen", f"127.0.0.1:{port}", "--role", role, *ENGINE])
+        out.append((f"http://127.0.0.1:{port}", role))
+    for u, _ in out:
+        wait_http(u + "/health")
+    return out
+
+
+def start_sluice(procs, sims, pd):
+    api, admin = free_port(), free_port()
+    ADMINS.append(f"http://127.0.0.1:{admin}")
+    lines = ["backends:"]
+    for url, role in sims:
+        lines.append(f"  - url: {url}")
+        lines.append(f"    role: {role if pd else 'mixed'}")
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    cfg.write("\n".join(lines) + "\n")
+    cfg.close()
+    procs.start([BIN, "serve", "--config", cfg.name, "--listen", f"127.0.0.1:{api}",
+                 "--admin-listen", f"127.0.0.1:{admin}"], env={**os.environ, "RUST_LOG": "warn"})
+    wait_http(f"http://127.0.0.1:{admin}/readyz")
+    return f"http://127.0.0.1:{api}"
+
+
+def start_vllm_pd(procs, venv, policy, sims):
+    port = free_port()
+    args = [os.path.join(venv, "bin", "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
+            "--vllm-pd-disaggregation", "--policy", policy]
+    for url, role in sims:
+        args += (["--prefill", url] if role == "prefill" else ["--decode", url])
+    procs.start(args)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/v1/models", timeout=60)
+    return url
+
+
+def run(name, workload, args, seed):
+    procs = Procs()
+    ADMINS.clear()
+    try:
+        sims = start_sims(procs, ["prefill", "prefill", "decode", "decode"])
+        if name == "sluice-pd":
+            url = start_sluice(procs, sims, True)
+        elif name == "sluice-mixed":
+            url = start_sluice(procs, sims, False)
+        else:
+            url = start_vllm_pd(procs, args.routers_venv, name.split("-", 2)[2], sims)
+        time.sleep(2)
+        out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+        cmd = [BIN, "bench", "--url", url, "--model", "sim-model", "--seed", str(seed),
+               "--quiet", "--json", out, *WORKLOADS[workload]]
+        if workload != "agentic":
+            cmd += ["--concurrency", "512", "--requests", str(args.requests)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            r = json.load(f)
+        row = {
+            "seed": seed, "ok": r["ok"], "requests": r["requests"], "errors": r["errors"],
+            "ttft_p50_ms": round(r["ttft_seconds"]["p50"] * 1e3, 1),
+            "ttft_p99_ms": round(r["ttft_seconds"]["p99"] * 1e3, 1),
+            "itl_p50_ms": round(r["inter_token_seconds"]["p50"] * 1e3, 2),
+            "itl_p99_ms": round(r["inter_token_seconds"]["p99"] * 1e3, 2),
+        }
+        if ADMINS:
+            row["decisions"] = {k.split('reason="')[1].rstrip('"}'): v for k, v in gateway_counts(
+                ADMINS, ["sluice_pd_decisions_total"]).items() if v}
+        return row
+    finally:
+        procs.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--routers-venv")
+    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--requests", type=int, default=1200)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    names = ["sluice-pd", "sluice-mixed"]
+    if args.routers_venv:
+        names[1:1] = ["vllm-pd-cache_aware", "vllm-pd-power_of_two"]
+    names = [n for n in names if not args.only or n in args.only]
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+           "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}",
+           "commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip(),
+           "engine": ENGINE, "args": vars(args), "workloads": {}}
+    for w in args.workloads:
+        runs = {n: [] for n in names}
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            for n in names:
+                row = run(n, w, args, seed)
+                runs[n].append(row)
+                print(f"{w:10s} seed {seed} {n:22s} TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f} ms"
+                      f" | ITL p99 {row['itl_p99_ms']:6.2f} ms | ok {row['ok']}/{row['requests']} {row['errors']}"
+                      f" | {row.get('decisions', '')}", flush=True)
+        summary = {n: {k: statistics.median([r[k] for r in rows]) for k in
+                       ("ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms")} for n, rows in runs.items()}
+        out["workloads"][w] = {"runs": runs, "summary": summary}
+        print(f"== {w}: {json.dumps(summary)}", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
