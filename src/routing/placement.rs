@@ -75,7 +75,12 @@ impl Placement {
             .fetch_add(u64::from(self.predicted_cached), Relaxed);
         l.actual_cached.fetch_add(u64::from(actual), Relaxed);
         let tpb = self.tokens_per_block.max(1);
-        if actual + tpb < self.predicted_cached {
+        // Sent while other prompts were still being prefilled there, a
+        // request may have found its prefix not computed yet (the request
+        // that brings it still in its prefill): no evidence it was evicted.
+        // The index is corrected by a request sent when nothing was pending.
+        let pending = self.ahead > self.uncached;
+        if actual + tpb < self.predicted_cached && !pending {
             l.shortfalls.fetch_add(1, Relaxed);
             let held = (actual / tpb) as usize;
             let claimed = self.matched_blocks.min(self.hashes.len());
@@ -92,5 +97,50 @@ impl Drop for Placement {
             // Failed, or cut before its first token: no longer ahead of anyone.
             self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::routing::Affinity;
+
+    fn memory() -> Arc<ReplicaMemory> {
+        let t = (64, Duration::from_secs(60));
+        Affinity::new(1024, t, t).of(&Arc::from("r"), Instant::now())
+    }
+
+    fn placed(m: &Arc<ReplicaMemory>, hashes: &[u64], cached: u32) -> Placement {
+        let h: Arc<[u64]> = Arc::from(hashes);
+        Placement::new(m.clone(), 1000 - cached, cached, h, hashes.len(), 16)
+    }
+
+    #[test]
+    fn a_shortfall_forgets_the_blocks_the_engine_did_not_have() {
+        let m = memory();
+        let h = [1, 2, 3, 4];
+        m.prefixes.insert(&h);
+        // Nothing else pending there: the engine had evicted the prefix.
+        let p = placed(&m, &h, 64);
+        p.finished(0);
+        drop(p);
+        assert_eq!(m.prefixes.longest_match(&h), 0);
+        assert_eq!(m.load.shortfalls.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_shortfall_while_others_were_prefilling_there_forgets_nothing() {
+        let m = memory();
+        let h = [1, 2, 3, 4];
+        m.prefixes.insert(&h);
+        // The request that brings the prefix is still in its prefill.
+        let leader = placed(&m, &h, 0);
+        let follower = placed(&m, &h, 64);
+        follower.finished(0);
+        assert_eq!(m.prefixes.longest_match(&h), 4, "kept");
+        assert_eq!(m.load.shortfalls.load(Relaxed), 0);
+        drop((leader, follower));
     }
 }
