@@ -60,6 +60,9 @@ pub struct RequestGuard {
     output_weight: f64,
     /// Output events after which the stream counts as about to finish.
     leaving_after: Option<u32>,
+    /// What must live as long as the request (SGLang's prefill leg, running
+    /// beside the decode one: dropped, it is aborted).
+    held: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl RequestGuard {
@@ -91,6 +94,7 @@ impl RequestGuard {
             seat: None,
             output_weight: 1.0,
             leaving_after: None,
+            held: None,
         }
     }
 
@@ -185,6 +189,11 @@ impl RequestGuard {
     /// Routing's accounting of the current attempt.
     pub(crate) fn placed(&mut self, p: Placement) {
         self.placement = Some(p);
+    }
+
+    /// Keep `x` until the request ends.
+    pub(crate) fn hold(&mut self, x: Box<dyn std::any::Any + Send + Sync>) {
+        self.held = Some(x);
     }
 
     /// The replica of the current attempt.

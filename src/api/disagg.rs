@@ -30,9 +30,13 @@
 //!    client that leaves during the prefill drops it: the prefill
 //!    replica's connection closes at once, which is how vLLM aborts.
 //!
-//! The SGLang protocol (bootstrap rooms) is not orchestrated yet: a model
-//! with `routing.disaggregation.protocol: sglang` is served by its decode and
-//! mixed replicas with local prefill.
+//! 5. **SGLang's protocol** (`protocol: sglang`): the client's body with
+//!    `bootstrap_host`, `bootstrap_port` and a random `bootstrap_room` goes to
+//!    the prefill replica (drained and checked in a task) and to the decode
+//!    replica at once; the decode answer streams to the client. A prefill
+//!    that fails before the decode replica answers drops the decode leg and
+//!    prefills locally (`local_fallback`); one that fails later leaves the
+//!    decode replica to its own timeout (its room never fills).
 
 use std::sync::Arc;
 
@@ -43,6 +47,7 @@ use tokio::time::Instant;
 
 use super::Head;
 use super::send;
+use crate::config::PdProtocol;
 use crate::error::GatewayError;
 use crate::routing::placement::Placement;
 use crate::routing::{ReplicaView, RouteCtx};
@@ -84,17 +89,16 @@ pub(crate) async fn prefill(
     a: Attempt<'_>,
     body: &Bytes,
     prefills: &[Arc<Replica>],
-) -> Result<(Bytes, PdRecord), GatewayError> {
-    let local = |reason| {
-        (
-            body.clone(),
-            PdRecord {
-                reason,
-                prefill_backend: None,
-                prefill: None,
-                prefill_cached: None,
-            },
-        )
+) -> Result<Planned, GatewayError> {
+    let local = |reason| Planned {
+        body: body.clone(),
+        record: PdRecord {
+            reason,
+            prefill_backend: None,
+            prefill: None,
+            prefill_cached: None,
+        },
+        sglang: None,
     };
     let cfg = &a.state.config.routing.disaggregation;
     let prompt = a.ctx.prompt_tokens.max(1);
@@ -116,6 +120,13 @@ pub(crate) async fn prefill(
         session: None,
         ..*a.ctx
     };
+    if a.state.config.routing.disaggregation.protocol == PdProtocol::Sglang {
+        let views: Vec<ReplicaView> = pool.iter().map(|r| (a.view)(r)).collect();
+        let Some(pick) = a.state.policy.pick(&ctx, &views) else {
+            return Ok(local(PdReason::LocalNoPrefill));
+        };
+        return sglang(&a, body, pool.swap_remove(pick.index));
+    }
     for _ in 0..PREFILL_TRIES {
         let views: Vec<ReplicaView> = pool.iter().map(|r| (a.view)(r)).collect();
         let Some(pick) = a.state.policy.pick(&ctx, &views) else {
@@ -141,15 +152,16 @@ pub(crate) async fn prefill(
                     // Its one token ended the answer: nothing to transfer.
                     return Ok(local(PdReason::LocalNoKv));
                 };
-                return Ok((
-                    with_member(body, "kv_transfer_params", params)?,
-                    PdRecord {
+                return Ok(Planned {
+                    body: with_member(body, "kv_transfer_params", params)?,
+                    record: PdRecord {
                         reason: PdReason::Remote,
                         prefill_backend: Some(replica.name.clone()),
                         prefill: Some(took),
                         prefill_cached: cached,
                     },
-                ));
+                    sglang: None,
+                });
             }
             Err(e) => {
                 tracing::warn!(backend = %replica.name, error = %e, "prefill leg failed; trying another or prefilling locally");
@@ -172,6 +184,162 @@ pub(crate) async fn prefill(
             a.ctx.model
         )))
     }
+}
+
+/// A planned prefill: the body the decode replica gets, what was decided,
+/// and for SGLang's protocol the prefill leg running beside the decode one.
+pub(crate) struct Planned {
+    pub body: Bytes,
+    pub record: PdRecord,
+    pub sglang: Option<SglangLeg>,
+}
+
+/// SGLang's prefill leg, sent at the same time as the decode leg: its
+/// outcome, and the task, aborted when dropped (the request ended or its
+/// client left).
+pub(crate) struct SglangLeg {
+    outcome: tokio::sync::oneshot::Receiver<Result<(), GatewayError>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for SglangLeg {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// SGLang's protocol: the same body, with `bootstrap_host`, `bootstrap_port`
+/// (the prefill replica's, `null` for the engine's default) and a random
+/// `bootstrap_room`, goes to the prefill replica now (drained and checked in
+/// a task) and to the decode replica by the caller ([`send_beside`]).
+fn sglang(a: &Attempt<'_>, body: &Bytes, replica: Arc<Replica>) -> Result<Planned, GatewayError> {
+    let host = url::Url::parse(&replica.base)
+        .ok()
+        .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_string()))
+        .unwrap_or_default();
+    let room = fastrand::u64(..) & (i64::MAX as u64);
+    let mut v = object(body)?;
+    v.insert("bootstrap_host".into(), Value::String(host));
+    v.insert(
+        "bootstrap_port".into(),
+        replica.bootstrap_port.map_or(Value::Null, Value::from),
+    );
+    v.insert("bootstrap_room".into(), Value::from(room));
+    let both = serde_json::to_vec(&v)
+        .map(Bytes::from)
+        .map_err(|e| GatewayError::Internal(e.to_string()))?;
+    let mut leg = v;
+    leg.insert("stream".into(), Value::Bool(false));
+    leg.remove("stream_options");
+    let leg = serde_json::to_vec(&leg)
+        .map(Bytes::from)
+        .map_err(|e| GatewayError::Internal(e.to_string()))?;
+    let req = request(a, &replica, &leg);
+    let by =
+        (Instant::now() + a.state.config.routing.disaggregation.prefill_timeout).min(a.deadline);
+    let (tx, outcome) = tokio::sync::oneshot::channel();
+    let metrics = a.state.metrics.clone();
+    let model: Arc<str> = a.ctx.model.into();
+    let name = replica.name.clone();
+    let task = tokio::spawn(async move {
+        let _in_flight = InFlight::new(replica.clone());
+        let started = Instant::now();
+        let result = async {
+            let (_, mut conn) = send::send(&replica, req, by, false).await?;
+            match conn.collect(MAX_PREFILL_ANSWER, by).await {
+                Ok(Ok(_)) => {
+                    replica.conns.checkin(conn);
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(GatewayError::UpstreamProtocol(
+                    e.during("reading the prefill answer"),
+                )),
+                Err(_) => Err(GatewayError::UpstreamTimeout {
+                    phase: crate::error::TimeoutPhase::Total,
+                }),
+            }
+        }
+        .await;
+        match &result {
+            Ok(()) => metrics
+                .pd_prefill
+                .get(&(model,))
+                .observe(started.elapsed().as_secs_f64()),
+            Err(e) => {
+                tracing::warn!(backend = %replica.name, error = %e, "SGLang prefill leg failed");
+                metrics
+                    .upstream_errors
+                    .get(&(replica.name.clone(), e.kind()))
+                    .inc();
+            }
+        }
+        let _ = tx.send(result);
+    })
+    .abort_handle();
+    Ok(Planned {
+        body: both,
+        record: PdRecord {
+            reason: PdReason::Remote,
+            prefill_backend: Some(name),
+            prefill: None,
+            prefill_cached: None,
+        },
+        sglang: Some(SglangLeg { outcome, task }),
+    })
+}
+
+/// Send the decode leg of SGLang's protocol while its prefill leg runs: if
+/// the prefill fails before the decode replica answers (it would wait for a
+/// room that never fills), the decode leg is dropped (its connection closed)
+/// and `local` is sent instead, the decode replica prefilling itself.
+/// `Ok(true)`: that happened.
+pub(crate) async fn send_beside(
+    replica: &Replica,
+    decode: crate::upstream::http1::Outgoing,
+    local: crate::upstream::http1::Outgoing,
+    by: Instant,
+    stream: bool,
+    leg: &mut SglangLeg,
+) -> Result<(Answer, bool), GatewayError> {
+    // Boxed, so that dropping it below ends it (and closes its connection).
+    let mut sent = Box::pin(send::send(replica, decode, by, stream));
+    tokio::select! {
+        r = &mut sent => return r.map(|a| (a, false)),
+        out = &mut leg.outcome => {
+            if matches!(out, Ok(Ok(()))) {
+                // The prefill is done: its room is ready for the decode leg.
+                return sent.await.map(|a| (a, false));
+            }
+        }
+    }
+    // Dropped before an answer: the decode replica's connection closes.
+    drop(sent);
+    send::send(replica, local, by, stream)
+        .await
+        .map(|a| (a, true))
+}
+
+/// What `send::send` answers: the response head and its connection.
+pub(crate) type Answer = (http::Response<()>, crate::upstream::conn::Conn);
+
+/// The request for one leg on `replica`, with the client's headers.
+fn request(a: &Attempt<'_>, replica: &Replica, body: &[u8]) -> crate::upstream::http1::Outgoing {
+    let prefixed;
+    let path = if replica.path_prefix.is_empty() {
+        a.path
+    } else {
+        prefixed = format!("{}{}", replica.path_prefix, a.path);
+        prefixed.as_str()
+    };
+    let mut added: Vec<(&http::HeaderName, &[u8])> =
+        vec![(&header::HOST, replica.conns.host.as_bytes())];
+    if let Some(t) = a.traceparent {
+        added.push((&TRACEPARENT, t));
+    }
+    if let Some(key) = &replica.api_key {
+        added.push((&header::AUTHORIZATION, key.as_bytes()));
+    }
+    proxied_request(&Method::POST, path, &a.parts.headers, a.rid, &added, body)
 }
 
 /// Whether the prefill replicas would make the prompt wait longer than the
@@ -214,24 +382,7 @@ async fn leg(
 ) -> Result<(Option<Value>, Option<u32>, std::time::Duration), GatewayError> {
     let cfg = &a.state.config;
     let body = prefill_body(body)?;
-    let prefixed;
-    let path = if replica.path_prefix.is_empty() {
-        a.path
-    } else {
-        prefixed = format!("{}{}", replica.path_prefix, a.path);
-        prefixed.as_str()
-    };
-    let req = {
-        let mut added: Vec<(&http::HeaderName, &[u8])> =
-            vec![(&header::HOST, replica.conns.host.as_bytes())];
-        if let Some(t) = a.traceparent {
-            added.push((&TRACEPARENT, t));
-        }
-        if let Some(key) = &replica.api_key {
-            added.push((&header::AUTHORIZATION, key.as_bytes()));
-        }
-        proxied_request(&Method::POST, path, &a.parts.headers, a.rid, &added, &body)
-    };
+    let req = request(a, replica, &body);
     let _in_flight = InFlight::new(replica.clone());
     let started = Instant::now();
     let by = (started + cfg.routing.disaggregation.prefill_timeout).min(a.deadline);

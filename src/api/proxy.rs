@@ -367,10 +367,8 @@ async fn forward(
     let fallback = candidates.fallback;
     // A disaggregated model's prefill replicas (vLLM's protocol, the chat
     // and completions APIs: `api/disagg.rs`).
-    let prefills = match (endpoint, state.config.routing.disaggregation.protocol) {
-        (Endpoint::Chat | Endpoint::Completions, crate::config::PdProtocol::Vllm) => {
-            std::mem::take(&mut candidates.prefill)
-        }
+    let prefills = match endpoint {
+        Endpoint::Chat | Endpoint::Completions => std::mem::take(&mut candidates.prefill),
         _ => Vec::new(),
     };
     let candidates = &mut candidates.replicas;
@@ -505,6 +503,7 @@ async fn forward(
         // that the decode replica is known (boxed: a rare path's state stays
         // out of every request's future).
         let pd_body;
+        let mut sglang = None;
         let local_body = body;
         let body = if prefills.is_empty() {
             body
@@ -529,10 +528,11 @@ async fn forward(
                 deadline,
                 view,
             };
-            let (b, record) = Box::pin(super::disagg::prefill(attempt, body, &prefills)).await?;
+            let planned = Box::pin(super::disagg::prefill(attempt, body, &prefills)).await?;
             // (Counted when the request ends, with its final reason.)
-            guard.record.pd = Some(Box::new(record));
-            pd_body = b;
+            guard.record.pd = Some(Box::new(planned.record));
+            sglang = planned.sglang;
+            pd_body = planned.body;
             &pd_body
         };
         // A replica at the root takes the client's path as it came.
@@ -592,7 +592,32 @@ async fn forward(
         // The answer is taken out of the result before `respond` is awaited:
         // a result matched around that await would be kept in the request's
         // future beside what `respond` keeps.
-        let mut sent = send::send(&replica, req, headers_by, inbound.stream).await;
+        let mut sent = match sglang.as_mut() {
+            None => send::send(&replica, req, headers_by, inbound.stream).await,
+            // SGLang's decode leg, beside its prefill leg (boxed: rare).
+            Some(leg) => {
+                let local = build(local_body);
+                match Box::pin(super::disagg::send_beside(
+                    &replica,
+                    req,
+                    local,
+                    headers_by,
+                    inbound.stream,
+                    leg,
+                ))
+                .await
+                {
+                    Ok((answer, fell_back)) => {
+                        if fell_back && let Some(pd) = guard.record.pd.as_mut() {
+                            pd.reason = crate::vocab::PdReason::LocalFallback;
+                            pd.prefill_backend = None;
+                        }
+                        Ok(answer)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
         // The decode replica could not fetch the prefill's KV (it answered an
         // error before any byte reached the client): once more, prefilling
         // locally.
@@ -610,6 +635,9 @@ async fn forward(
                 inbound.stream,
             ))
             .await;
+        }
+        if let Some(leg) = sglang.take() {
+            guard.hold(Box::new(leg));
         }
         let (resp, conn) = match sent {
             Ok(answer) => answer,

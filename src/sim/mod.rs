@@ -759,7 +759,10 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         let ttl = s.config.kv_ttl;
         tokio::spawn(async move {
             // Bounded: a cancelled request may never finish.
-            if tokio::time::timeout(ttl, done.finished()).await.is_ok() && !done.is_cancelled() {
+            // Its token out: the prompt was computed (a request cut short
+            // before it produced nothing; the handler cancels the slot as it
+            // returns either way).
+            if tokio::time::timeout(ttl, done.finished()).await.is_ok() && done.produced() > 0 {
                 sim.transfers.fill_room(room, prompt_tokens);
             }
         });

@@ -289,3 +289,61 @@ async fn a_stream_of_a_remote_prefill_is_timed_and_its_prefill_recorded() {
     assert!(metric_sum(&m, "sluice_time_to_first_token_seconds_count") >= 1.0);
     assert_eq!(metric_sum(&m, "sluice_pd_prefill_seconds_count"), 1.0);
 }
+
+/// SGLang's protocol: the prefill replica's bootstrap port is its own port
+/// (the simulator's rooms are pulled over HTTP there).
+async fn sglang_fleet(prefill: impl FnOnce(&mut SimConfig)) -> (SimHandle, SimHandle, Gateway) {
+    let p = replica(SimRole::Prefill, prefill).await;
+    let d = replica(SimRole::Decode, |_| {}).await;
+    let mut c = config_for(&[]);
+    c.backends = vec![
+        BackendConfig {
+            bootstrap_port: Some(p.addr.port()),
+            ..backend(&p, Role::Prefill)
+        },
+        backend(&d, Role::Decode),
+    ];
+    c.routing.disaggregation.protocol = sluice::config::PdProtocol::Sglang;
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_secs(30);
+    let gw = start_routed(c, 2).await;
+    (p, d, gw)
+}
+
+#[tokio::test]
+async fn sglangs_protocol_sends_both_legs_with_one_bootstrap_room() {
+    let (p, d, gw) = sglang_fleet(|_| {}).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    for (i, stream) in [(0, true), (1, false)] {
+        let (status, _, text) = post(&url, &chat(i, 200, stream)).await;
+        assert_eq!(status, 200, "{text}");
+        let (pb, db) = (last_body(&p).await, last_body(&d).await);
+        assert!(pb["bootstrap_room"].is_u64(), "{pb}");
+        assert_eq!(
+            pb["bootstrap_room"], db["bootstrap_room"],
+            "one room for both legs"
+        );
+        assert_eq!(db["bootstrap_port"], p.addr.port(), "{db}");
+        assert_eq!(db["bootstrap_host"], "127.0.0.1", "{db}");
+        // The decode leg is the client's request; the prefill leg is drained.
+        assert_eq!(db["stream"], stream, "{db}");
+        assert_eq!(pb["stream"], false, "{pb}");
+    }
+    assert_eq!(d.state.metrics.kv_transfer_failures.get(), 0);
+    assert_eq!(decisions(&gw, "remote").await, 2.0);
+}
+
+#[tokio::test]
+async fn a_failed_sglang_prefill_drops_the_waiting_decode_leg_and_prefills_locally() {
+    let (_p, d, gw) = sglang_fleet(|c| c.faults = Faults::parse("error=503").unwrap()).await;
+    let (status, _, text) = post(
+        &format!("{}/v1/chat/completions", api(&gw)),
+        &chat(0, 200, true),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("[DONE]"));
+    let db = last_body(&d).await;
+    assert!(db.get("bootstrap_room").is_none(), "the local leg: {db}");
+    assert_eq!(decisions(&gw, "local_fallback").await, 1.0);
+}
