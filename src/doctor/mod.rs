@@ -37,6 +37,8 @@ pub const PATHOLOGIES: &[&str] = &[
     "error_spike",
     "stalling_streams",
     "underutilisation",
+    "prefill_pool_saturated",
+    "decode_pool_out_of_kv",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
@@ -433,6 +435,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
         }
     }
     underused(&patients, d, window, &mut out);
+    pools(&patients, &mut out);
     from_journal(metrics, d, window, now, &mut out);
     throughput(metrics, d, window, now, &mut out);
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
@@ -497,6 +500,70 @@ fn leak(p: &Patient<'_>, d: &DoctorConfig, now: Instant) -> Option<Leak> {
         running_max,
         held: held.as_secs_f64(),
     })
+}
+
+/// A disaggregated fleet's pools: every prefill replica's queue persisting
+/// over most of the window (the prefill pool is too small for the prompts
+/// sent to it), or every decode replica preempting (the decode pool is out
+/// of KV). Named on each replica of the pool; the action says which pool to
+/// grow.
+fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
+    use crate::config::Role;
+    let of = |role: Role| -> Vec<&Patient<'_>> {
+        patients
+            .iter()
+            .filter(|p| p.replica.role == role && p.samples.len() >= 3)
+            .collect()
+    };
+    let queued_share = |p: &Patient<'_>| {
+        let n = p
+            .samples
+            .iter()
+            .filter(|s| s.waiting.unwrap_or(0.0) >= 1.0)
+            .count();
+        n as f64 / p.samples.len() as f64
+    };
+    let prefill = of(Role::Prefill);
+    if !prefill.is_empty() && prefill.iter().all(|p| queued_share(p) >= 0.8) {
+        for p in &prefill {
+            out.push(Finding::warning(
+                "prefill_pool_saturated",
+                p.replica.name.clone(),
+                evidence(&[
+                    ("share_of_scrapes_with_requests_waiting", round(queued_share(p), 2)),
+                    ("requests_waiting", round(p.last().and_then(|s| s.waiting).unwrap_or(0.0), 0)),
+                    ("prefill_replicas", serde_json::Value::from(prefill.len())),
+                ]),
+                p.span(),
+                "every prefill replica keeps a queue: the prompts sent to the prefill pool outrun it (the gateway then prefills more of them on the decode replicas, whose streams slow down)",
+                "add prefill replicas; until then the gateway sends fewer prompts to the pool (local_pool_busy in sluice_pd_decisions_total)",
+            ));
+        }
+    }
+    let decode = of(Role::Decode);
+    if !decode.is_empty()
+        && decode
+            .iter()
+            .all(|p| p.rate(|s| s.preemptions).is_some_and(|r| r > 0.0))
+    {
+        for p in &decode {
+            out.push(Finding {
+                severity: Severity::Critical,
+                ..Finding::warning(
+                    "decode_pool_out_of_kv",
+                    p.replica.name.clone(),
+                    evidence(&[
+                        ("preemptions_per_second", round(p.rate(|s| s.preemptions).unwrap_or(0.0), 2)),
+                        ("kv_cache_usage", round(p.last().and_then(|s| s.kv_usage).unwrap_or(0.0), 3)),
+                        ("decode_replicas", serde_json::Value::from(decode.len())),
+                    ]),
+                    p.span(),
+                    "every decode replica preempts: the sequences the pool generates do not fit its KV cache",
+                    "add decode replicas (or KV memory: a quantised KV cache, more GPUs); lower max_tokens for the tiers that drive the load",
+                )
+            });
+        }
+    }
 }
 
 /// How little a replica did over the window.

@@ -347,3 +347,59 @@ async fn a_failed_sglang_prefill_drops_the_waiting_decode_leg_and_prefills_local
     assert!(db.get("bootstrap_room").is_none(), "the local leg: {db}");
     assert_eq!(decisions(&gw, "local_fallback").await, 1.0);
 }
+
+async fn named(gw: &Gateway, pathology: &str, sim: &SimHandle) -> bool {
+    let (_, body) = get_text(&format!("{}/admin/diagnose", admin(gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let name = sim.url().trim_start_matches("http://").to_string();
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["pathology"] == pathology && f["backend"] == name.as_str())
+}
+
+#[tokio::test]
+async fn the_doctor_names_a_saturated_prefill_pool_and_a_decode_pool_out_of_kv() {
+    let (p, d, gw) = fleet(
+        |_| {},
+        |c| {
+            c.doctor.window = Duration::from_secs(2);
+            c.doctor.clear_after = Duration::from_millis(300);
+            c.doctor.underused_batch = 0.0;
+        },
+    )
+    .await;
+    assert!(!named(&gw, "prefill_pool_saturated", &p).await);
+    // Every prefill replica (one here) keeps a queue, scrape after scrape.
+    let mut c = p.state.control();
+    c.waiting = Some(4.0);
+    p.state.set_control(c.clone());
+    wait_until(
+        "prefill pool saturated",
+        Duration::from_secs(10),
+        || async { named(&gw, "prefill_pool_saturated", &p).await },
+    )
+    .await;
+    assert!(
+        !named(&gw, "prefill_pool_saturated", &d).await,
+        "named on the prefill pool only"
+    );
+    // Every decode replica preempts.
+    let mut cd = d.state.control();
+    cd.preempting = true;
+    d.state.set_control(cd);
+    wait_until("decode pool out of KV", Duration::from_secs(10), || async {
+        named(&gw, "decode_pool_out_of_kv", &d).await
+    })
+    .await;
+    // The queue goes: the prefill finding clears.
+    c.waiting = None;
+    p.state.set_control(c);
+    wait_until(
+        "prefill pool finding cleared",
+        Duration::from_secs(10),
+        || async { !named(&gw, "prefill_pool_saturated", &p).await },
+    )
+    .await;
+}
