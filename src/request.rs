@@ -286,11 +286,19 @@ impl RequestGuard {
         // loop below still compares the decode replica with itself.
         let served_cached = self.record.usage.and_then(|u| u.cached_tokens);
         if let Some(pd) = &self.record.pd {
-            self.tele
-                .metrics
-                .pd_decisions
-                .get(&(self.record.model.clone(), pd.reason.as_str()))
+            let m = &self.tele.metrics;
+            let model = self.record.model.clone();
+            m.pd_decisions
+                .get(&(model.clone(), pd.reason.as_str()))
                 .inc();
+            if pd.reason == crate::vocab::PdReason::Remote
+                && let (Some(sent), Some(first)) =
+                    (self.record.upstream_sent, self.record.first_token)
+            {
+                m.pd_decode_first_token
+                    .get(&(model,))
+                    .observe(first.saturating_duration_since(sent).as_secs_f64());
+            }
         }
         if let (Some(pd), Some(u)) = (&self.record.pd, self.record.usage.as_mut())
             && let Some(c) = pd.prefill_cached

@@ -266,6 +266,9 @@ pub struct Metrics {
     pub pd_decisions: Family<(Arc<str>, &'static str), Counter>,
     /// model: a remote prefill leg, sent to answered (TTFT's first part).
     pub pd_prefill: Family<(Arc<str>,), Histogram>,
+    /// model: after a remote prefill, the decode leg sent to its first token
+    /// (the KV transfer and the first decode step: TTFT's last part).
+    pub pd_decode_first_token: Family<(Arc<str>,), Histogram>,
     /// model, band: requests waiting now.
     pub flow_waiting: Family<(Arc<str>, Arc<str>), Gauge>,
     /// Syncs of fairness with the other gateways (one per model per round),
@@ -512,7 +515,11 @@ impl Metrics {
             }),
             flow_waiting: Family::new(&["model", "band"], Gauge::default),
             pd_decisions: Family::new(&["model", "reason"], Counter::default),
-            pd_prefill: Family::new(&["model"], move || {
+            pd_prefill: Family::new(&["model"], {
+                let b = prefill_buckets.clone();
+                move || Histogram::seconds(b.clone())
+            }),
+            pd_decode_first_token: Family::new(&["model"], move || {
                 Histogram::seconds(prefill_buckets.clone())
             }),
             flow_share_syncs: Family::new(&["outcome"], Counter::default),
@@ -606,6 +613,7 @@ impl Metrics {
             self.pd_decisions.get(&(model.clone(), r.as_str()));
         }
         self.pd_prefill.get(&(model.clone(),));
+        self.pd_decode_first_token.get(&(model.clone(),));
         for kind in &known.retry_kinds {
             self.retries.get(&(model.clone(), *kind));
         }
@@ -857,6 +865,12 @@ impl Metrics {
             "sluice_pd_prefill_seconds",
             "Remote prefill legs of disaggregated models, sent to answered (the first part of their TTFT).",
             &self.pd_prefill,
+            |h| h,
+        );
+        e.histograms(
+            "sluice_pd_decode_first_token_seconds",
+            "After a remote prefill: the decode leg sent to its first token (the KV transfer and the first decode step; the queue time and the prefill are TTFT's other parts).",
+            &self.pd_decode_first_token,
             |h| h,
         );
         e.counters(

@@ -115,6 +115,11 @@ async fn a_remote_prefill_hands_its_kv_to_the_decode_replica_streamed_and_whole(
     let sent = d.state.metrics.prompt_tokens.get() as f64;
     assert_eq!(prompt, sent, "prompt tokens counted once");
     assert!(metric_sum(&m, "sluice_pd_prefill_seconds_count") >= 2.0);
+    // TTFT's last part after a remote prefill: the streamed request's.
+    assert_eq!(
+        metric_sum(&m, "sluice_pd_decode_first_token_seconds_count"),
+        1.0
+    );
     // Roles are shown.
     let (_, backends) = get_text(&format!("{}/admin/backends", admin(&gw))).await;
     assert!(backends.contains("\"role\":\"prefill\"") && backends.contains("\"role\":\"decode\""));
