@@ -339,6 +339,9 @@ pub enum Scenario {
     /// Two requests in flight over three replicas: small batches, idle GPUs
     /// (the diagnosis's window shortened to a minute so that it shows).
     Underutilisation,
+    /// A disaggregated fleet: two prefill and two decode replicas (vLLM's
+    /// protocol): each request's prefill planned remote or local.
+    Disaggregated,
 }
 
 /// `fixed` or a known engine profile, checked when the command line is parsed.

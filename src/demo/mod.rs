@@ -33,7 +33,14 @@ const DEMO_BLOCKS: u32 = 1024;
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let scenario = args.scenario;
     let mut sims = Vec::new();
-    for i in 0..3 {
+    // Disaggregated: replicas 0 and 1 prefill, 2 and 3 decode.
+    let disaggregated = scenario == Scenario::Disaggregated;
+    let role_of = |i: usize| match (disaggregated, i) {
+        (false, _) => crate::config::Role::Mixed,
+        (true, 0 | 1) => crate::config::Role::Prefill,
+        (true, _) => crate::config::Role::Decode,
+    };
+    for i in 0..if disaggregated { 4 } else { 3 } {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         // The slow replica's engine runs at a third of the profile's speed.
         let speed = if scenario == Scenario::SlowReplica && i == 2 {
@@ -66,6 +73,11 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
         }
         cfg.model = MODEL.into();
+        cfg.role = match role_of(i) {
+            crate::config::Role::Mixed => sim::disagg::Role::Mixed,
+            crate::config::Role::Prefill => sim::disagg::Role::Prefill,
+            crate::config::Role::Decode => sim::disagg::Role::Decode,
+        };
         // Answers of 128 tokens at most (a request without max_tokens gets
         // 128); prefill-starvation's long generations ask for 1,500.
         cfg.output_tokens = if scenario == Scenario::PrefillStarvation {
@@ -183,10 +195,12 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // Each replica's GPUs, as its DCGM exporter shows them.
     config.backends = sims
         .iter()
-        .map(|s| {
+        .enumerate()
+        .map(|(i, s)| {
             let url = s.url();
             Ok(BackendConfig {
                 dcgm_url: Some(format!("{url}/dcgm/metrics").parse()?),
+                role: role_of(i),
                 ..BackendConfig::from_url(url.parse()?)
             })
         })
@@ -401,7 +415,7 @@ async fn wait_ready(gw: &server::Gateway) -> anyhow::Result<()> {
 /// What a scenario does, and the pathology the diagnosis should name.
 fn expectation(s: Scenario) -> Option<(&'static str, &'static str)> {
     match s {
-        Scenario::Healthy => None,
+        Scenario::Healthy | Scenario::Disaggregated => None,
         Scenario::KvThrashing => Some((
             "KV caches far too small for the traffic",
             "kv_cache_thrashing",
@@ -423,9 +437,9 @@ fn expectation(s: Scenario) -> Option<(&'static str, &'static str)> {
             "prefix_cache_misses",
         )),
         Scenario::LeakedKv => Some((
-            "half of the second replica's requests never free their KV blocks: it fills, \
-             routing passes it over, and it sits idle holding its cache (named after \
-             doctor.leak_for, 60 s, of idle scrapes; POST /sim/reset to its address ends it)",
+            "half of the second replica's requests never free their KV blocks: its KV floor \
+             rises while its requests come and go (named after doctor.leak_for, 60 s, of \
+             scrapes, traffic or not; POST /sim/reset to its address ends it)",
             "leaked_kv",
         )),
         Scenario::CpuSwapping => Some((
@@ -478,11 +492,22 @@ fn summary(gw: &server::Gateway, sims: &[sim::SimHandle], started: Instant) -> S
         q(&series.inter_token, 0.99),
         reasons.join(", "),
     );
+    let pd: Vec<String> = crate::vocab::PdReason::ALL
+        .iter()
+        .filter_map(|r| {
+            let n = m.pd_decisions.get(&(MODEL.into(), r.as_str())).get();
+            (n > 0).then(|| format!("{} {n}", r.as_str()))
+        })
+        .collect();
+    if !pd.is_empty() {
+        out.push_str(&format!("        prefilled: {}\n", pd.join(", ")));
+    }
     for (r, s) in gw.state().pool.replicas().iter().zip(sims) {
         let sm = &s.state.metrics;
         out.push_str(&format!(
-            "        {:<16} served {:>5}  running {:>3}  waiting {:>3}  KV {:>5.1}%  prefix hits {:>5.1}%\n",
+            "        {:<16} {:<7} served {:>5}  running {:>3}  waiting {:>3}  KV {:>5.1}%  prefix hits {:>5.1}%\n",
             r.name,
+            r.role.as_str(),
             sm.received.get(),
             sm.running.get(),
             sm.waiting.get(),
