@@ -566,7 +566,7 @@ pub struct PrefixKvConfig {
     /// waiting across scrapes (spill_queue), preemptions (spill_kv).
     pub kv_high: Option<f64>,
     /// Off by default. A replica with this many requests waiting gets no new
-    /// work (spill_queue), and flow control counts it full.
+    /// work (its prefixes and sessions stay), and flow control counts it full.
     pub queue_high: Option<f64>,
     /// Prefix blocks remembered per replica: 8 bytes each (the table is made
     /// zeroed at the replica's first routed prompt), rounded up to a multiple
