@@ -1,6 +1,7 @@
 //! OpenAI-shaped bodies for what hyper's HTTP/1.1 parser rejects before any
 //! handler runs: too many or too large headers (431), a URI too long (414),
-//! a request line or header that does not parse (400).
+//! a request line or header that does not parse (400), a transfer coding
+//! other than chunked (501, the own server only: hyper drops it).
 //!
 //! hyper answers those itself with an empty body and closes the connection;
 //! it has no hook to shape that answer. This wrapper of the connection's
@@ -69,6 +70,11 @@ pub(super) fn answer(code: u16) -> (Bytes, &'static str) {
             "URI Too Long",
             "The request URI is too long.",
             "uri_too_long",
+        ),
+        501 => (
+            "Not Implemented",
+            "The request's Transfer-Encoding names a coding this server does not decode (only chunked).",
+            "unsupported_transfer_coding",
         ),
         _ => (
             "Bad Request",

@@ -12,12 +12,16 @@ use http::{Method, Request};
 
 pub(super) mod forwarded;
 
-/// Largest chunk-size line (with extensions) or trailer line.
-const MAX_LINE_BYTES: usize = 4 * 1024;
+/// Largest chunk-size line (with extensions) or trailer line: 16 KiB,
+/// hyper's bound on a body's chunk extensions (a 5,000-byte extension is
+/// taken by both servers).
+const MAX_LINE_BYTES: usize = 16 * 1024;
 /// Headers per response head.
 const MAX_HEADERS: usize = 128;
-/// Trailer section of a chunked body.
+/// Trailer section of a chunked body: bytes, and fields (hyper's limits:
+/// 16 KiB, and as many fields as a head may have).
 const MAX_TRAILER_BYTES: usize = 16 * 1024;
+const MAX_TRAILER_FIELDS: usize = 100;
 
 /// The read side: received bytes and where the body decoder stands.
 pub(crate) struct Wire {
@@ -55,8 +59,8 @@ pub(crate) enum Chunk {
     Data(u64),
     /// The CRLF after a chunk's data.
     DataEnd,
-    /// Trailer lines until an empty one (bytes read so far).
-    Trailers(usize),
+    /// Trailer lines until an empty one (bytes and lines read so far).
+    Trailers(usize, usize),
 }
 
 impl Wire {
@@ -145,7 +149,7 @@ impl Wire {
                         },
                     };
                     self.body = BodyState::Chunked(if size == 0 {
-                        Chunk::Trailers(0)
+                        Chunk::Trailers(0, 0)
                     } else {
                         Chunk::Data(size)
                     });
@@ -177,7 +181,7 @@ impl Wire {
                     }
                     self.body = BodyState::Chunked(Chunk::Size);
                 }
-                BodyState::Chunked(Chunk::Trailers(seen)) => {
+                BodyState::Chunked(Chunk::Trailers(seen, fields)) => {
                     let field = |line: &[u8]| {
                         // A trailer is a header field: `name:`, no fold.
                         let bad = !line.is_empty()
@@ -198,7 +202,10 @@ impl Wire {
                     if seen > MAX_TRAILER_BYTES {
                         return Err(format!("trailers larger than {MAX_TRAILER_BYTES} bytes"));
                     }
-                    self.body = BodyState::Chunked(Chunk::Trailers(seen));
+                    if fields >= MAX_TRAILER_FIELDS {
+                        return Err(format!("more than {MAX_TRAILER_FIELDS} trailer fields"));
+                    }
+                    self.body = BodyState::Chunked(Chunk::Trailers(seen, fields + 1));
                 }
             }
         }
@@ -206,12 +213,16 @@ impl Wire {
 
     /// Read one CRLF- (or LF-) terminated line of the buffer with `read`
     /// (given the line without its ending) and consume it; `None` until a
-    /// whole line is there. Read in place: no buffer split per line.
+    /// whole line is there. Read in place: no buffer split per line. A line
+    /// longer than `MAX_LINE_BYTES` is refused whether its end came in the
+    /// same read or not: the same bytes get the same answer however TCP
+    /// splits them.
     fn line<T>(
         &mut self,
         read: impl FnOnce(&[u8]) -> Result<T, String>,
     ) -> Result<Option<T>, String> {
         match memchr::memchr(b'\n', &self.rbuf) {
+            Some(i) if i > MAX_LINE_BYTES => Err("chunk-size or trailer line too long".into()),
             Some(i) => {
                 let line = &self.rbuf[..i];
                 let line = match line.strip_suffix(b"\r") {
@@ -406,17 +417,15 @@ pub(super) fn body_kind(resp: &Response<()>, head_only: bool) -> Result<Framing,
     })
 }
 
-/// A decimal length: digits only (no sign, no spaces), at most 19 of them.
-fn parse_length(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+/// A decimal length (RFC 9110 8.6: `1*DIGIT`): digits only, no sign, no
+/// spaces; leading zeros are digits like any other. `None` past `u64`.
+pub(crate) fn parse_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    // At most 19 digits: no overflow (u64 holds 20).
-    Some(
-        digits
-            .iter()
-            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
-    )
+    digits.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
 }
 
 /// A chunk-size line as engines write it, 1 to 15 hex digits and CRLF: its
@@ -687,6 +696,48 @@ mod tests {
         }
         let mut c = conn_state(BodyState::Chunked(Chunk::Size), &wire);
         assert!(drain(&mut c).is_err());
+        // By count too: a hundred short fields pass, a hundred and one not.
+        for (n, ok) in [(100, true), (101, false)] {
+            let mut wire = b"0\r\n".to_vec();
+            for i in 0..n {
+                wire.extend_from_slice(format!("t{i}: 1\r\n").as_bytes());
+            }
+            wire.extend_from_slice(b"\r\n");
+            let mut c = conn_state(BodyState::Chunked(Chunk::Size), &wire);
+            assert_eq!(drain(&mut c).is_ok(), ok, "{n} trailer fields");
+        }
+    }
+
+    #[test]
+    fn a_long_line_gets_one_answer_however_it_is_split() {
+        let mut wire = format!("5;{}\r\nhello\r\n0\r\n\r\n", "e".repeat(20_000)).into_bytes();
+        let mut whole = conn_state(BodyState::Chunked(Chunk::Size), &wire);
+        assert!(drain(&mut whole).is_err());
+        let rest = wire.split_off(MAX_LINE_BYTES - 100);
+        let mut split = conn_state(BodyState::Chunked(Chunk::Size), &wire);
+        assert!(matches!(split.decode(), Ok(None)));
+        split.rbuf.extend_from_slice(&rest);
+        assert!(drain(&mut split).is_err());
+        // Under the limit, both take it.
+        let wire = format!("5;{}\r\nhello\r\n0\r\n\r\n", "e".repeat(5_000));
+        let mut whole = conn_state(BodyState::Chunked(Chunk::Size), wire.as_bytes());
+        assert_eq!(drain(&mut whole).unwrap(), b"hello");
+        let (first, rest) = wire.as_bytes().split_at(2_000);
+        let mut split = conn_state(BodyState::Chunked(Chunk::Size), first);
+        assert!(matches!(split.decode(), Ok(None)));
+        split.rbuf.extend_from_slice(rest);
+        assert_eq!(drain(&mut split).unwrap(), b"hello");
+    }
+
+    #[test]
+    fn lengths_may_have_leading_zeros_but_not_overflow() {
+        assert_eq!(parse_length(b"00000000000000000057"), Some(57));
+        assert_eq!(parse_length(b"0"), Some(0));
+        assert_eq!(parse_length(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_length(b"18446744073709551616"), None);
+        for bad in [&b""[..], b"+5", b"5 ", b"0x10", b"-1"] {
+            assert_eq!(parse_length(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub(super) const MAX_HEADERS: usize = 100;
 pub(super) const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 /// Longest request target `http::Uri` accepts.
 const MAX_URI_BYTES: usize = u16::MAX as usize - 1;
-/// Longest header name `http::HeaderName` accepts (hyper answers 400 past
+/// Longest header name `http::HeaderName` accepts (hyper answers 431 past
 /// it). Every other rule of its names and values is `httparse`'s own.
 const MAX_NAME_BYTES: usize = u16::MAX as usize;
 
@@ -135,14 +135,17 @@ fn build(
     };
     let mut fields = Vec::with_capacity(headers.len() / 2);
     let mut length: Option<u64> = None;
+    // Transfer codings, over every `Transfer-Encoding` field in order.
     let mut chunked = None;
+    let mut codings = Codings::default();
+    let mut hosts = 0u32;
     let mut close = false;
     let mut keep_alive = false;
     let mut expect_continue = false;
     for pair in headers.chunks_exact(2) {
         let name = pair[0].of(&head);
         if name.len() > MAX_NAME_BYTES {
-            return Err(BAD);
+            return Err(Refused(431));
         }
         let raw = pair[1].of(&head);
         // The names the server reads, by length first (most are none).
@@ -155,9 +158,14 @@ fn build(
                 length = Some(n);
             }
             17 if is_name(name, b"transfer-encoding") => {
-                // The last coding of the last field is the one that frames.
-                let last = raw.rsplit(|b| *b == b',').next().unwrap_or_default();
-                chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                codings.read(raw);
+                chunked = Some(codings.last_chunked);
+            }
+            4 if is_name(name, b"host") => {
+                hosts += 1;
+                if !valid_host(raw.trim_ascii()) {
+                    return Err(BAD);
+                }
             }
             10 if is_name(name, b"connection") => {
                 for token in raw.split(|b| *b == b',') {
@@ -178,11 +186,21 @@ fn build(
         Version::HTTP_11 => !close,
         _ => keep_alive && !close,
     };
+    // RFC 9112 3.2: an HTTP/1.1 request names its host once.
+    if hosts > 1 || (version == Version::HTTP_11 && hosts == 0) {
+        return Err(BAD);
+    }
     let body = match (chunked, length) {
         // Only chunked can frame a request other than by length (RFC 9112
         // 6.3), and HTTP/1.0 has no chunked.
         (Some(false), _) => return Err(BAD),
         (Some(true), _) if version == Version::HTTP_10 => return Err(BAD),
+        // Chunked applied twice (RFC 9112 7: a sender must not).
+        (Some(true), _) if codings.chunked > 1 => return Err(BAD),
+        // A coding before it this server does not decode (gzip, deflate):
+        // 501, as RFC 9112 6.1 says, not the body taken with the coding
+        // dropped.
+        (Some(true), _) if codings.other => return Err(Refused(501)),
         (Some(true), length) => {
             // Both: chunked frames it, and the connection is not trusted
             // with another request (a smuggling attempt, RFC 9112 6.3).
@@ -206,6 +224,35 @@ fn build(
     }))
 }
 
+/// What the `Transfer-Encoding` fields of a request say, read in order.
+#[derive(Default)]
+struct Codings {
+    /// The last coding is `chunked`: it frames the body.
+    last_chunked: bool,
+    /// How often `chunked` appears.
+    chunked: u32,
+    /// Another coding appears (empty list elements are not codings).
+    other: bool,
+}
+
+impl Codings {
+    fn read(&mut self, raw: &[u8]) {
+        for coding in raw.split(|b| *b == b',') {
+            // A coding's parameters (`;q=...` is not one, but tolerated)
+            // are not its name.
+            let name = coding.split(|b| *b == b';').next().unwrap_or_default();
+            let name = name.trim_ascii();
+            if name.is_empty() {
+                continue;
+            }
+            let chunked = name.eq_ignore_ascii_case(b"chunked");
+            self.chunked += u32::from(chunked);
+            self.other |= !chunked;
+            self.last_chunked = chunked;
+        }
+    }
+}
+
 /// The API's own paths, parsed once. Parsing a target into a `Uri` cost
 /// ~800 instructions a request (callgrind); a clone of a parsed static one
 /// costs a few dozen. A test checks each is what parsing gives.
@@ -226,13 +273,63 @@ fn known_uri(target: &[u8]) -> Option<Uri> {
     Some(PARSED[i].clone())
 }
 
-/// A `Content-Length` value: digits only, no sign, no overflow.
+/// A `Content-Length` value: digits only (leading zeros too), no sign, no
+/// overflow.
 fn parse_length(v: &[u8]) -> Option<u64> {
-    let v = v.trim_ascii();
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(v.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+    crate::upstream::http1::parse_length(v.trim_ascii())
+}
+
+/// A `Host` value RFC 9112 3.2 allows: `uri-host [ ":" port ]`, where the
+/// host is a name of unreserved, percent-encoded and sub-delimiter
+/// characters, or an IP literal in brackets; empty is allowed (a target
+/// without authority). No path, query, user info or space.
+fn valid_host(v: &[u8]) -> bool {
+    let (host, port) = match v.strip_prefix(b"[") {
+        Some(rest) => {
+            let Some(end) = rest.iter().position(|b| *b == b']') else {
+                return false;
+            };
+            let literal = &rest[..end];
+            if literal.is_empty()
+                || !literal
+                    .iter()
+                    .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.' | b'v' | b'V'))
+            {
+                return false;
+            }
+            match &rest[end + 1..] {
+                [] => (&b""[..], None),
+                [b':', port @ ..] => (&b""[..], Some(port)),
+                _ => return false,
+            }
+        }
+        None => match v.iter().rposition(|b| *b == b':') {
+            Some(i) => (&v[..i], Some(&v[i + 1..])),
+            None => (v, None),
+        },
+    };
+    let name = host.iter().all(|b| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            )
+    });
+    name && port.is_none_or(|p| p.iter().all(u8::is_ascii_digit))
 }
 
 /// How the response body goes on the wire.
