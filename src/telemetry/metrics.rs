@@ -278,6 +278,9 @@ pub struct Metrics {
     /// is rendered).
     pub diagnosis_active: Family<(&'static str, Arc<str>), Gauge>,
     pub backends: Family<(Arc<str>,), BackendSeries>,
+    /// backend, role: 1 (an info series, for joins: a pool's queue, KV and
+    /// share of the work by `role`).
+    pub backend_roles: Family<(Arc<str>, &'static str), Gauge>,
     /// tier, limit ("" when admitted), decision.
     pub ratelimit_decisions: Family<(Arc<str>, &'static str, &'static str), Counter>,
     pub ratelimit_store_errors: Family<(&'static str,), Counter>,
@@ -525,6 +528,7 @@ impl Metrics {
             flow_share_syncs: Family::new(&["outcome"], Counter::default),
             diagnosis_active: Family::new(&["pathology", "backend"], Gauge::default),
             backends: Family::new(&["backend"], BackendSeries::new),
+            backend_roles: Family::new(&["backend", "role"], Gauge::default),
             ratelimit_decisions: Family::new(&["tier", "limit", "decision"], Counter::default),
             ratelimit_store_errors: Family::new(&["store"], Counter::default),
             // Redis round trips: tens of microseconds on loopback, milliseconds
@@ -630,11 +634,13 @@ impl Metrics {
 
     /// The series of replica `name`: its own, and its failed attempts by
     /// kind at zero. Returns its own.
-    pub(crate) fn init_backend(&self, name: &Arc<str>) -> Arc<BackendSeries> {
+    pub(crate) fn init_backend(&self, name: &Arc<str>, role: &'static str) -> Arc<BackendSeries> {
         let kinds = self.known.lock().0.attempt_kinds.clone();
         for kind in kinds {
             self.upstream_errors.get(&(name.clone(), kind));
         }
+        self.backend_roles.retain(|(n, r)| n != name || *r == role);
+        self.backend_roles.get(&(name.clone(), role)).set(1);
         self.backends.get(&(name.clone(),))
     }
 
@@ -642,6 +648,7 @@ impl Metrics {
     /// DNS change), so that replica churn does not grow the exposition.
     pub(crate) fn retain_backends(&self, names: &[Arc<str>]) {
         self.backends.retain(|(n,)| names.contains(n));
+        self.backend_roles.retain(|(n, _)| names.contains(n));
         self.upstream_errors.retain(|(n, _)| names.contains(n));
     }
 
@@ -898,6 +905,12 @@ impl Metrics {
             |s| s.healthy.get() as f64,
         );
         e.gauges(
+            "sluice_backend_role",
+            "1 for the replica's role (backends[].role: mixed, prefill, decode): join on backend to see a pool's queue, KV and load.",
+            &self.backend_roles,
+            |g| g.get() as f64,
+        );
+        e.gauges(
             "sluice_backend_in_flight",
             "Requests this gateway has in flight on the replica.",
             &self.backends,
@@ -1077,7 +1090,7 @@ mod tests {
         let m = Metrics::new(&Buckets::default());
         m.know(known(&["free"]));
         m.init_model(&Arc::from("a"));
-        let b = m.init_backend(&Arc::from("r1"));
+        let b = m.init_backend(&Arc::from("r1"), "mixed");
         assert_eq!(b.attempts.get(), 0);
         let text = m.render(false);
         for series in [

@@ -171,7 +171,7 @@ impl Replica {
                 v.set_sensitive(true);
                 v
             });
-        let series = metrics.init_backend(&name);
+        let series = metrics.init_backend(&name, b.role.as_str());
         Self {
             name,
             source,
