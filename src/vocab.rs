@@ -187,8 +187,12 @@ pub enum RouteReason {
     SpillQueue,
     /// The preferred replica's metrics were too old to trust.
     SpillStale,
-    /// The home replica carried more than its bounded share of in-flight load.
+    /// The home replica's engine was pressed (it queued, or every seat was
+    /// taken) and it carried more than its bounded share of in-flight load.
     SpillLoad,
+    /// Another replica was predicted to give the first token much sooner
+    /// than the home (predicted TTFT, `detour_margin`).
+    Detour,
     /// Every candidate was filtered out (pressure, stale metrics, ejection):
     /// the least loaded of them was used rather than failing.
     Fallback,
@@ -210,12 +214,13 @@ impl RouteReason {
             RouteReason::SpillQueue => "spill_queue",
             RouteReason::SpillStale => "spill_stale",
             RouteReason::SpillLoad => "spill_load",
+            RouteReason::Detour => "detour",
             RouteReason::Fallback => "fallback",
             RouteReason::Retry => "retry",
         }
     }
 
-    pub const ALL: [RouteReason; 13] = [
+    pub const ALL: [RouteReason; 14] = [
         RouteReason::RoundRobin,
         RouteReason::LeastLoaded,
         RouteReason::Affinity,
@@ -227,6 +232,7 @@ impl RouteReason {
         RouteReason::SpillQueue,
         RouteReason::SpillStale,
         RouteReason::SpillLoad,
+        RouteReason::Detour,
         RouteReason::Fallback,
         RouteReason::Retry,
     ];

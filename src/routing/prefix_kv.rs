@@ -35,7 +35,7 @@
 //!    predicted TTFT is lower by more than `detour_margin` of the home's:
 //!    staying would cost more than its cache saves. A detour serves this
 //!    request elsewhere: where more of its prefix is cached (`affinity`), or
-//!    for load (`spill_load`); a session's home stays where it is.
+//!    for its wait (`detour`); a session's home stays where it is.
 //!    The reason is `session`, `session_new` or `affinity` when the home is
 //!    kept, else why it was passed over (`spill_*`), else `least_loaded`.
 //! 5. The prompt's block hashes are added to the winner's index.
@@ -290,7 +290,8 @@ impl RoutingPolicy for PrefixKv {
         if detour {
             // Where more of the prompt is cached: affinity to that prefix. A
             // pressed home's spill keeps its reason; otherwise the detour is
-            // for load. A session's home (what its next turns look for) stays.
+            // for its wait (`detour`). A session's home (what its next turns
+            // look for) stays.
             let reason = match home.reason {
                 _ if views[best].matched > views[home.index].matched
                     && ctx.session.is_none_or(|s| !s.continuing) =>
@@ -300,7 +301,7 @@ impl RoutingPolicy for PrefixKv {
                 r @ (RouteReason::SpillKv | RouteReason::SpillQueue | RouteReason::SpillStale) => r,
                 // A home kept under its engine's queue, left for the wait.
                 _ if views[home.index].blocked != Blocked::No => views[home.index].blocked.spill(),
-                _ => RouteReason::SpillLoad,
+                _ => RouteReason::Detour,
             };
             remember(best);
             return Some(self.decide(ctx, &views, best, reason, 0, home.moved));
@@ -519,8 +520,18 @@ impl PrefixKv {
         // preempts is out of KV: it gets nothing new.
         let held = |i: usize| home_len > 0 && views[i].matched >= home_len;
         let keeps = |i: usize| matches!(views[i].blocked, Blocked::No | Blocked::Queue);
+        // A prefix outgrows its home when the home's engine says so (it
+        // queues, or its seats are all taken) and the home carries more than
+        // its bounded load: a holder that still batches everything it gets
+        // keeps it, however many requests it has in flight. A second home
+        // costs a cold prefill and, on a cache that is full, evicts another
+        // prefix there, which then misses and is prefilled again; in the
+        // matrix's tight-cache cell such moves for in-flight counts alone
+        // cascaded into seconds of TTFT.
+        let pressed = |i: usize| views[i].blocked != Blocked::No || views[i].pressed != Blocked::No;
+        let outgrown = |i: usize| pressed(i) && !within(i);
         if let Some(i) = place(&ranked, views, ctx.prompt_tokens, None, |i| {
-            held(i) && keeps(i) && within(i)
+            held(i) && keeps(i) && !outgrown(i)
         }) {
             return Home {
                 index: i,
@@ -919,35 +930,47 @@ mod tests {
     }
 
     #[test]
-    fn a_hot_prefix_spreads_under_bounded_loads() {
-        let mut reps = replicas(3);
-        let p = policy();
-        let h = [42, 43];
-        let mut per = [0usize; 3];
-        let mut spilled = 0;
-        for k in 0..60 {
-            let d = pick(&p, &reps, &h);
-            per[d.index] += 1;
-            spilled += usize::from(d.reason == RouteReason::SpillLoad);
-            reps[d.index].in_flight += 1;
-            if k < 8 {
-                // A few requests above its share never move a prefix: a
-                // spill would cost a cold prefill elsewhere.
-                assert_eq!(
-                    d.reason,
-                    if k == 0 {
-                        RouteReason::PrefixNew
-                    } else {
-                        RouteReason::Affinity
-                    }
-                );
+    fn a_hot_prefix_spreads_under_bounded_loads_once_its_home_queues() {
+        // Engines of 16 seats: past them, a replica's engine queues.
+        let run = |seats: u32| {
+            let mut reps = replicas(3);
+            let p = policy();
+            let h = [42, 43];
+            let mut per = [0usize; 3];
+            let mut spilled = 0;
+            for k in 0..60 {
+                let d = pick(&p, &reps, &h);
+                per[d.index] += 1;
+                spilled += usize::from(d.reason == RouteReason::SpillLoad);
+                reps[d.index].in_flight += 1;
+                if reps[d.index].in_flight > seats {
+                    reps[d.index].load = Some(sample(0.5, 2.0));
+                }
+                if k < 8 {
+                    // A few requests above its share never move a prefix: a
+                    // spill would cost a cold prefill elsewhere.
+                    assert_eq!(
+                        d.reason,
+                        if k == 0 {
+                            RouteReason::PrefixNew
+                        } else {
+                            RouteReason::Affinity
+                        }
+                    );
+                }
             }
-        }
+            (per, spilled)
+        };
         // No replica beyond its bounded share (load_factor x 60 / 3, plus the
         // request that reaches the bound), and more than one replica used.
+        let (per, spilled) = run(16);
         let share = (PrefixKvConfig::default().load_factor * 60.0 / 3.0).ceil() as usize + 1;
         assert!(per.iter().all(|&n| n <= share), "{per:?}");
         assert!(per.iter().filter(|&&n| n > 0).count() >= 2, "{per:?}");
         assert!(spilled > 0);
+        // An engine that batches all of it (no queue) keeps its prefix.
+        let (per, spilled) = run(1000);
+        assert_eq!(per.iter().max(), Some(&60), "{per:?}");
+        assert_eq!(spilled, 0);
     }
 }
