@@ -71,6 +71,7 @@ pub(crate) struct Attempt<'a> {
     /// The request's path as the client sent it.
     pub path: &'a str,
     pub rid: &'a HeaderValue,
+    /// `traceparent` for the prefill legs (the trace's prefill span).
     pub traceparent: Option<&'a [u8]>,
     /// The routing context of the decode decision (the prefill's is the
     /// same, without the session: a prefill replica holds no conversation).
@@ -95,6 +96,7 @@ pub(crate) async fn prefill(
         record: PdRecord {
             reason,
             prefill_backend: None,
+            prefill_sent: None,
             prefill: None,
             prefill_cached: None,
         },
@@ -142,7 +144,7 @@ pub(crate) async fn prefill(
             tokens_per_block(a.state),
         );
         match leg(&a, &replica, body, placement).await {
-            Ok((params, cached, took)) => {
+            Ok((params, cached, sent, took)) => {
                 a.state
                     .metrics
                     .pd_prefill
@@ -157,6 +159,7 @@ pub(crate) async fn prefill(
                     record: PdRecord {
                         reason: PdReason::Remote,
                         prefill_backend: Some(replica.name.clone()),
+                        prefill_sent: Some(sent),
                         prefill: Some(took),
                         prefill_cached: cached,
                     },
@@ -281,6 +284,7 @@ fn sglang(a: &Attempt<'_>, body: &Bytes, replica: Arc<Replica>) -> Result<Planne
         record: PdRecord {
             reason: PdReason::Remote,
             prefill_backend: Some(name),
+            prefill_sent: None,
             prefill: None,
             prefill_cached: None,
         },
@@ -373,13 +377,13 @@ fn tokens_per_block(state: &AppState) -> u32 {
 }
 
 /// One prefill leg on `replica`: the transfer parameters of its answer (if
-/// any), its cached prompt tokens, and how long it took.
+/// any), its cached prompt tokens, when it was sent and how long it took.
 async fn leg(
     a: &Attempt<'_>,
     replica: &Arc<Replica>,
     body: &Bytes,
     mut placement: Placement,
-) -> Result<(Option<Value>, Option<u32>, std::time::Duration), GatewayError> {
+) -> Result<(Option<Value>, Option<u32>, Instant, std::time::Duration), GatewayError> {
     let cfg = &a.state.config;
     let body = prefill_body(body)?;
     let req = request(a, replica, &body);
@@ -417,7 +421,7 @@ async fn leg(
     if let Some(c) = cached {
         placement.finished(c);
     }
-    Ok((params, cached, took))
+    Ok((params, cached, started, took))
 }
 
 /// The prefill leg's body (vLLM): the client's, answered whole with one

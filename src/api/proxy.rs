@@ -516,12 +516,13 @@ async fn forward(
                 tail_tokens,
                 now: turn::now_std(),
             };
+            let prefill_tp = guard.record.trace.map(|t| t.prefill_value());
             let attempt = super::disagg::Attempt {
                 state,
                 parts,
                 path,
                 rid,
-                traceparent: traceparent.as_ref().map(|t| &t[..]),
+                traceparent: prefill_tp.as_ref().map(|t| &t[..]),
                 ctx: &ctx,
                 decode: &replica,
                 decode_cached: decision.cached_tokens,

@@ -115,7 +115,8 @@ pub struct PdRecord {
     pub reason: crate::vocab::PdReason,
     /// The prefill replica of the leg that served (a remote prefill).
     pub prefill_backend: Option<Arc<str>>,
-    /// The remote prefill leg, sent to answered.
+    /// The remote prefill leg: when it was sent, and sent to answered.
+    pub prefill_sent: Option<Instant>,
     pub prefill: Option<Duration>,
     /// Prompt tokens the prefill replica had cached (reported as the
     /// request's cached tokens: the decode replica's count the transfer).

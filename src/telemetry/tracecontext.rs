@@ -72,11 +72,31 @@ impl TraceCtx {
     /// keep a trace only at the end, which a replica cannot wait for. Bytes,
     /// for a request written straight to the wire (a `HeaderValue` copies).
     pub(crate) fn upstream_value(&self) -> [u8; 55] {
+        self.value_for(self.upstream_span_id)
+    }
+
+    /// The client span of a disaggregated request's prefill leg (the
+    /// upstream span is its decode leg): derived from the upstream span's
+    /// id, so no second random draw is paid on every request.
+    pub fn prefill_span_id(&self) -> u64 {
+        match self.upstream_span_id.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15 {
+            0 => 1,
+            id if id == self.upstream_span_id || id == self.span_id => id ^ 1,
+            id => id,
+        }
+    }
+
+    /// `traceparent`'s value for the prefill replica: the prefill span.
+    pub(crate) fn prefill_value(&self) -> [u8; 55] {
+        self.value_for(self.prefill_span_id())
+    }
+
+    fn value_for(&self, span: u64) -> [u8; 55] {
         // Hex digits written in place: `format!` cost ~2,500 instructions a
         // request here (callgrind); the test below checks the bytes against `format!`
         let mut v = *b"00-00000000000000000000000000000000-0000000000000000-00";
         v[3..35].copy_from_slice(&hex32(self.trace_id));
-        v[36..52].copy_from_slice(&hex16(self.upstream_span_id));
+        v[36..52].copy_from_slice(&hex16(span));
         v[54] = if self.sampled { b'1' } else { b'0' };
         v
     }

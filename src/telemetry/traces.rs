@@ -406,8 +406,10 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
         instrumentation_scope: scope.clone(),
     };
     let mut out = vec![server];
-    if let (Some(sent), Some(b)) = (r.upstream_sent, &r.backend) {
-        let (host, port) = b.rsplit_once(':').unwrap_or((b.as_ref(), ""));
+    // A client span per call to a replica: `upstream`, or for a remote
+    // prefill of a disaggregated model its two legs, `prefill` and `decode`.
+    let client = |b: &str, leg: &str, span: u64, start, end, status: Status| {
+        let (host, port) = b.rsplit_once(':').unwrap_or((b, ""));
         let mut attrs = vec![
             KeyValue::new("gen_ai.operation.name", op),
             KeyValue::new("gen_ai.request.model", r.model.to_string()),
@@ -416,13 +418,13 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
         if let Ok(p) = port.parse::<i64>() {
             attrs.push(KeyValue::new("server.port", p));
         }
-        out.push(SpanData {
-            span_context: ctx(t.upstream_span_id),
+        SpanData {
+            span_context: ctx(span),
             parent_span_id: SpanId::from(t.span_id),
             parent_span_is_remote: false,
             span_kind: SpanKind::Client,
-            name: format!("{op} {} upstream", r.model).into(),
-            start_time: wall(r, sent),
+            name: format!("{op} {} {leg}", r.model).into(),
+            start_time: wall(r, start),
             end_time: wall(r, end),
             attributes: attrs,
             dropped_attributes_count: 0,
@@ -430,7 +432,32 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
             links: SpanLinks::default(),
             status,
             instrumentation_scope: scope.clone(),
-        });
+        }
+    };
+    let prefill = r.pd.as_deref().and_then(|pd| {
+        Some((
+            pd.prefill_backend.as_deref()?,
+            pd.prefill_sent?,
+            pd.prefill?,
+        ))
+    });
+    if let Some((b, sent, took)) = prefill {
+        out.push(client(
+            b,
+            "prefill",
+            t.prefill_span_id(),
+            sent,
+            sent + took,
+            Status::Unset,
+        ));
+    }
+    if let (Some(sent), Some(b)) = (r.upstream_sent, &r.backend) {
+        let leg = if prefill.is_some() {
+            "decode"
+        } else {
+            "upstream"
+        };
+        out.push(client(b, leg, t.upstream_span_id, sent, end, status));
     }
     out
 }

@@ -408,3 +408,61 @@ async fn the_doctor_names_a_saturated_prefill_pool_and_a_decode_pool_out_of_kv()
     )
     .await;
 }
+
+/// A remote prefill shows in the trace as two client spans under the
+/// request's: `prefill` on the prefill replica and `decode` on the decode
+/// replica, each handed to its replica as the parent of its own spans.
+#[tokio::test]
+async fn a_remote_prefill_is_traced_as_a_prefill_and_a_decode_span() {
+    let rx = crate::common::otlp::grpc().await;
+    let (p, d, gw) = fleet(
+        |_| {},
+        |c| {
+            let t = &mut c.telemetry.tracing;
+            t.enabled = Some(true);
+            t.endpoint = Some(format!("http://{}", rx.addr));
+            t.protocol = Some(sluice::config::OtlpProtocol::Grpc);
+            t.sampling.ratio = 1.0;
+            t.sampling.max_per_second = 1000;
+        },
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let (status, _, text) = post(&url, &chat(0, 200, true)).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(decisions(&gw, "remote").await, 1.0);
+    wait_until("spans exported", Duration::from_secs(10), || {
+        let n = rx.store.spans().len();
+        async move { n >= 3 }
+    })
+    .await;
+    let spans = rx.store.spans();
+    let named = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.span.name == name)
+            .unwrap_or_else(|| panic!("no span {name}"))
+    };
+    let server = named("chat sim-model");
+    let prefill = named("chat sim-model prefill");
+    let decode = named("chat sim-model decode");
+    assert!(spans.iter().all(|s| !s.span.name.ends_with("upstream")));
+    for (leg, sim) in [(prefill, &p), (decode, &d)] {
+        assert_eq!(leg.span.parent_span_id, server.span.span_id);
+        assert_eq!(leg.span.kind, 3, "a client span");
+        assert_eq!(leg.int("server.port"), Some(i64::from(sim.addr.port())));
+        // The replica was given this span as its parent.
+        let (_, last) = get_text(&format!("{}/sim/last_request", sim.url())).await;
+        let last: serde_json::Value = serde_json::from_str(&last).unwrap();
+        let tp = last["headers"]["traceparent"].as_str().unwrap().to_string();
+        assert_eq!(
+            tp.split('-').nth(2),
+            Some(hex::encode(&leg.span.span_id).as_str()),
+            "{tp}"
+        );
+    }
+    assert_ne!(prefill.span.span_id, decode.span.span_id);
+    // The prefill came first and ended before the decode leg began.
+    assert!(prefill.span.end_time_unix_nano <= decode.span.start_time_unix_nano);
+    assert!(prefill.span.start_time_unix_nano >= server.span.start_time_unix_nano);
+}
