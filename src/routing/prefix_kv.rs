@@ -589,7 +589,13 @@ impl PrefixKv {
         let cached = (v.matched as u32 * tpb)
             .max(history)
             .min(ctx.prompt_tokens.saturating_sub(1));
-        if !ctx.hashes.is_empty() {
+        // The prompt's blocks go into the index of the replica it went to,
+        // which makes that replica a holder of its prefix, except after a
+        // detour: one request served elsewhere for its wait is not a second
+        // home. (A second home on a full cache evicts another prefix there,
+        // which then misses and is prefilled again; in the matrix's tight
+        // cells detours made homes that evicted each other in turn.)
+        if !ctx.hashes.is_empty() && reason != RouteReason::Detour {
             v.memory.prefixes.insert(ctx.hashes);
         }
         v.memory.load.routed.add(ctx.now);
@@ -605,6 +611,7 @@ impl PrefixKv {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
     use std::time::Instant;
 
     use super::*;
@@ -927,6 +934,35 @@ mod tests {
         reps[1].load = Some(old);
         reps[1].in_flight = 1;
         assert_eq!(ll.pick(&ctx, &reps).map(|d| d.index), Some(0));
+    }
+
+    #[test]
+    fn a_detour_serves_one_request_and_makes_no_home() {
+        let reps = replicas(3);
+        let p = policy();
+        let h = [77, 78];
+        let first = pick(&p, &reps, &h);
+        assert_eq!(first.reason, RouteReason::PrefixNew);
+        let home = first.index;
+        let now = Instant::now();
+        let backlog = |i: usize, n: u64| {
+            p.affinity
+                .of(&reps[i].name, now)
+                .load
+                .backlog
+                .store(n, Relaxed)
+        };
+        // Its home has a long backlog of prompts to prefill: this request is
+        // served elsewhere, where its first token comes much sooner...
+        backlog(home, 1_000_000);
+        let d = pick(&p, &reps, &h);
+        assert_eq!(d.reason, RouteReason::Detour);
+        assert_ne!(d.index, home);
+        // ...without becoming a holder of the prefix there.
+        assert_eq!(p.affinity.of(&reps[d.index].name, now).prefixes.len(), 0);
+        backlog(home, 0);
+        let back = pick(&p, &reps, &h);
+        assert_eq!((back.index, back.reason), (home, RouteReason::Affinity));
     }
 
     #[test]
