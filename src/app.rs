@@ -180,6 +180,10 @@ impl hyper::service::Service<Request<hyper::body::Incoming>> for Api {
     type Future = Answer;
 
     fn call(&self, req: Request<hyper::body::Incoming>) -> Answer {
+        if let Some(code) = crate::server::parse_errors::rfc9112(req.version(), req.headers()) {
+            let resp = crate::server::parse_errors::refused(&self.live, code);
+            return Box::pin(std::future::ready(Ok(resp)));
+        }
         self.serve(req.map(Body::new))
     }
 }

@@ -204,6 +204,88 @@ pub(crate) fn is_name(raw: &[u8], lower: &[u8]) -> bool {
     raw.len() == lower.len() && raw.eq_ignore_ascii_case(lower)
 }
 
+/// A `Host` value RFC 9112 3.2 allows: `uri-host [ ":" port ]`, where the
+/// host is a name of unreserved, percent-encoded and sub-delimiter
+/// characters, or an IP literal in brackets; empty is allowed (a target
+/// without authority). No path, query, user info or space.
+pub(crate) fn valid_host(v: &[u8]) -> bool {
+    let (host, port) = match v.strip_prefix(b"[") {
+        Some(rest) => {
+            let Some(end) = rest.iter().position(|b| *b == b']') else {
+                return false;
+            };
+            let literal = &rest[..end];
+            if literal.is_empty()
+                || !literal
+                    .iter()
+                    .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.' | b'v' | b'V'))
+            {
+                return false;
+            }
+            match &rest[end + 1..] {
+                [] => (&b""[..], None),
+                [b':', port @ ..] => (&b""[..], Some(port)),
+                _ => return false,
+            }
+        }
+        None => match v.iter().rposition(|b| *b == b':') {
+            Some(i) => (&v[..i], Some(&v[i + 1..])),
+            None => (v, None),
+        },
+    };
+    let name = host.iter().all(|b| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            )
+    });
+    name && port.is_none_or(|p| p.iter().all(u8::is_ascii_digit))
+}
+
+/// What the `Transfer-Encoding` fields of a request say, read in order.
+#[derive(Default)]
+pub(crate) struct Codings {
+    /// The last coding is `chunked`: it frames the body.
+    pub(crate) last_chunked: bool,
+    /// How often `chunked` appears.
+    pub(crate) chunked: u32,
+    /// Another coding appears (empty list elements are not codings).
+    pub(crate) other: bool,
+}
+
+impl Codings {
+    pub(crate) fn read(&mut self, raw: &[u8]) {
+        for coding in raw.split(|b| *b == b',') {
+            // A coding's parameters (`;q=...` is not one, but tolerated)
+            // are not its name.
+            let name = coding.split(|b| *b == b';').next().unwrap_or_default();
+            let name = name.trim_ascii();
+            if name.is_empty() {
+                continue;
+            }
+            let chunked = name.eq_ignore_ascii_case(b"chunked");
+            self.chunked += u32::from(chunked);
+            self.other |= !chunked;
+            self.last_chunked = chunked;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,8 @@
 //! OpenAI-shaped bodies for what hyper's HTTP/1.1 parser rejects before any
 //! handler runs: too many or too large headers (431), a URI too long (414),
-//! a request line or header that does not parse (400), a transfer coding
-//! other than chunked (501, the own server only: hyper drops it).
+//! a request line or header that does not parse (400); and what RFC 9112
+//! refuses where hyper is lenient ([`rfc9112`]): an HTTP/1.1 request without
+//! exactly one valid `Host` (400), a transfer coding other than chunked (501).
 //!
 //! hyper answers those itself with an empty body and closes the connection;
 //! it has no hook to shape that answer. This wrapper of the connection's
@@ -58,9 +59,9 @@ fn parser_answer(head: &[u8]) -> Option<u16> {
     .then_some(code)
 }
 
-/// The replacement: same status, an OpenAI error body, a request id.
-pub(super) fn answer(code: u16) -> (Bytes, &'static str) {
-    let (reason, message, kind) = match code {
+/// A refused request's reason phrase, message and error code.
+fn refusal(code: u16) -> (&'static str, &'static str, &'static str) {
+    match code {
         431 => (
             "Request Header Fields Too Large",
             "The request's headers are too large or too many.",
@@ -81,7 +82,12 @@ pub(super) fn answer(code: u16) -> (Bytes, &'static str) {
             "The request could not be parsed as HTTP/1.1.",
             "malformed_http",
         ),
-    };
+    }
+}
+
+/// The replacement: same status, an OpenAI error body, a request id.
+pub(super) fn answer(code: u16) -> (Bytes, &'static str) {
+    let (reason, message, kind) = refusal(code);
     let body = error_body(message, "invalid_request_error", None, Some(kind));
     let id = request_id(&http::HeaderMap::new());
     let head = format!(
@@ -123,7 +129,7 @@ impl<I: Write + Unpin> ParseErrors<I> {
 }
 
 /// Count a refused head in `sluice_requests_total`, without a model.
-pub(super) fn count(live: &Live, code: u16, kind: &'static str) {
+pub(crate) fn count(live: &Live, code: u16, kind: &'static str) {
     let key = (Arc::from(""), "", Arc::from(""), StatusLabel(code), kind);
     live.load().metrics.requests.get(&key).inc();
 }
@@ -187,6 +193,50 @@ impl<I: Write + Unpin> Write for ParseErrors<I> {
         ready!(this.poll_pending(cx))?;
         Pin::new(&mut this.io).poll_shutdown(cx)
     }
+}
+
+/// What RFC 9112 refuses that hyper's server takes, as the own server
+/// refuses it (`server/h1/head.rs`): an HTTP/1.1 request without exactly one
+/// `Host`, or with one that is not a host (section 3.2: 400), and a transfer
+/// coding other than chunked, which hyper drops (section 6.1: 501).
+pub(crate) fn rfc9112(version: http::Version, headers: &http::HeaderMap) -> Option<u16> {
+    let mut hosts = headers.get_all(http::header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some()
+        || (version == http::Version::HTTP_11 && host.is_none())
+        || host.is_some_and(|h| !crate::headers::valid_host(h.as_bytes().trim_ascii()))
+    {
+        return Some(400);
+    }
+    let mut codings = crate::headers::Codings::default();
+    for v in headers.get_all(http::header::TRANSFER_ENCODING) {
+        codings.read(v.as_bytes());
+    }
+    if codings.chunked > 1 {
+        return Some(400);
+    }
+    codings.other.then_some(501)
+}
+
+/// The answer to a request [`rfc9112`] refuses, counted as a refused head
+/// is; the connection closes after it.
+pub(crate) fn refused(live: &Live, code: u16) -> axum::response::Response {
+    let (_, message, kind) = refusal(code);
+    count(live, code, kind);
+    let body = error_body(message, "invalid_request_error", None, Some(kind));
+    let mut resp = axum::response::Response::new(axum::body::Body::from(body));
+    *resp.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_REQUEST);
+    let h = resp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    h.insert("x-request-id", request_id(&http::HeaderMap::new()));
+    resp
 }
 
 #[cfg(test)]

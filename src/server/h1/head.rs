@@ -18,7 +18,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, StatusCode, Uri, Version};
 use smallvec::SmallVec;
 
-use crate::headers::{Field, Fields, is_name};
+use crate::headers::{Codings, Field, Fields, is_name, valid_host};
 
 /// Headers per request head (hyper's `max_headers` default).
 pub(super) const MAX_HEADERS: usize = 100;
@@ -224,35 +224,6 @@ fn build(
     }))
 }
 
-/// What the `Transfer-Encoding` fields of a request say, read in order.
-#[derive(Default)]
-struct Codings {
-    /// The last coding is `chunked`: it frames the body.
-    last_chunked: bool,
-    /// How often `chunked` appears.
-    chunked: u32,
-    /// Another coding appears (empty list elements are not codings).
-    other: bool,
-}
-
-impl Codings {
-    fn read(&mut self, raw: &[u8]) {
-        for coding in raw.split(|b| *b == b',') {
-            // A coding's parameters (`;q=...` is not one, but tolerated)
-            // are not its name.
-            let name = coding.split(|b| *b == b';').next().unwrap_or_default();
-            let name = name.trim_ascii();
-            if name.is_empty() {
-                continue;
-            }
-            let chunked = name.eq_ignore_ascii_case(b"chunked");
-            self.chunked += u32::from(chunked);
-            self.other |= !chunked;
-            self.last_chunked = chunked;
-        }
-    }
-}
-
 /// The API's own paths, parsed once. Parsing a target into a `Uri` cost
 /// ~800 instructions a request (callgrind); a clone of a parsed static one
 /// costs a few dozen. A test checks each is what parsing gives.
@@ -277,59 +248,6 @@ fn known_uri(target: &[u8]) -> Option<Uri> {
 /// overflow.
 fn parse_length(v: &[u8]) -> Option<u64> {
     crate::upstream::http1::parse_length(v.trim_ascii())
-}
-
-/// A `Host` value RFC 9112 3.2 allows: `uri-host [ ":" port ]`, where the
-/// host is a name of unreserved, percent-encoded and sub-delimiter
-/// characters, or an IP literal in brackets; empty is allowed (a target
-/// without authority). No path, query, user info or space.
-fn valid_host(v: &[u8]) -> bool {
-    let (host, port) = match v.strip_prefix(b"[") {
-        Some(rest) => {
-            let Some(end) = rest.iter().position(|b| *b == b']') else {
-                return false;
-            };
-            let literal = &rest[..end];
-            if literal.is_empty()
-                || !literal
-                    .iter()
-                    .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.' | b'v' | b'V'))
-            {
-                return false;
-            }
-            match &rest[end + 1..] {
-                [] => (&b""[..], None),
-                [b':', port @ ..] => (&b""[..], Some(port)),
-                _ => return false,
-            }
-        }
-        None => match v.iter().rposition(|b| *b == b':') {
-            Some(i) => (&v[..i], Some(&v[i + 1..])),
-            None => (v, None),
-        },
-    };
-    let name = host.iter().all(|b| {
-        b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'%'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-            )
-    });
-    name && port.is_none_or(|p| p.iter().all(u8::is_ascii_digit))
 }
 
 /// How the response body goes on the wire.
