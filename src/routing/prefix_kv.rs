@@ -228,7 +228,7 @@ impl RoutingPolicy for PrefixKv {
                 least_loaded::work(&candidates[a], ctx, self.stale_after)
                     .total_cmp(&least_loaded::work(&candidates[b], ctx, self.stale_after))
             })?;
-            return Some(self.decide(ctx, &views, i, RouteReason::Fallback, 0, false));
+            return Some(self.decide(ctx, &views, i, RouteReason::Fallback, 0, false, false));
         }
         // A session's turns follow its home. A session derived from the
         // prompt (no id sent) starts where its prefix leads, and is
@@ -304,7 +304,12 @@ impl RoutingPolicy for PrefixKv {
                 _ => RouteReason::Detour,
             };
             remember(best);
-            return Some(self.decide(ctx, &views, best, reason, 0, home.moved));
+            // Off a home that holds the prompt's prefix, to a replica that
+            // holds less of it: this one request is served there, and the
+            // prefix keeps its home. (A new prefix's first replica is its
+            // holder wherever that is.)
+            let stranger = views[best].matched < views[home.index].matched;
+            return Some(self.decide(ctx, &views, best, reason, 0, home.moved, stranger));
         }
         remember(home.index);
         Some(self.decide(
@@ -314,6 +319,7 @@ impl RoutingPolicy for PrefixKv {
             home.reason,
             home.history,
             home.moved,
+            false,
         ))
     }
 }
@@ -575,6 +581,7 @@ impl PrefixKv {
 
     /// The decision for candidate `index`: the prompt's blocks go into its
     /// index; the cache expected there is reported for the closed loop.
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         ctx: &RouteCtx<'_>,
@@ -583,6 +590,7 @@ impl PrefixKv {
         reason: RouteReason,
         history: u32,
         moved: bool,
+        detoured: bool,
     ) -> Decision {
         let v = &views[index];
         let tpb = self.tokens_per_block();
@@ -591,11 +599,12 @@ impl PrefixKv {
             .min(ctx.prompt_tokens.saturating_sub(1));
         // The prompt's blocks go into the index of the replica it went to,
         // which makes that replica a holder of its prefix, except after a
-        // detour: one request served elsewhere for its wait is not a second
-        // home. (A second home on a full cache evicts another prefix there,
+        // detour to a replica that did not hold it: one request served
+        // elsewhere for its wait (whatever kept it from its home) is not a
+        // second home. (A second home on a full cache evicts another prefix there,
         // which then misses and is prefilled again; in the matrix's tight
         // cells detours made homes that evicted each other in turn.)
-        if !ctx.hashes.is_empty() && reason != RouteReason::Detour {
+        if !ctx.hashes.is_empty() && !detoured {
             v.memory.prefixes.insert(ctx.hashes);
         }
         v.memory.load.routed.add(ctx.now);
@@ -941,6 +950,7 @@ mod tests {
         let reps = replicas(3);
         let p = policy();
         let h = [77, 78];
+        // (The first pick makes the home; later ones read its index.)
         let first = pick(&p, &reps, &h);
         assert_eq!(first.reason, RouteReason::PrefixNew);
         let home = first.index;
@@ -959,6 +969,14 @@ mod tests {
         assert_eq!(d.reason, RouteReason::Detour);
         assert_ne!(d.index, home);
         // ...without becoming a holder of the prefix there.
+        assert_eq!(p.affinity.of(&reps[d.index].name, now).prefixes.len(), 0);
+        // So too when its seats are all taken (it keeps its prefix, and this
+        // request leaves for the wait).
+        let mut full = reps.clone();
+        full[home].full = true;
+        let d = pick(&p, &full, &h);
+        assert_eq!(d.reason, RouteReason::SpillQueue);
+        assert_ne!(d.index, home);
         assert_eq!(p.affinity.of(&reps[d.index].name, now).prefixes.len(), 0);
         backlog(home, 0);
         let back = pick(&p, &reps, &h);
