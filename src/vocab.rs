@@ -179,11 +179,12 @@ pub enum RouteReason {
     /// Responses: the replica that produced `previous_response_id`.
     ResponseHome,
     /// The preferred replica was preempting (out of KV blocks) while
-    /// another was not, or its KV cache was above `kv_high` where set.
+    /// another was not, or its KV cache was above `kv_high` where set, and
+    /// another was predicted much faster (this request only).
     SpillKv,
     /// The preferred replica's own queue persisted (or every seat was
     /// taken) while another had room, or its queue was above `queue_high`
-    /// where set.
+    /// where set, and another was predicted much faster (this request only).
     SpillQueue,
     /// The preferred replica's metrics were too old to trust.
     SpillStale,

@@ -560,10 +560,10 @@ pub struct PrefixKvConfig {
     /// exceeds `load_factor` x the mean (so a hot prefix spills to the next).
     pub load_factor: f64,
     /// Off by default. A replica at or above this KV-cache usage gets no new
-    /// work (spill_kv), and flow control counts it full. Engines run their
-    /// KV cache near full at full batch, so a percentage says little; by
-    /// default a replica is pressed when the engine says so: requests
-    /// waiting across scrapes (spill_queue), preemptions (spill_kv).
+    /// work (its prefixes and sessions stay), and flow control counts it
+    /// full. Engines run their KV cache near full at full batch, so a
+    /// percentage says little; by default a replica is pressed when the
+    /// engine says so: requests waiting across scrapes, preemptions.
     pub kv_high: Option<f64>,
     /// Off by default. A replica with this many requests waiting gets no new
     /// work (its prefixes and sessions stay), and flow control counts it full.

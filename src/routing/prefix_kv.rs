@@ -516,16 +516,17 @@ impl PrefixKv {
 
         // Of the replicas holding it (a prefix that outgrew one home has
         // two), the least loaded, as a new key would be placed. A holder
-        // whose engine queues, or whose seats are all taken, keeps its
-        // prefix (as a session's replica keeps its session): sending it
-        // elsewhere costs a cold prefill there, and on a cache too small for
-        // the fleet's prefixes such spills evicted each other's prefixes in
-        // turn until none was cached (a 0.38 hit rate and seconds of TTFT in
-        // the matrix's tight-cache cell). Its bounded load, and the detour by
-        // predicted TTFT, still move a prefix that outgrows it. One that
-        // preempts is out of KV: it gets nothing new.
+        // whose engine queues, whose seats are all taken, or which preempts
+        // keeps its prefix (as a session's replica keeps its session); it
+        // only gets no new keys. Sending the prefix elsewhere costs its whole
+        // prompt's prefill and KV there, to spare the home the few blocks of
+        // a question and an answer; on caches too small for the fleet's
+        // prefixes such moves evicted each other's prefixes in turn (hit
+        // rates of 0.38-0.87 and seconds of TTFT in the matrix's tight-cache
+        // cell). Its bounded load, and the detour by predicted TTFT, still
+        // move a prefix that outgrows it.
         let held = |i: usize| home_len > 0 && views[i].matched >= home_len;
-        let keeps = |i: usize| matches!(views[i].blocked, Blocked::No | Blocked::Queue);
+        let keeps = |i: usize| views[i].blocked != Blocked::Stale;
         // A prefix outgrows its home when the home's engine says so (it
         // queues, or its seats are all taken) and the home carries more than
         // its bounded load: a holder that still batches everything it gets
@@ -839,20 +840,19 @@ mod tests {
         reps[home].load = Some(sample(0.97, 0.0));
         let d = pick(&p, &reps, &h);
         assert_eq!((d.index, d.reason), (home, RouteReason::Affinity));
-        // Preempting (out of blocks) while others are not: spill_kv.
+        // Preempting (out of blocks) while others are not: its prefix stays
+        // (a move costs the whole prompt's KV elsewhere), new prefixes go
+        // elsewhere (spill_kv when a prefix's home is taken from it).
         reps[home].load = Some(LoadView {
             preempting: true,
             ..sample(0.97, 0.0)
         });
         let d = pick(&p, &reps, &h);
-        assert_ne!(d.index, home);
-        assert_eq!(d.reason, RouteReason::SpillKv);
-        // That replica is now the prefix's second home, on purpose.
-        let second = pick(&p, &reps, &h);
-        assert_eq!(
-            (second.index, second.reason),
-            (d.index, RouteReason::Affinity)
-        );
+        assert_eq!((d.index, d.reason), (home, RouteReason::Affinity));
+        for key in 70..80u64 {
+            assert_ne!(pick(&p, &reps, &[key, key + 1]).index, home, "{key}");
+        }
+        reps[home].load = Some(sample(0.1, 0.0));
         // A queue that outlived a scrape while others have none: the prefix
         // it holds stays (a cold prefill elsewhere costs more than a short
         // queue), new prefixes go elsewhere.
@@ -904,8 +904,12 @@ mod tests {
         let mut reps = replicas(3);
         let h = [1, 2, 3];
         let home = pick(&p, &reps, &h).index;
+        // Past `kv_high`: its own prefix stays, new work goes elsewhere.
         reps[home].load = Some(sample(0.95, 0.0));
-        assert_eq!(pick(&p, &reps, &h).reason, RouteReason::SpillKv);
+        assert_eq!(pick(&p, &reps, &h).index, home);
+        for key in 30..40u64 {
+            assert_ne!(pick(&p, &reps, &[key, key + 1]).index, home, "{key}");
+        }
         let h = [4, 5, 6];
         let home = pick(&p, &reps, &h).index;
         reps[home].load = Some(LoadView {

@@ -546,9 +546,24 @@ async fn both_servers_follow_rfc_9112_where_hyper_alone_is_lenient() {
     };
     let cases = [
         ("no host", get(""), 400, "malformed_http"),
-        ("two hosts", get("host: a\r\nhost: b\r\n"), 400, "malformed_http"),
-        ("a path in the host", get("host: a/b\r\n"), 400, "malformed_http"),
-        ("a space in the host", get("host: a b\r\n"), 400, "malformed_http"),
+        (
+            "two hosts",
+            get("host: a\r\nhost: b\r\n"),
+            400,
+            "malformed_http",
+        ),
+        (
+            "a path in the host",
+            get("host: a/b\r\n"),
+            400,
+            "malformed_http",
+        ),
+        (
+            "a space in the host",
+            get("host: a b\r\n"),
+            400,
+            "malformed_http",
+        ),
         ("gzip, chunked", gzip, 501, "unsupported_transfer_coding"),
     ];
     for gw in [&own, &hyper] {
@@ -556,7 +571,10 @@ async fn both_servers_follow_rfc_9112_where_hyper_alone_is_lenient() {
             let (got, closed) = exchange(gw.api_addr, &case("", wire.clone(), &["GET"])).await;
             let resp = String::from_utf8_lossy(&got).to_string();
             let (head, body) = resp.split_once("\r\n\r\n").unwrap();
-            assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{name}: {head}");
+            assert!(
+                head.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{name}: {head}"
+            );
             assert!(closed, "{name}: the connection stays open");
             let body: serde_json::Value = serde_json::from_str(body).unwrap();
             assert_eq!(body["error"]["code"], *code, "{name}");
