@@ -180,8 +180,8 @@ impl hyper::service::Service<Request<hyper::body::Incoming>> for Api {
     type Future = Answer;
 
     fn call(&self, req: Request<hyper::body::Incoming>) -> Answer {
-        if let Some(code) = crate::server::parse_errors::rfc9112(req.version(), req.headers()) {
-            let resp = crate::server::parse_errors::refused(&self.live, code);
+        if let Some(code) = crate::headers::rfc9112(req.version(), req.headers()) {
+            let resp = refused(&self.live, code);
             return Box::pin(std::future::ready(Ok(resp)));
         }
         self.serve(req.map(Body::new))
@@ -207,4 +207,41 @@ pub(crate) fn build_admin(state: Arc<Live>) -> Router {
             admin::require_token,
         ))
         .with_state(state)
+}
+
+/// The answer to a request [`crate::headers::rfc9112`] refuses, counted as a refused head
+/// is; the connection closes after it.
+fn refused(live: &Live, code: u16) -> axum::response::Response {
+    let (_, message, kind) = crate::error::refusal(code);
+    count_refused(live, code, kind);
+    let body = crate::error::error_body(message, "invalid_request_error", None, Some(kind));
+    let mut resp = axum::response::Response::new(axum::body::Body::from(body));
+    *resp.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_REQUEST);
+    let h = resp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    h.insert(
+        "x-request-id",
+        crate::upstream::client::request_id(&http::HeaderMap::new()),
+    );
+    resp
+}
+
+/// A request refused before any handler, counted as a request without a
+/// model.
+pub(crate) fn count_refused(live: &Live, code: u16, kind: &'static str) {
+    let key = (
+        Arc::from(""),
+        "",
+        Arc::from(""),
+        crate::telemetry::metrics::StatusLabel(code),
+        kind,
+    );
+    live.load().metrics.requests.get(&key).inc();
 }

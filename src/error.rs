@@ -638,6 +638,33 @@ impl IntoResponse for GatewayError {
     }
 }
 
+/// A request refused before any handler (by the HTTP/1.1 parser, or by
+/// RFC 9112 where hyper is lenient): its reason phrase, message and code.
+pub(crate) fn refusal(code: u16) -> (&'static str, &'static str, &'static str) {
+    match code {
+        431 => (
+            "Request Header Fields Too Large",
+            "The request's headers are too large or too many.",
+            "headers_too_large",
+        ),
+        414 => (
+            "URI Too Long",
+            "The request URI is too long.",
+            "uri_too_long",
+        ),
+        501 => (
+            "Not Implemented",
+            "The request's Transfer-Encoding names a coding this server does not decode (only chunked).",
+            "unsupported_transfer_coding",
+        ),
+        _ => (
+            "Bad Request",
+            "The request could not be parsed as HTTP/1.1.",
+            "malformed_http",
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

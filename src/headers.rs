@@ -286,6 +286,29 @@ impl Codings {
     }
 }
 
+/// What RFC 9112 refuses that hyper's server takes, as the own server
+/// refuses it (`server/h1/head.rs`): an HTTP/1.1 request without exactly one
+/// `Host`, or with one that is not a host (section 3.2: 400), and a transfer
+/// coding other than chunked, which hyper drops (section 6.1: 501).
+pub(crate) fn rfc9112(version: http::Version, headers: &http::HeaderMap) -> Option<u16> {
+    let mut hosts = headers.get_all(http::header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some()
+        || (version == http::Version::HTTP_11 && host.is_none())
+        || host.is_some_and(|h| !valid_host(h.as_bytes().trim_ascii()))
+    {
+        return Some(400);
+    }
+    let mut codings = Codings::default();
+    for v in headers.get_all(http::header::TRANSFER_ENCODING) {
+        codings.read(v.as_bytes());
+    }
+    if codings.chunked > 1 {
+        return Some(400);
+    }
+    codings.other.then_some(501)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! Listeners, background tasks, and graceful shutdown with a drain deadline.
 
 mod h1;
-pub(crate) mod parse_errors;
+mod parse_errors;
 
 use std::future::Future;
 use std::net::SocketAddr;

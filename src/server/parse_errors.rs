@@ -1,7 +1,7 @@
 //! OpenAI-shaped bodies for what hyper's HTTP/1.1 parser rejects before any
 //! handler runs: too many or too large headers (431), a URI too long (414),
 //! a request line or header that does not parse (400); and what RFC 9112
-//! refuses where hyper is lenient ([`rfc9112`]): an HTTP/1.1 request without
+//! refuses where hyper is lenient (`headers::rfc9112`): an HTTP/1.1 request without
 //! exactly one valid `Host` (400), a transfer coding other than chunked (501).
 //!
 //! hyper answers those itself with an empty body and closes the connection;
@@ -23,7 +23,6 @@ use hyper::rt::{Read, ReadBufCursor, Write};
 
 use crate::error::error_body;
 use crate::state::Live;
-use crate::telemetry::metrics::StatusLabel;
 use crate::upstream::client::request_id;
 
 pub(crate) struct ParseErrors<I> {
@@ -59,35 +58,9 @@ fn parser_answer(head: &[u8]) -> Option<u16> {
     .then_some(code)
 }
 
-/// A refused request's reason phrase, message and error code.
-fn refusal(code: u16) -> (&'static str, &'static str, &'static str) {
-    match code {
-        431 => (
-            "Request Header Fields Too Large",
-            "The request's headers are too large or too many.",
-            "headers_too_large",
-        ),
-        414 => (
-            "URI Too Long",
-            "The request URI is too long.",
-            "uri_too_long",
-        ),
-        501 => (
-            "Not Implemented",
-            "The request's Transfer-Encoding names a coding this server does not decode (only chunked).",
-            "unsupported_transfer_coding",
-        ),
-        _ => (
-            "Bad Request",
-            "The request could not be parsed as HTTP/1.1.",
-            "malformed_http",
-        ),
-    }
-}
-
 /// The replacement: same status, an OpenAI error body, a request id.
 pub(super) fn answer(code: u16) -> (Bytes, &'static str) {
-    let (reason, message, kind) = refusal(code);
+    let (reason, message, kind) = crate::error::refusal(code);
     let body = error_body(message, "invalid_request_error", None, Some(kind));
     let id = request_id(&http::HeaderMap::new());
     let head = format!(
@@ -130,8 +103,7 @@ impl<I: Write + Unpin> ParseErrors<I> {
 
 /// Count a refused head in `sluice_requests_total`, without a model.
 pub(crate) fn count(live: &Live, code: u16, kind: &'static str) {
-    let key = (Arc::from(""), "", Arc::from(""), StatusLabel(code), kind);
-    live.load().metrics.requests.get(&key).inc();
+    crate::app::count_refused(live, code, kind);
 }
 
 impl<I: Read + Unpin> Read for ParseErrors<I> {
@@ -193,50 +165,6 @@ impl<I: Write + Unpin> Write for ParseErrors<I> {
         ready!(this.poll_pending(cx))?;
         Pin::new(&mut this.io).poll_shutdown(cx)
     }
-}
-
-/// What RFC 9112 refuses that hyper's server takes, as the own server
-/// refuses it (`server/h1/head.rs`): an HTTP/1.1 request without exactly one
-/// `Host`, or with one that is not a host (section 3.2: 400), and a transfer
-/// coding other than chunked, which hyper drops (section 6.1: 501).
-pub(crate) fn rfc9112(version: http::Version, headers: &http::HeaderMap) -> Option<u16> {
-    let mut hosts = headers.get_all(http::header::HOST).iter();
-    let host = hosts.next();
-    if hosts.next().is_some()
-        || (version == http::Version::HTTP_11 && host.is_none())
-        || host.is_some_and(|h| !crate::headers::valid_host(h.as_bytes().trim_ascii()))
-    {
-        return Some(400);
-    }
-    let mut codings = crate::headers::Codings::default();
-    for v in headers.get_all(http::header::TRANSFER_ENCODING) {
-        codings.read(v.as_bytes());
-    }
-    if codings.chunked > 1 {
-        return Some(400);
-    }
-    codings.other.then_some(501)
-}
-
-/// The answer to a request [`rfc9112`] refuses, counted as a refused head
-/// is; the connection closes after it.
-pub(crate) fn refused(live: &Live, code: u16) -> axum::response::Response {
-    let (_, message, kind) = refusal(code);
-    count(live, code, kind);
-    let body = error_body(message, "invalid_request_error", None, Some(kind));
-    let mut resp = axum::response::Response::new(axum::body::Body::from(body));
-    *resp.status_mut() = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_REQUEST);
-    let h = resp.headers_mut();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    h.insert(
-        http::header::CONNECTION,
-        http::HeaderValue::from_static("close"),
-    );
-    h.insert("x-request-id", request_id(&http::HeaderMap::new()));
-    resp
 }
 
 #[cfg(test)]
