@@ -203,6 +203,16 @@ pub struct SimArgs {
     /// leg waits prompt tokens x the profile's KV bytes per token over it).
     #[arg(long, default_value_t = 25.0)]
     pub kv_bandwidth_gbps: f64,
+    /// Serve HTTPS with this certificate chain (PEM), as an `https://`
+    /// replica (with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Require client certificates signed by these CAs (PEM): mutual TLS.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]

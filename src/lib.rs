@@ -15,6 +15,7 @@ mod error;
 pub mod flow;
 mod headers;
 mod limits;
+pub mod net;
 pub mod request;
 pub mod routing;
 pub mod server;
@@ -91,6 +92,8 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                                 "config reload failed; the running config stays"
                             ),
                         }
+                        // Logged and counted one by one.
+                        let _ = gw.reload_certificates();
                     }
                 }
             }
@@ -175,6 +178,13 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                     role: args.role,
                     kv_ttl: args.kv_ttl,
                     kv_bandwidth: args.kv_bandwidth_gbps * 1e9,
+                    tls: match (&args.tls_cert, &args.tls_key) {
+                        (Some(c), Some(k)) => Some(net::tls::server_config(
+                            net::tls::Certificate::load(c, k)?,
+                            args.tls_client_ca.as_deref(),
+                        )?),
+                        _ => None,
+                    },
                 },
             )
             .await?;

@@ -90,6 +90,10 @@ impl AppState {
                 &config.telemetry.quality.refusal,
             ),
         });
+        // `https://` replicas: their trust and client certificate load.
+        if config.backends.iter().any(|b| b.url.scheme() == "https") {
+            crate::net::tls::shared_client(&config.upstream.tls)?;
+        }
         let pool = Arc::new(Pool::new(
             &config,
             metrics.clone(),

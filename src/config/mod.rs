@@ -87,6 +87,66 @@ pub struct ServerConfig {
     /// on every route but `/healthz` and `/readyz` (and `/metrics` with
     /// `metrics_open`). Off without `token_file` or `token_env`.
     pub admin_auth: AdminAuthConfig,
+    /// HTTPS on the listeners: off without `cert_file` and `key_file`.
+    pub tls: ServerTlsConfig,
+}
+
+/// `server.tls`: the listeners' certificate, and the client certificates
+/// they require.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerTlsConfig {
+    /// The certificate chain (PEM, leaf first). With `key_file`, both
+    /// listeners speak HTTPS only.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// Require a client certificate signed by one of these CAs (PEM) on the
+    /// API listener: mutual TLS. Off by default. (The admin listener never
+    /// asks for one: probes and scrapers have none; lock it with
+    /// `admin_auth`.)
+    pub client_ca_file: Option<PathBuf>,
+    /// The admin listener speaks HTTPS too (its probes and scrapes then use
+    /// `https`). `false` keeps it plain.
+    pub admin: bool,
+    /// How often the certificate and key files are checked for a change
+    /// (cert-manager rotates them in place); SIGHUP reloads them at once.
+    #[serde(with = "humantime_serde")]
+    pub reload_interval: Duration,
+}
+
+impl Default for ServerTlsConfig {
+    fn default() -> Self {
+        Self {
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            admin: true,
+            reload_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServerTlsConfig {
+    /// Whether TLS is on.
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some() || self.key_file.is_some()
+    }
+}
+
+/// `upstream.tls`: how `https://` replicas are trusted, and the client
+/// certificate shown to them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamTlsConfig {
+    /// CA certificates (PEM) that sign the replicas' certificates; without
+    /// it, the system's store.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate chain (PEM) for replicas that require one
+    /// (mutual TLS), with `key_file`. Rotated files are picked up as
+    /// `server.tls`'s are.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
 }
 
 /// `server.admin_auth`: where the admin token comes from.
@@ -150,6 +210,7 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(75),
             http1: Http1Server::Own,
             admin_auth: AdminAuthConfig::default(),
+            tls: ServerTlsConfig::default(),
         }
     }
 }
@@ -171,6 +232,8 @@ pub struct UpstreamConfig {
     pub max_response_bytes: ByteSize,
     pub health_check: HealthCheckConfig,
     pub outlier: OutlierConfig,
+    /// Trust and client certificate for `https://` replicas.
+    pub tls: UpstreamTlsConfig,
 }
 
 impl Default for UpstreamConfig {
@@ -183,6 +246,7 @@ impl Default for UpstreamConfig {
             max_response_bytes: ByteSize(256 * 1024 * 1024),
             health_check: HealthCheckConfig::default(),
             outlier: OutlierConfig::default(),
+            tls: UpstreamTlsConfig::default(),
         }
     }
 }
@@ -578,9 +642,10 @@ pub struct PrefixKvConfig {
     /// lower by more than this share of the home's: the cache it would find
     /// at home must be worth less than the wait it would save elsewhere.
     pub detour_margin: f64,
-    /// The same for a turn of a session that is under way: its history is
-    /// worth more than this turn (the next turns come back), so it leaves
-    /// only for a replica this much faster. A session's first turn (with an
+    /// The same for a turn of a session that is under way. The default, 1,
+    /// never detours one: its history is worth more than this turn (the next
+    /// turns come back), and re-prefilling it elsewhere spends the fleet's
+    /// prefill and KV when it is busiest. A session's first turn (with an
     /// id) never leaves its home, where every gateway will look for it.
     pub session_detour_margin: f64,
     /// Where a new session starts: `rendezvous` (the default: the first open
@@ -610,7 +675,7 @@ impl Default for PrefixKvConfig {
             queue_high: None,
             index_capacity: 1 << 18,
             detour_margin: 0.5,
-            session_detour_margin: 0.9,
+            session_detour_margin: 1.0,
             session_placement: SessionPlacement::Rendezvous,
         }
     }
@@ -812,12 +877,41 @@ pub const MAX_INDEX_CAPACITY: usize = 1 << 26;
 pub fn validate(config: &Config) -> Vec<Invalid> {
     let mut out = Vec::new();
     let mut bad = |path: String, message: String| out.push(Invalid { path, message });
+    let tls = &config.server.tls;
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        bad(
+            "server.tls".into(),
+            "give both cert_file and key_file".into(),
+        );
+    }
+    if tls.client_ca_file.is_some() && !tls.enabled() {
+        bad(
+            "server.tls.client_ca_file".into(),
+            "client certificates need TLS on: set cert_file and key_file".into(),
+        );
+    }
+    if tls.reload_interval.is_zero() {
+        bad(
+            "server.tls.reload_interval".into(),
+            "must be above 0".into(),
+        );
+    }
+    let up = &config.upstream.tls;
+    if up.cert_file.is_some() != up.key_file.is_some() {
+        bad(
+            "upstream.tls".into(),
+            "give both cert_file and key_file (the client certificate and its key)".into(),
+        );
+    }
     let mut seen = std::collections::HashMap::new();
     for (i, b) in config.backends.iter().enumerate() {
-        if !matches!(b.url.scheme(), "http") {
+        if !matches!(b.url.scheme(), "http" | "https") {
             bad(
                 format!("backends[{i}].url"),
-                format!("scheme `{}` is not supported; use http://", b.url.scheme()),
+                format!(
+                    "scheme `{}` is not supported; use http:// or https://",
+                    b.url.scheme()
+                ),
             );
         }
         if b.url.host_str().is_none() {

@@ -15,6 +15,7 @@ pub const RESTART: &[&str] = &[
     "server.admin_listen",
     "server.header_timeout",
     "server.http1",
+    "server.tls",
     "telemetry.buckets",
 ];
 

@@ -16,6 +16,8 @@ use tokio::task::JoinHandle;
 
 use crate::app::{Api, build_admin};
 use crate::config::{Config, Http1Server};
+use crate::net::Socket;
+use crate::net::tls::Certificate;
 use crate::state::{AppState, Live};
 use crate::stream::signal::{Signal, SignalWatch};
 use crate::upstream::{discovery, health, scrape};
@@ -31,10 +33,15 @@ pub struct Gateway {
     aborts: Vec<tokio::task::AbortHandle>,
     /// Health checks, scrapes and discovery of the current state.
     background: Mutex<Vec<JoinHandle<()>>>,
+    /// The listeners' certificate (`server.tls`), reloaded by SIGHUP and
+    /// by `tls_watch` when its files change.
+    tls_cert: Option<Arc<Certificate>>,
+    tls_watch: Option<JoinHandle<()>>,
 }
 
 /// Bind both listeners (port 0 picks a free one) and start serving.
 pub async fn start(config: Config) -> anyhow::Result<Gateway> {
+    let tls = crate::net::tls::server(&config.server.tls)?;
     let api = TcpListener::bind(config.server.listen)
         .await
         .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
@@ -52,18 +59,32 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
     let admin_addr = admin.local_addr()?;
     let background = spawn_background(&state)?;
     let header_timeout = state.config.server.header_timeout;
+    let tls_cfg = state.config.server.tls.clone();
     let live = Live::new(state);
+    let api_tls = tls.as_ref().map(|t| Handshake {
+        acceptor: tokio_rustls::TlsAcceptor::from(t.api.clone()),
+        within: header_timeout,
+        listener: "api",
+        live: live.clone(),
+    });
+    let admin_tls = tls.as_ref().filter(|_| tls_cfg.admin).map(|t| Handshake {
+        acceptor: tokio_rustls::TlsAcceptor::from(t.admin.clone()),
+        within: header_timeout,
+        listener: "admin",
+        live: live.clone(),
+    });
     let api_service = Api::new(live.clone());
     let api_server = match live.load().config.server.http1 {
         Http1Server::Own => {
             let live = live.clone();
-            tokio::spawn(serve(api, stop.clone(), move |tcp, stop| {
+            tokio::spawn(serve(api, stop.clone(), api_tls, move |tcp, stop| {
                 h1::serve_conn(tcp, api_service.clone(), live.clone(), stop, header_timeout)
             }))
         }
         Http1Server::Hyper => tokio::spawn(serve(
             api,
             stop.clone(),
+            api_tls,
             with_hyper(api_service, live.clone(), header_timeout),
         )),
     };
@@ -73,10 +94,17 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
         tokio::spawn(serve(
             admin,
             stop.clone(),
+            admin_tls,
             with_hyper(admin_service, live.clone(), header_timeout),
         )),
     ];
     let aborts = servers.iter().map(JoinHandle::abort_handle).collect();
+    let tls_cert = tls.map(|t| t.cert);
+    let tls_watch = Some(tokio::spawn(watch_certificates(
+        tls_cert.clone(),
+        tls_cfg.reload_interval,
+        live.clone(),
+    )));
     Ok(Gateway {
         api_addr,
         admin_addr,
@@ -85,7 +113,100 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
         servers,
         aborts,
         background: Mutex::new(background),
+        tls_cert,
+        tls_watch,
     })
+}
+
+/// A listener's TLS: the handshake each connection makes before its first
+/// request, within `server.header_timeout`.
+#[derive(Clone)]
+struct Handshake {
+    acceptor: tokio_rustls::TlsAcceptor,
+    within: Duration,
+    /// `api` or `admin`, for the log and the metric.
+    listener: &'static str,
+    live: Arc<Live>,
+}
+
+impl Handshake {
+    /// The connection under TLS; `None` (logged and counted) when the
+    /// handshake failed or took too long.
+    async fn open(self, tcp: tokio::net::TcpStream) -> Option<Socket> {
+        let peer = tcp.peer_addr().ok();
+        let failed = match tokio::time::timeout(self.within, self.acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => {
+                return Some(Socket::Tls(Box::new(tokio_rustls::TlsStream::Server(tls))));
+            }
+            Ok(Err(e)) => crate::net::tls::handshake_error(&e),
+            Err(_) => "no handshake within server.header_timeout".to_string(),
+        };
+        tracing::warn!(
+            listener = self.listener,
+            peer = ?peer,
+            error = %failed,
+            "TLS handshake with a client failed"
+        );
+        self.live
+            .load()
+            .metrics
+            .tls_handshake_failures
+            .get(&(self.listener,))
+            .inc();
+        None
+    }
+}
+
+/// The certificates that change under a running gateway (cert-manager
+/// rotates the files in place): the listeners' and the client certificate
+/// shown to `https://` replicas, checked every `every`.
+async fn watch_certificates(listeners: Option<Arc<Certificate>>, every: Duration, live: Arc<Live>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let state = live.load();
+        let client = crate::net::tls::shared_client(&state.config.upstream.tls)
+            .ok()
+            .and_then(|c| c.cert.clone());
+        for (cert, which) in [
+            (listeners.as_ref(), "server"),
+            (client.as_ref(), "upstream"),
+        ] {
+            if let Some(cert) = cert {
+                match cert.reload_if_changed() {
+                    Ok(false) => {}
+                    outcome => note_reload(&state, cert, which, outcome.map(|_| ())),
+                }
+            }
+        }
+    }
+}
+
+/// Log and count one reload of a certificate.
+fn note_reload(
+    state: &crate::state::AppState,
+    cert: &Certificate,
+    which: &'static str,
+    outcome: anyhow::Result<()>,
+) {
+    let (c, k) = cert.files();
+    match &outcome {
+        Ok(()) => tracing::info!(
+            certificate = which,
+            cert_file = %c.display(),
+            key_file = %k.display(),
+            "TLS certificate reloaded"
+        ),
+        Err(e) => tracing::error!(
+            certificate = which,
+            error = %format!("{e:#}"),
+            "TLS certificate not reloaded; the one loaded before stays"
+        ),
+    }
+    let result = if outcome.is_ok() { "ok" } else { "error" };
+    state.metrics.tls_reloads.get(&(which, result)).inc();
 }
 
 /// The tasks that keep a state's view of the replicas current.
@@ -143,11 +264,12 @@ fn spawn_background(state: &Arc<AppState>) -> anyhow::Result<Vec<JoinHandle<()>>
 /// a watch of the stop) until `stopped`; then stop accepting, let every
 /// connection finish its open requests (keep-alive connections close after
 /// their current response), and return when all are done.
-async fn serve<C, F>(listener: TcpListener, stopped: Signal, conn: C)
+async fn serve<C, F>(listener: TcpListener, stopped: Signal, tls: Option<Handshake>, conn: C)
 where
-    C: Fn(tokio::net::TcpStream, SignalWatch) -> F,
+    C: Fn(Socket, SignalWatch) -> F + Send + Sync + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
+    let conn = Arc::new(conn);
     let mut conns = tokio::task::JoinSet::new();
     loop {
         let tcp = tokio::select! {
@@ -164,7 +286,21 @@ where
         };
         // Every SSE event is a small write: disable Nagle so none waits for an ACK.
         let _ = tcp.set_nodelay(true);
-        conns.spawn(conn(tcp, stopped.watch()));
+        match &tls {
+            None => {
+                conns.spawn(conn(Socket::Plain(tcp), stopped.watch()));
+            }
+            // The handshake runs in the connection's task, not in the loop
+            // that accepts.
+            Some(h) => {
+                let (h, conn, watch) = (h.clone(), conn.clone(), stopped.watch());
+                conns.spawn(async move {
+                    if let Some(socket) = h.open(tcp).await {
+                        conn(socket, watch).await;
+                    }
+                });
+            }
+        }
         while conns.try_join_next().is_some() {}
     }
     drop(listener);
@@ -179,7 +315,10 @@ fn with_hyper<S>(
     service: S,
     live: Arc<Live>,
     header_timeout: Duration,
-) -> impl Fn(tokio::net::TcpStream, SignalWatch) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+) -> impl Fn(Socket, SignalWatch) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
++ Send
++ Sync
++ 'static
 where
     S: hyper::service::Service<
             http::Request<hyper::body::Incoming>,
@@ -187,6 +326,7 @@ where
             Error = std::convert::Infallible,
         > + Clone
         + Send
+        + Sync
         + 'static,
     S::Future: Send + 'static,
 {
@@ -258,6 +398,32 @@ impl Gateway {
         result
     }
 
+    /// Read the TLS certificates again (SIGHUP): the listeners' and the
+    /// client certificate for `https://` replicas. Each one that fails to
+    /// load is logged and the one before stays; the first error is returned.
+    pub fn reload_certificates(&self) -> anyhow::Result<()> {
+        let state = self.live.load();
+        let client = crate::net::tls::shared_client(&state.config.upstream.tls)
+            .ok()
+            .and_then(|c| c.cert.clone());
+        let mut first = Ok(());
+        for (cert, which) in [
+            (self.tls_cert.as_ref(), "server"),
+            (client.as_ref(), "upstream"),
+        ] {
+            if let Some(cert) = cert {
+                let outcome = cert.reload();
+                if let Err(e) = &outcome
+                    && first.is_ok()
+                {
+                    first = Err(anyhow::anyhow!("{e:#}"));
+                }
+                note_reload(&state, cert, which, outcome);
+            }
+        }
+        first
+    }
+
     fn try_reload(&self, config: Config) -> anyhow::Result<()> {
         // One reload at a time: the background tasks installed must be those
         // of the state that goes live.
@@ -307,6 +473,9 @@ impl Gateway {
     /// connections get [`CUT_GRACE`] to write that out before they are closed.
     pub async fn shutdown(self, drain: Duration) {
         self.stop.raise();
+        if let Some(w) = &self.tls_watch {
+            w.abort();
+        }
         for t in self.background.lock().iter() {
             t.abort();
         }

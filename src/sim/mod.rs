@@ -74,6 +74,8 @@ pub struct SimConfig {
     pub role: disagg::Role,
     pub kv_ttl: Duration,
     pub kv_bandwidth: f64,
+    /// Serve HTTPS (`--tls-cert`): an `https://` replica.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for SimConfig {
@@ -92,6 +94,7 @@ impl Default for SimConfig {
             kv_ttl: Duration::from_secs(30),
             // 25 GB/s: an RDMA NIC of 200 Gb/s.
             kv_bandwidth: 25e9,
+            tls: None,
         }
     }
 }
@@ -233,13 +236,25 @@ pub async fn start(listener: TcpListener, config: SimConfig) -> std::io::Result<
     });
     let app = router(state.clone());
     let counted = state.clone();
+    let tls = state.config.tls.clone();
     let task = tokio::spawn(async move {
         use axum::serve::ListenerExt;
         let listener = listener.tap_io(move |tcp| {
             counted.metrics.connections.inc();
             let _ = tcp.set_nodelay(true);
         });
-        let _ = axum::serve(listener, app).await;
+        match tls {
+            None => {
+                let _ = axum::serve(listener, app).await;
+            }
+            Some(tls) => {
+                let listener = TlsListener {
+                    inner: listener,
+                    acceptor: tokio_rustls::TlsAcceptor::from(tls),
+                };
+                let _ = axum::serve(listener, app).await;
+            }
+        }
     });
     Ok(SimHandle {
         addr,
@@ -881,4 +896,41 @@ async fn embeddings(State(s): State<Arc<SimState>>, req: Request) -> Response {
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }))
     .into_response()
+}
+
+/// The simulator's HTTPS listener: each accepted connection's handshake
+/// runs before the next accept (a test replica, not a server for the
+/// public); a failed one is logged with rustls's reason and dropped.
+struct TlsListener<L> {
+    inner: L,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl<L> axum::serve::Listener for TlsListener<L>
+where
+    L: axum::serve::Listener<Io = tokio::net::TcpStream>,
+    L::Addr: std::fmt::Debug,
+{
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = L::Addr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (tcp, addr) = self.inner.accept().await;
+            let shake = self.acceptor.accept(tcp);
+            match tokio::time::timeout(Duration::from_secs(10), shake).await {
+                Ok(Ok(tls)) => return (tls, addr),
+                Ok(Err(e)) => tracing::warn!(
+                    peer = ?addr,
+                    error = %crate::net::tls::handshake_error(&e),
+                    "TLS handshake with a client failed"
+                ),
+                Err(_) => tracing::warn!(peer = ?addr, "TLS handshake timed out"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
 }

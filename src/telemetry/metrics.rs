@@ -292,6 +292,11 @@ pub struct Metrics {
     pub trace_spans: Family<(&'static str,), Counter>,
     /// Config reloads (SIGHUP) by result: `ok`, `error` (the old config stays).
     pub config_reloads: Family<(&'static str,), Counter>,
+    /// TLS certificate reloads by certificate (`server`, `upstream`) and
+    /// result (`ok`, `error`: the one before stays).
+    pub tls_reloads: Family<(&'static str, &'static str), Counter>,
+    /// TLS handshakes with clients that failed, by listener (`api`, `admin`).
+    pub tls_handshake_failures: Family<(&'static str,), Counter>,
     /// Replicas passing health checks, in all and per model (set when
     /// `/metrics` is rendered, from the pool).
     pub backends_healthy: Gauge,
@@ -541,6 +546,8 @@ impl Metrics {
             traces: Family::new(&["reason", "decision"], Counter::default),
             trace_spans: Family::new(&["outcome"], Counter::default),
             config_reloads: Family::new(&["result"], Counter::default),
+            tls_reloads: Family::new(&["certificate", "result"], Counter::default),
+            tls_handshake_failures: Family::new(&["listener"], Counter::default),
             backends_healthy: Gauge::default(),
             model_replicas_healthy: Family::new(&["model"], Gauge::default),
             scraping: AtomicBool::new(true),
@@ -1058,6 +1065,18 @@ impl Metrics {
             "sluice_config_reloads_total",
             "Config reloads (SIGHUP) by result: ok, or error (the running config stays).",
             &self.config_reloads,
+            |c| c,
+        );
+        e.counters(
+            "sluice_tls_certificate_reloads_total",
+            "TLS certificate reloads (file change or SIGHUP) by certificate (server: the listeners'; upstream: the client certificate for https replicas) and result (error: the certificate loaded before stays).",
+            &self.tls_reloads,
+            |c| c,
+        );
+        e.counters(
+            "sluice_tls_handshake_failures_total",
+            "TLS handshakes with clients that failed (untrusted or missing client certificate, plain HTTP, timeout), by listener.",
+            &self.tls_handshake_failures,
             |c| c,
         );
         e.single(

@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -19,7 +20,7 @@ use super::http1::Outgoing;
 use crate::config::UpstreamConfig;
 use crate::headers::{Fields, Lookup, is_name, text};
 
-pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 pub(crate) fn build_client(cfg: &UpstreamConfig) -> HttpClient {
     let mut conn = HttpConnector::new();
@@ -27,10 +28,32 @@ pub(crate) fn build_client(cfg: &UpstreamConfig) -> HttpClient {
     // Tokens are small writes; Nagle would hold each for an ACK.
     conn.set_nodelay(true);
     conn.set_keepalive(Some(Duration::from_secs(30)));
+    // `https://` replicas' checks and scrapes trust what their requests
+    // trust (`upstream.tls`; the state's build has checked that it loads
+    // where a replica needs it).
+    conn.enforce_http(false);
+    let tls = crate::net::tls::shared_client(&cfg.tls)
+        .map(|c| {
+            let mut config = (*c.config).clone();
+            // (hyper-rustls sets ALPN itself.)
+            config.alpn_protocols.clear();
+            config
+        })
+        .unwrap_or_else(|_| {
+            // (None is used: no replica is `https://`.)
+            rustls::ClientConfig::builder()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth()
+        });
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(conn);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(cfg.pool_idle_timeout)
         .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
-        .build(conn)
+        .build(https)
 }
 
 pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

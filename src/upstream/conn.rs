@@ -31,6 +31,7 @@ use tokio::time::Sleep;
 
 use super::http1::{BodyState, Outgoing, Wire, forwarded};
 use crate::error::{GatewayError, TimeoutPhase, UpstreamFault};
+use crate::net::{Socket, make_room};
 use crate::turn;
 
 /// Largest response head accepted from a replica.
@@ -58,6 +59,23 @@ pub struct ConnPool {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    /// `https://`: the handshake each new connection makes.
+    tls: Option<UpstreamTls>,
+}
+
+/// How an `https://` replica's connections are made.
+pub(crate) struct UpstreamTls {
+    /// The connector, and the name the replica's certificate must carry
+    /// (the URL's host). `Err`: why there is none (`upstream.tls` did not
+    /// load, the host cannot be a certificate's name); every connection
+    /// fails with it.
+    pub(crate) connect: Result<
+        (
+            tokio_rustls::TlsConnector,
+            rustls::pki_types::ServerName<'static>,
+        ),
+        std::sync::Arc<str>,
+    >,
 }
 
 struct Idle {
@@ -68,7 +86,7 @@ struct Idle {
 /// A connection checked out for one request. Dropping it closes the socket,
 /// which is how a cancelled request is cancelled on the replica.
 pub(crate) struct Conn {
-    io: TcpStream,
+    io: Socket,
     wire: Wire,
     /// The connection may carry another request once the body is read.
     keep_alive: bool,
@@ -158,6 +176,7 @@ impl ConnPool {
         max_idle: usize,
         idle_timeout: Duration,
         connect_timeout: Duration,
+        tls: Option<UpstreamTls>,
     ) -> Self {
         Self {
             addr,
@@ -166,12 +185,13 @@ impl ConnPool {
             max_idle,
             idle_timeout,
             connect_timeout,
+            tls,
         }
     }
 
     /// A live idle connection, if there is one (else [`connect`](Self::connect)).
     pub(crate) fn idle_conn(&self) -> Option<Conn> {
-        while let Some(c) = self.take_idle() {
+        while let Some(mut c) = self.take_idle() {
             let idle = turn::now_std().saturating_duration_since(c.since);
             if idle < self.idle_timeout && (idle < PEEK_AFTER || c.conn.is_quiet()) {
                 return Some(c.conn);
@@ -186,11 +206,16 @@ impl ConnPool {
     pub(crate) fn sweep(&self) {
         let stale: Vec<Idle> = {
             let mut idle = self.idle.lock();
-            let (keep, stale) = std::mem::take(&mut *idle).into_iter().partition(|i| {
-                turn::now_std().saturating_duration_since(i.since) < self.idle_timeout
+            let mut stale = Vec::new();
+            for mut i in std::mem::take(&mut *idle) {
+                if turn::now_std().saturating_duration_since(i.since) < self.idle_timeout
                     && i.conn.is_quiet()
-            });
-            *idle = keep;
+                {
+                    idle.push(i);
+                } else {
+                    stale.push(i);
+                }
+            }
             stale
         };
         // Closed outside the lock.
@@ -208,9 +233,8 @@ impl ConnPool {
 
     /// A new connection (for a retry after a kept-alive one turned out dead).
     pub(crate) async fn connect(&self) -> Result<Conn, GatewayError> {
-        let io = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr))
-            .await
-        {
+        let by = tokio::time::Instant::now() + self.connect_timeout;
+        let io = match tokio::time::timeout_at(by, TcpStream::connect(&self.addr)).await {
             Err(_) => {
                 return Err(GatewayError::UpstreamTimeout {
                     phase: TimeoutPhase::Connect,
@@ -226,6 +250,10 @@ impl ConnPool {
         };
         // Requests and tokens are small writes; Nagle would hold each for an ACK.
         let _ = io.set_nodelay(true);
+        let io = match &self.tls {
+            None => Socket::Plain(io),
+            Some(tls) => Socket::Tls(Box::new(self.handshake(tls, io, by).await?)),
+        };
         Ok(Conn {
             io,
             wire: Wire {
@@ -239,6 +267,34 @@ impl ConnPool {
             drained: false,
             due: None,
         })
+    }
+
+    /// The TLS handshake of a new connection, within the connect timeout. A
+    /// certificate refused (expired, not for this name, from an unknown CA)
+    /// fails it with rustls's reason, in the error and the log.
+    async fn handshake(
+        &self,
+        tls: &UpstreamTls,
+        tcp: TcpStream,
+        by: tokio::time::Instant,
+    ) -> Result<tokio_rustls::TlsStream<TcpStream>, GatewayError> {
+        let (connector, name) = tls.connect.as_ref().map_err(|e| {
+            GatewayError::UpstreamConnect(UpstreamFault::from(format!("upstream.tls: {e}")))
+        })?;
+        match tokio::time::timeout_at(by, connector.connect(name.clone(), tcp)).await {
+            Err(_) => Err(GatewayError::UpstreamTimeout {
+                phase: TimeoutPhase::Connect,
+            }),
+            Ok(Err(e)) => {
+                let why = crate::net::tls::handshake_error(&e);
+                tracing::warn!(replica = %self.addr, error = %why, "TLS handshake with a replica failed");
+                Err(GatewayError::UpstreamConnect(UpstreamFault::from(format!(
+                    "TLS handshake with {}: {why}",
+                    self.addr
+                ))))
+            }
+            Ok(Ok(s)) => Ok(tokio_rustls::TlsStream::Client(s)),
+        }
     }
 
     /// Keep a connection whose response was read to the end, if it can carry
@@ -290,9 +346,13 @@ impl Conn {
     /// sent FIN (or RST) by now, and unsolicited bytes mean it is out of step.
     /// A peek is a direct non-blocking syscall, so it sees a close the
     /// runtime's reactor has not processed yet.
-    fn is_quiet(&self) -> bool {
+    fn is_quiet(&mut self) -> bool {
+        let tcp = match &mut self.io {
+            Socket::Plain(tcp) => tcp,
+            Socket::Tls(tls) => return Socket::tls_is_quiet(tls),
+        };
         let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        matches!(socket2::SockRef::from(&self.io).peek(&mut probe),
+        matches!(socket2::SockRef::from(&*tcp).peek(&mut probe),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
@@ -374,7 +434,16 @@ impl Conn {
                     Poll::Pending => return Poll::Pending,
                 }
             }
-            Poll::Ready(Ok(()))
+            // TLS: out of rustls's buffer (plain: nothing held).
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(SendError::NotSent(UpstreamFault::io(
+                    "writing the request",
+                    e,
+                )))),
+                Poll::Pending if self.passed(by, cx) => Poll::Ready(Err(SendError::TimedOut)),
+                Poll::Pending => Poll::Pending,
+            }
         })
         .await?;
         // Whether the replica answered anything (an interim response counts):
@@ -465,7 +534,8 @@ impl Conn {
     /// After a read that [`drained`](Self::drained) the socket: register
     /// `cx` for its next bytes. Whether it was (nothing came since).
     pub(crate) fn poll_wait(&self, cx: &mut Context<'_>) -> bool {
-        self.drained() && self.io.poll_read_ready(cx).is_pending()
+        // (A TLS connection never reads as drained: its poll waits.)
+        self.drained() && self.io.tcp().poll_read_ready(cx).is_pending()
     }
 
     /// The next piece of the response body: `None` at its end.
@@ -528,16 +598,19 @@ impl Conn {
     /// Read what the socket has into the buffer: the byte count, 0 at EOF
     /// (see [`read_draining`]).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let (io, rbuf) = (&self.io, &mut self.wire.rbuf);
-        // As the server's read buffer (`server::h1`): an empty one with less
-        // than a read's room left starts again at its front when nothing else
-        // holds its bytes (the last answer's body is dropped).
-        if rbuf.is_empty() {
-            let _ = rbuf.try_reclaim(READ_BYTES);
-        }
-        if rbuf.capacity() - rbuf.len() < READ_BYTES / 4 {
-            rbuf.reserve(READ_BYTES);
-        }
+        let rbuf = &mut self.wire.rbuf;
+        // As the server's read buffer (`server::h1`).
+        make_room(rbuf, READ_BYTES);
+        let io = match &mut self.io {
+            Socket::Plain(tcp) => tcp,
+            Socket::Tls(tls) => {
+                let n = ready!(Socket::poll_read_tls(tls, cx, rbuf))?;
+                if n > 0 {
+                    self.read_at = turn::now();
+                }
+                return Poll::Ready(Ok(n));
+            }
+        };
         loop {
             match read_draining(io, rbuf)? {
                 Some((n, drained)) => {
@@ -602,6 +675,113 @@ mod tests {
         fn wake(self: Arc<Self>) {}
     }
 
+    /// A replica serving `cert` (self-signed, for `localhost`) over TLS,
+    /// answering one `/v1/models` per connection; and a pool trusting
+    /// `trusted` to reach it.
+    async fn tls_replica(
+        cert: &rcgen::Certificate,
+        key: &rcgen::KeyPair,
+        trusted: &rcgen::Certificate,
+    ) -> ConnPool {
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        let provider = crate::net::tls::provider();
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut buf = vec![0u8; 4096];
+                    let _ = tls.read(&mut buf).await;
+                    let body = r#"{"object":"list","data":[]}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = tls.write_all(answer.as_bytes()).await;
+                    let _ = tls.flush().await;
+                });
+            }
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(trusted.der().to_vec()))
+            .unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        ConnPool::new(
+            addr.to_string(),
+            HeaderValue::from_static("localhost"),
+            4,
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+            Some(UpstreamTls {
+                connect: Ok((
+                    tokio_rustls::TlsConnector::from(Arc::new(client)),
+                    ServerName::try_from("localhost").unwrap(),
+                )),
+            }),
+        )
+    }
+
+    fn self_signed(name: &str, expired: bool) -> (rcgen::Certificate, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 12, 31);
+        }
+        (params.self_signed(&key).unwrap(), key)
+    }
+
+    #[tokio::test]
+    async fn an_https_replica_is_read_through_tls_and_a_refused_certificate_says_why() {
+        let (cert, key) = self_signed("replica", false);
+        let pool = tls_replica(&cert, &key, &cert).await;
+        let mut conn = pool.connect().await.unwrap();
+        let req = Outgoing {
+            wire: b"GET /v1/models HTTP/1.1\r\nhost: localhost\r\n\r\n".to_vec(),
+            head_only: false,
+        };
+        let by = tokio::time::Instant::now() + Duration::from_secs(5);
+        let head = conn.send(&req, by).await.unwrap();
+        assert_eq!(head.status(), 200);
+        let body = conn.collect(1 << 20, by).await.unwrap().unwrap();
+        assert_eq!(&body[..], br#"{"object":"list","data":[]}"#);
+
+        // An expired certificate, and one nobody vouches for: no
+        // connection, and the error says which.
+        let (old, old_key) = self_signed("old", true);
+        let pool = tls_replica(&old, &old_key, &old).await;
+        let err = pool.connect().await.err().unwrap().to_string();
+        assert!(err.contains("TLS handshake with"), "{err}");
+        assert!(err.contains("certificate expired"), "{err}");
+        let (other, _) = self_signed("other", false);
+        let pool = tls_replica(&cert, &key, &other).await;
+        let err = pool.connect().await.err().unwrap().to_string();
+        assert!(err.contains("UnknownIssuer"), "{err}");
+    }
+
     #[tokio::test]
     async fn a_connection_in_the_pool_holds_no_tasks_waker() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -611,6 +791,7 @@ mod tests {
             4,
             Duration::from_secs(60),
             Duration::from_secs(1),
+            None,
         );
         let mut conn = pool.connect().await.unwrap();
         let task = Arc::new(Task);

@@ -78,7 +78,7 @@ async fn fetch_models(r: &Replica, client: &HttpClient) -> Result<Vec<Arc<str>>,
     if let Some(key) = &r.api_key {
         req.headers_mut().insert(header::AUTHORIZATION, key.clone());
     }
-    let resp = client.request(req).await.map_err(|e| format!("{e}"))?;
+    let resp = client.request(req).await.map_err(|e| causes(&e))?;
     let status = resp.status();
     let body = Limited::new(resp.into_body(), 4 << 20)
         .collect()
@@ -91,6 +91,19 @@ async fn fetch_models(r: &Replica, client: &HttpClient) -> Result<Vec<Arc<str>>,
     let list: ModelList = serde_json::from_slice(&body)
         .map_err(|e| format!("/v1/models is not a model list: {e}"))?;
     Ok(list.data.into_iter().map(|m| Arc::from(m.id)).collect())
+}
+
+/// An error and its causes, `: `-joined: hyper's `client error (Connect)`
+/// alone does not say that a certificate was refused, or why.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        next = c.source();
+    }
+    text
 }
 
 /// Record one check's result; true if the replica's models or health changed.

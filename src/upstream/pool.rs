@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use http::HeaderValue;
 
-use super::conn::ConnPool;
+use super::conn::{ConnPool, UpstreamTls};
 use super::signals::{Ewma, LoadSample};
 use crate::config::{BackendConfig, Config, EnginePriority, OutlierConfig, Role, UpstreamConfig};
 use crate::error::GatewayError;
@@ -156,12 +156,14 @@ impl Replica {
             Some(p) => format!("{host}:{p}"),
             None => host.to_string(),
         };
+        let tls = (b.url.scheme() == "https").then(|| upstream_tls(host, &up.tls));
         let conns = ConnPool::new(
             format!("{host}:{port}"),
             HeaderValue::from_str(&authority).unwrap_or(HeaderValue::from_static("localhost")),
             up.pool_max_idle_per_host,
             up.pool_idle_timeout,
             up.timeouts.connect,
+            tls,
         );
         let api_key = b
             .api_key
@@ -460,6 +462,22 @@ pub struct Pool {
     /// source's replicas still belong to it.
     dns: Vec<(String, u16)>,
     metrics: Arc<Metrics>,
+}
+
+/// How the connections to an `https://` replica at `host` are made: the
+/// shared client config of `upstream.tls` (checked when the state was
+/// built, so an error here is a file that changed since).
+fn upstream_tls(host: &str, cfg: &crate::config::UpstreamTlsConfig) -> UpstreamTls {
+    // An IPv6 literal comes bracketed from the URL.
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(bare.to_string())
+        .map_err(|_| Arc::<str>::from(format!("`{host}` is not a name a certificate can carry")));
+    let connector = crate::net::tls::shared_client(cfg)
+        .map(|c| tokio_rustls::TlsConnector::from(c.config.clone()))
+        .map_err(|e| Arc::<str>::from(format!("{e:#}")));
+    UpstreamTls {
+        connect: connector.and_then(|c| name.map(|n| (c, n))),
+    }
 }
 
 impl Pool {

@@ -41,6 +41,8 @@ ALL_ON = {
     "redis": {"enabled": True},
     "apiKeys": {"existingSecret": "sluice-keys"},
     "adminAuth": {"existingSecret": "sluice-admin"},
+    "tls": {"existingSecret": "sluice-tls", "clientCA": True},
+    "upstreamTls": {"existingSecret": "sluice-upstream-tls", "clientCertificate": True},
     "service": {"type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0/8"]},
     "env": [{"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel:4317"}],
     "networkPolicy": {"enabled": True, "apiFrom": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}]},
@@ -209,6 +211,25 @@ def main():
     token_vol = [v for v in pod["spec"]["volumes"] if v["name"] == "admin-token"][0]
     check(token_vol["secret"]["secretName"] == "sluice-admin", "admin token volume is the named Secret")
 
+    # TLS: the Secrets mounted as directories (a rotation reaches the files),
+    # named in the config; the probes and the ServiceMonitor speak HTTPS.
+    check(cfg["server"]["tls"] == {"cert_file": "/etc/sluice/tls/tls.crt", "key_file": "/etc/sluice/tls/tls.key",
+                                   "client_ca_file": "/etc/sluice/tls/ca.crt", "admin": True},
+          f"listener TLS wiring {cfg['server'].get('tls')}")
+    check(cfg["upstream"]["tls"] == {"ca_file": "/etc/sluice/upstream-tls/ca.crt",
+                                     "cert_file": "/etc/sluice/upstream-tls/tls.crt",
+                                     "key_file": "/etc/sluice/upstream-tls/tls.key"},
+          f"upstream TLS wiring {cfg.get('upstream')}")
+    for vol, path, secret in [("tls", "/etc/sluice/tls", "sluice-tls"),
+                              ("upstream-tls", "/etc/sluice/upstream-tls", "sluice-upstream-tls")]:
+        check(mounts.get(vol) == path, f"{vol} Secret mounted at {path}: {mounts}")
+        mount = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == vol][0]
+        check("subPath" not in mount, f"{vol} must be a directory mount (subPath never sees a rotation)")
+        v = [v for v in pod["spec"]["volumes"] if v["name"] == vol][0]
+        check(v["secret"]["secretName"] == secret, f"{vol} volume is the named Secret")
+    for probe in ("readinessProbe", "livenessProbe"):
+        check(pod["spec"]["containers"][0][probe]["httpGet"].get("scheme") == "HTTPS", f"{probe} over HTTPS")
+
     # The NetworkPolicy: API port from the listed sources, admin port only from
     # the monitoring namespace; it selects exactly the gateway pods.
     netpol = by_kind(docs, "NetworkPolicy")[0]
@@ -231,6 +252,9 @@ def main():
     check(sm["spec"]["endpoints"][0].get("authorization") == {
         "type": "Bearer", "credentials": {"name": "sluice-admin", "key": "token"}},
           f"the ServiceMonitor sends the admin token: {sm['spec']['endpoints'][0]}")
+    check(sm["spec"]["endpoints"][0].get("scheme") == "https"
+          and sm["spec"]["endpoints"][0].get("tlsConfig") == {"insecureSkipVerify": True},
+          f"the ServiceMonitor scrapes over HTTPS: {sm['spec']['endpoints'][0]}")
 
     rule = by_kind(docs, "PrometheusRule")[0]
     with open(os.path.join(CHART, "files", "alerts.yaml")) as f:

@@ -293,7 +293,14 @@ fn corpus() -> Vec<Case> {
 
 /// What the client saw: the bytes, and whether the server closed.
 async fn exchange(addr: std::net::SocketAddr, case: &Case) -> (Vec<u8>, bool) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    exchange_on(tokio::net::TcpStream::connect(addr).await.unwrap(), case).await
+}
+
+/// [`exchange`] on a connection made (plain or TLS).
+async fn exchange_on<S>(mut s: S, case: &Case) -> (Vec<u8>, bool)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let mut got = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     for (i, step) in case.steps.iter().enumerate() {
@@ -317,7 +324,7 @@ async fn exchange(addr: std::net::SocketAddr, case: &Case) -> (Vec<u8>, bool) {
                 case.name
             );
         }
-        if s.write_all(step).await.is_err() {
+        if s.write_all(step).await.is_err() || s.flush().await.is_err() {
             break;
         }
     }
@@ -478,17 +485,49 @@ fn shape(v: &serde_json::Value) -> serde_json::Value {
 
 #[tokio::test]
 async fn the_own_server_answers_as_hypers_does() {
+    differential(None).await;
+}
+
+/// The same corpus under TLS (`server.tls`): both servers read and write
+/// through rustls, and still answer alike.
+#[tokio::test]
+async fn the_own_server_answers_as_hypers_does_over_tls() {
+    let pki = tls::Pki::new("h1");
+    let pair = pki.issue("gateway", "gateway", false);
+    differential(Some((pair, pki.client(None)))).await;
+}
+
+/// [`exchange`], over TLS with `tls`.
+async fn send(
+    addr: std::net::SocketAddr,
+    case: &Case,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+) -> (Vec<u8>, bool) {
+    match tls {
+        None => exchange(addr, case).await,
+        Some(c) => exchange_on(tls::connect(addr, c.clone()).await.unwrap(), case).await,
+    }
+}
+
+async fn differential(tls: Option<(tls::Pair, std::sync::Arc<rustls::ClientConfig>)>) {
     let sim = start_sim(fast_sim()).await;
     let mut config = config_for(&[sim.url()]);
     config.server.max_body_bytes = sluice::config::ByteSize(1024 * 1024);
+    if let Some((pair, _)) = &tls {
+        config.server.tls.cert_file = Some(pair.cert.clone());
+        config.server.tls.key_file = Some(pair.key.clone());
+        // (The metrics below are read over plain HTTP.)
+        config.server.tls.admin = false;
+    }
     config.server.http1 = Http1Server::Own;
     let own = start_gateway(config.clone(), 1).await;
     config.server.http1 = Http1Server::Hyper;
     let hyper = start_gateway(config, 1).await;
+    let client = tls.as_ref().map(|(_, c)| c);
     let mut differ = Vec::new();
     for case in corpus() {
-        let (wire_own, closed_own) = exchange(own.api_addr, &case).await;
-        let (wire_hyper, closed_hyper) = exchange(hyper.api_addr, &case).await;
+        let (wire_own, closed_own) = send(own.api_addr, &case, client).await;
+        let (wire_hyper, closed_hyper) = send(hyper.api_addr, &case, client).await;
         let mut a = answers(&wire_own, case.methods);
         let mut b = answers(&wire_hyper, case.methods);
         if closed_own && closed_hyper {

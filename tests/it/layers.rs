@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["vocab", "headers", "turn"],
     &["tokens", "term"],
     &["config"],
-    &["error"],
+    &["error", "net"],
     &["telemetry"],
     &["limits", "upstream"],
     &["routing", "doctor"],

@@ -38,5 +38,6 @@ mod sdk;
 mod sessions;
 mod sim;
 mod streaming;
+mod tls;
 mod top;
 mod wire;

@@ -57,7 +57,28 @@ from the values (listeners, drain, Redis when the chart runs it, keys file).
 {{- if .Values.adminAuth.existingSecret -}}
 {{- $_ := set $server "admin_auth" (dict "token_file" (printf "/etc/sluice/admin/%s" .Values.adminAuth.key) "metrics_open" .Values.adminAuth.metricsOpen) -}}
 {{- end -}}
+{{- if .Values.tls.existingSecret -}}
+{{- $tls := deepCopy (default (dict) $server.tls) -}}
+{{- $_ := set $tls "cert_file" "/etc/sluice/tls/tls.crt" -}}
+{{- $_ := set $tls "key_file" "/etc/sluice/tls/tls.key" -}}
+{{- $_ := set $tls "admin" .Values.tls.admin -}}
+{{- if .Values.tls.clientCA -}}
+{{- $_ := set $tls "client_ca_file" "/etc/sluice/tls/ca.crt" -}}
+{{- end -}}
+{{- $_ := set $server "tls" $tls -}}
+{{- end -}}
 {{- $_ := set $cfg "server" $server -}}
+{{- if .Values.upstreamTls.existingSecret -}}
+{{- $up := deepCopy (default (dict) $cfg.upstream) -}}
+{{- $utls := deepCopy (default (dict) $up.tls) -}}
+{{- $_ := set $utls "ca_file" "/etc/sluice/upstream-tls/ca.crt" -}}
+{{- if .Values.upstreamTls.clientCertificate -}}
+{{- $_ := set $utls "cert_file" "/etc/sluice/upstream-tls/tls.crt" -}}
+{{- $_ := set $utls "key_file" "/etc/sluice/upstream-tls/tls.key" -}}
+{{- end -}}
+{{- $_ := set $up "tls" $utls -}}
+{{- $_ := set $cfg "upstream" $up -}}
+{{- end -}}
 {{- if .Values.redis.enabled -}}
 {{- $rl := deepCopy (default (dict) $cfg.rate_limits) -}}
 {{- $redis := deepCopy (default (dict) $rl.redis) -}}

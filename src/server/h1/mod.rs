@@ -40,12 +40,12 @@ use axum::body::Body;
 use bytes::BytesMut;
 use http_body::Body as _;
 use tokio::io::{AsyncWrite, Interest};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use self::body::Feed;
 use self::head::{Asked, BodyFraming, Out, Refused};
 use crate::app::{Answer, Api};
+use crate::net::{Socket, make_room};
 use crate::state::Live;
 use crate::stream::clock::Deadlines;
 use crate::stream::signal::SignalWatch;
@@ -68,7 +68,7 @@ const HEAD_ROOM: usize = 1024;
 /// Serve one connection until it closes, the client goes away, or the
 /// gateway stops (`stop`).
 pub(super) async fn serve_conn(
-    tcp: TcpStream,
+    tcp: Socket,
     api: Api,
     live: Arc<Live>,
     mut stop: SignalWatch,
@@ -108,7 +108,7 @@ pub(super) async fn serve_conn(
 
 /// The socket and its buffers.
 struct Io {
-    tcp: TcpStream,
+    tcp: Socket,
     /// The read buffer, and where a request body's decoding stands.
     wire: Wire,
     /// Response bytes queued; those before `written` are written.
@@ -490,8 +490,24 @@ impl Io {
         if self.read_closed {
             return Poll::Ready(0);
         }
+        let tcp = match &mut self.tcp {
+            Socket::Plain(tcp) => tcp,
+            Socket::Tls(tls) => {
+                // What rustls has decrypted, or a read of the socket (TLS
+                // is never `watched`: its poll is the read).
+                make_room(&mut self.wire.rbuf, READ_BYTES);
+                return match Socket::poll_read_tls(tls, cx, &mut self.wire.rbuf) {
+                    Poll::Ready(Ok(n)) if n > 0 => Poll::Ready(n),
+                    Poll::Ready(_) => {
+                        self.read_closed = true;
+                        Poll::Ready(0)
+                    }
+                    Poll::Pending => Poll::Pending,
+                };
+            }
+        };
         loop {
-            match self.tcp.poll_read_ready(cx) {
+            match tcp.poll_read_ready(cx) {
                 Poll::Ready(Ok(())) => self.watched = false,
                 Poll::Ready(Err(_)) => {
                     self.read_closed = true;
@@ -510,13 +526,8 @@ impl Io {
             // request's head and body dropped): no copy, no allocation, and
             // the next request lands in cache lines just used, as nginx
             // reuses its buffers, instead of the next kilobyte of sixteen.
-            if rbuf.is_empty() {
-                let _ = rbuf.try_reclaim(READ_BYTES);
-            }
-            if rbuf.capacity() - rbuf.len() < READ_BYTES / 4 {
-                rbuf.reserve(READ_BYTES);
-            }
-            match read_draining(&self.tcp, rbuf) {
+            make_room(rbuf, READ_BYTES);
+            match read_draining(tcp, rbuf) {
                 Ok(Some((n, _))) if n > 0 => return Poll::Ready(n),
                 Ok(None) => {}
                 _ => {
@@ -535,7 +546,12 @@ impl Io {
     /// flag is raised. Once per wake-up of a stream: ~150 instructions per
     /// token fewer (callgrind, `PACED=1 benches/e2e/instructions.sh`).
     fn still_watched(&self) -> bool {
-        self.watched && self.tcp.try_io(Interest::READABLE, || Ok(())).is_err()
+        self.watched
+            && self
+                .tcp
+                .tcp()
+                .try_io(Interest::READABLE, || Ok(()))
+                .is_err()
     }
 
     /// Write out the queued response bytes. `Err` when the socket failed.
@@ -544,6 +560,14 @@ impl Io {
             match Pin::new(&mut self.tcp).poll_write(cx, &self.wbuf[self.written..]) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Err(())),
                 Poll::Ready(Ok(n)) => self.written += n,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        // TLS: out of rustls's buffer too.
+        if let Socket::Tls(tls) = &mut self.tcp {
+            match Pin::new(tls).poll_flush(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(_)) => return Poll::Ready(Err(())),
                 Poll::Pending => return Poll::Pending,
             }
         }

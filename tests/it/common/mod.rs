@@ -9,6 +9,7 @@ pub mod python;
 pub mod raw;
 pub mod redis;
 pub mod scripted;
+pub mod tls;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
