@@ -292,6 +292,10 @@ pub struct BenchArgs {
     /// Sent as `Authorization: Bearer KEY`.
     #[arg(long, env = "SLUICE_BENCH_API_KEY")]
     pub api_key: Option<String>,
+    /// An `https://` URL's certificate is checked against these CAs (PEM)
+    /// instead of the system's store.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Write the report as JSON to this file (`-` for stdout).
     #[arg(long)]
     pub json: Option<PathBuf>,

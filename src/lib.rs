@@ -248,6 +248,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 stream: !args.no_stream,
                 seed: args.seed,
                 api_key: args.api_key,
+                ca_file: args.ca_file.clone(),
                 json: args.json.clone(),
                 progress: !args.quiet,
                 api: args.api,

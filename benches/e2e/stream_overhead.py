@@ -16,6 +16,12 @@ the CPU-seconds each proxy process used per 1,000 streamed requests (from
     python3 benches/e2e/stream_overhead.py --json out.json
     python3 benches/e2e/stream_overhead.py --pin      # proxy alone on its own core
     python3 benches/e2e/stream_overhead.py --pin --rounds 3 --only non-streamed
+    python3 benches/e2e/stream_overhead.py --tls      # both proxies terminate TLS
+
+With `--tls`, Sluice (`server.tls`) and nginx (`listen ... ssl`) serve HTTPS with
+the same ECDSA P-256 certificate from a CA made for the run (openssl), TLS 1.3
+only, and `sluice bench` connects over TLS trusting that CA (`--ca-file`); the
+replica stays plain HTTP, the direct path too.
 
 Needs nginx on PATH (Debian: apt-get install nginx-light). Everything listens on
 127.0.0.1 only and every process is stopped at the end.
@@ -29,6 +35,7 @@ import platform
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -69,7 +76,8 @@ http {{
         keepalive 512;
     }}
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{ssl};
+        {tls}
         location / {{
             proxy_pass http://sim;
             proxy_http_version 1.1;
@@ -113,7 +121,8 @@ def wait_http(url, timeout=20):
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=1) as r:
+            ctx = ssl.create_default_context(cafile=CA_FILE) if url.startswith("https") else None
+            with urllib.request.urlopen(url, timeout=1, context=ctx) as r:
                 if r.status == 200:
                     return
         except Exception:
@@ -150,11 +159,34 @@ def on_cpu(cpu):
     return lambda: os.sched_setaffinity(0, {cpu})
 
 
+# With --tls: the CA `sluice bench` trusts.
+CA_FILE = None
+
+
+def make_certificates(tmp):
+    """A CA and a server certificate for localhost and 127.0.0.1 (ECDSA P-256),
+    with openssl: (ca, cert, key)."""
+    ca, ca_key = os.path.join(tmp, "ca.pem"), os.path.join(tmp, "ca.key")
+    cert, key, csr = (os.path.join(tmp, n) for n in ("server.pem", "server.key", "server.csr"))
+    ext = os.path.join(tmp, "san.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    quiet = dict(check=True, capture_output=True)
+    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "2",
+                    "-subj", "/CN=bench CA"], **quiet)
+    subprocess.run(["openssl", "req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"], **quiet)
+    subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+                    "-out", cert, "-days", "2", "-extfile", ext], **quiet)
+    return ca, cert, key
+
+
 def bench(url, concurrency, tokens, requests, cpu=None, streamed=True):
+    tls = ["--ca-file", CA_FILE] if CA_FILE and url.startswith("https") else []
     out = subprocess.run(
         [BIN, "bench", "--url", url, "--model", "sim-model", "--concurrency", str(concurrency),
          "--requests", str(requests), "--max-tokens", str(tokens), "--workload", "fixed", "--prompt-tokens", "50",
-         "--json", "-", "--quiet"] + ([] if streamed else ["--no-stream"]),
+         "--json", "-", "--quiet"] + tls + ([] if streamed else ["--no-stream"]),
         capture_output=True, text=True, check=True, preexec_fn=on_cpu(cpu),
     ).stdout
     return json.loads(out)
@@ -178,6 +210,8 @@ def main():
                     help="client and replica on CPU 0, each proxy alone on CPU 1 (one nginx worker, one "
                          "Sluice worker thread): the added latency is the proxy's own, not contention "
                          "with the load generator")
+    ap.add_argument("--tls", action="store_true",
+                    help="both proxies terminate TLS (the same certificate, TLS 1.3); the replica stays plain")
     args = ap.parse_args()
     if args.pin and os.cpu_count() < 2:
         raise SystemExit("--pin needs two CPUs")
@@ -191,6 +225,11 @@ def main():
     procs = []
     results = []
     tmp = tempfile.mkdtemp(prefix="sluice-bench-")
+    global CA_FILE
+    scheme = "http"
+    if args.tls:
+        CA_FILE, cert, key = make_certificates(tmp)
+        scheme = "https"
     try:
         for name, conc, tokens, delay, requests, streamed in SCENARIOS:
             if args.only and args.only not in name:
@@ -207,6 +246,8 @@ def main():
             gw_conf = os.path.join(tmp, "sluice.yaml")
             with open(gw_conf, "w") as f:
                 f.write("telemetry:\n  access_log:\n    enabled: false\n")
+                if args.tls:
+                    f.write(f"server:\n  tls:\n    cert_file: {cert}\n    key_file: {key}\n    admin: false\n")
             gw = subprocess.Popen(
                 [BIN, "serve", "--config", gw_conf, "--backend", f"http://127.0.0.1:{sim_port}",
                  "--listen", f"127.0.0.1:{gw_port}", "--admin-listen", f"127.0.0.1:{admin_port}"],
@@ -215,13 +256,16 @@ def main():
             conf = os.path.join(tmp, "nginx.conf")
             with open(conf, "w") as f:
                 workers = 1 if args.pin else os.cpu_count()
-                f.write(NGINX_CONF.format(workers=workers, dir=tmp, sim_port=sim_port, port=ngx_port))
+                tls = (f"ssl_certificate {cert}; ssl_certificate_key {key}; ssl_protocols TLSv1.3;"
+                       if args.tls else "")
+                f.write(NGINX_CONF.format(workers=workers, dir=tmp, sim_port=sim_port, port=ngx_port,
+                                          ssl=" ssl" if args.tls else "", tls=tls))
             ngx = subprocess.Popen([nginx, "-c", conf, "-p", tmp], stderr=subprocess.DEVNULL,
                                    preexec_fn=on_cpu(proxy_cpu))
             procs.append(ngx)
             wait_http(f"http://127.0.0.1:{sim_port}/health")
             wait_http(f"http://127.0.0.1:{admin_port}/readyz")
-            wait_http(f"http://127.0.0.1:{ngx_port}/health")
+            wait_http(f"{scheme}://127.0.0.1:{ngx_port}/health")
             time.sleep(0.5)  # let nginx fork its workers
 
             row = {"scenario": name, "concurrency": conc, "tokens": tokens, "token_delay": delay,
@@ -229,8 +273,8 @@ def main():
             admin_url = f"http://127.0.0.1:{admin_port}"
             paths = {
                 "direct": (f"http://127.0.0.1:{sim_port}", []),
-                "sluice": (f"http://127.0.0.1:{gw_port}", [gw.pid]),
-                "nginx": (f"http://127.0.0.1:{ngx_port}", [ngx.pid] + children(ngx.pid)),
+                "sluice": (f"{scheme}://127.0.0.1:{gw_port}", [gw.pid]),
+                "nginx": (f"{scheme}://127.0.0.1:{ngx_port}", [ngx.pid] + children(ngx.pid)),
             }
             # Warm every path's connection pool once, then measure: the direct
             # path once, the proxies `--rounds` times each, alternating which
@@ -290,6 +334,7 @@ def main():
                               capture_output=True, text=True).stdout.strip(),
         "nginx": subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip(),
         "pinned": args.pin,
+        "tls": args.tls,
         "rounds": args.rounds,
     }
     if args.json:
@@ -314,6 +359,8 @@ def machine():
 
 def report(meta, results):
     pinned = " Pinned: client and replica on CPU 0, proxy on CPU 1." if meta.get("pinned") else ""
+    if meta.get("tls"):
+        pinned += " Both proxies terminate TLS 1.3 (the same ECDSA P-256 certificate)."
     lines = [f"Run {meta['date']} on {meta['machine']}, commit {meta['git']}, {meta['nginx']}.{pinned}", ""]
     for r in results:
         d, s, n = r["direct"], r["sluice"], r["nginx"]

@@ -45,6 +45,8 @@ pub(crate) struct BenchConfig {
     pub agentic: Option<agentic::AgenticShape>,
     pub seed: u64,
     pub api_key: Option<String>,
+    /// CAs for an `https://` URL (default: the system's store).
+    pub ca_file: Option<std::path::PathBuf>,
     pub json: Option<PathBuf>,
     /// Print progress to stderr every second.
     pub progress: bool,
@@ -209,7 +211,7 @@ pub(crate) struct Report {
     pub sessions: Option<agentic::SessionStats>,
 }
 
-pub(crate) type BenchClient = Client<HttpConnector, Full<Bytes>>;
+pub(crate) type BenchClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     anyhow::ensure!(cfg.concurrency > 0, "--concurrency must be at least 1");
@@ -220,6 +222,19 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     );
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
+    conn.enforce_http(false);
+    // `https://`: trusting `--ca-file` (or the system's store).
+    let (tls, _) = crate::net::tls::client(&crate::config::UpstreamTlsConfig {
+        ca_file: cfg.ca_file.clone(),
+        ..Default::default()
+    })?;
+    let mut tls = (*tls).clone();
+    tls.alpn_protocols.clear();
+    let conn = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(conn);
     let client: BenchClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(cfg.concurrency)
         .build(conn);

@@ -275,3 +275,70 @@ async fn replicas_with_expired_or_untrusted_certificates_are_refused_with_the_re
         assert_eq!(sim_finished(&sim, "stop") + sim_finished(&sim, "length"), 0);
     }
 }
+
+/// The real binary on both sides of TLS: `sluice sim --tls-cert` as an
+/// `https://` replica requiring a client certificate, a gateway reaching it
+/// with one, and `sluice bench --ca-file` streaming through the gateway's
+/// HTTPS listener (what `benches/e2e/stream_overhead.py --tls` runs).
+#[tokio::test]
+async fn the_binaries_serve_and_load_over_tls() {
+    const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+    let pki = Pki::new("binaries");
+    let replica = pki.issue("replica", "replica", false);
+    let gateway = pki.issue("gateway", "gateway", false);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut sim = tokio::process::Command::new(BIN)
+        .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--token-delay", "1ms", "--prefill-delay", "1ms"])
+        .arg("--tls-cert")
+        .arg(&replica.cert)
+        .arg("--tls-key")
+        .arg(&replica.key)
+        .arg("--tls-client-ca")
+        .arg(&pki.ca)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut config = with_tls(&[format!("https://localhost:{port}")], &gateway);
+    config.upstream.tls.ca_file = Some(pki.ca.clone());
+    config.upstream.tls.cert_file = Some(gateway.cert.clone());
+    config.upstream.tls.key_file = Some(gateway.key.clone());
+    // (The replica binary starts while the checks run.)
+    let gw = start_gateway(config, 1).await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(BIN)
+            .arg("bench")
+            .args([
+                "--url",
+                &format!("https://localhost:{}", gw.api_addr.port()),
+            ])
+            .arg("--ca-file")
+            .arg(&pki.ca)
+            .args([
+                "--requests",
+                "20",
+                "--concurrency",
+                "4",
+                "--max-tokens",
+                "8",
+            ])
+            .args(["--json", "-", "--quiet"])
+            .output(),
+    )
+    .await
+    .expect("bench did not stop on its own")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], 20, "{report}");
+    sim.kill().await.unwrap();
+}
