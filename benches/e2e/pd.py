@@ -74,6 +74,10 @@ def start_sims(procs, roles):
     return out
 
 
+# `--sluice-config`: more top-level config for the Sluice gateways (experiments).
+EXTRA = ""
+
+
 def start_sluice(procs, sims, pd):
     api, admin = free_port(), free_port()
     ADMINS.append(f"http://127.0.0.1:{admin}")
@@ -82,7 +86,7 @@ def start_sluice(procs, sims, pd):
         lines.append(f"  - url: {url}")
         lines.append(f"    role: {role if pd else 'mixed'}")
     cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    cfg.write("\n".join(lines) + "\n")
+    cfg.write("\n".join(lines) + "\n" + EXTRA)
     cfg.close()
     procs.start([BIN, "serve", "--config", cfg.name, "--listen", f"127.0.0.1:{api}",
                  "--admin-listen", f"127.0.0.1:{admin}"], env={**os.environ, "RUST_LOG": "warn"})
@@ -144,8 +148,13 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--requests", type=int, default=1200)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--sluice-config", help="extra config for the Sluice gateways (experiments)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.sluice_config:
+        global EXTRA
+        with open(args.sluice_config) as f:
+            EXTRA = f.read()
     names = ["sluice-pd", "sluice-mixed"]
     if args.routers_venv:
         names[1:1] = ["vllm-pd-cache_aware", "vllm-pd-power_of_two"]

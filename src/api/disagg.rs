@@ -104,7 +104,11 @@ pub(crate) async fn prefill(
     };
     let cfg = &a.state.config.routing.disaggregation;
     let prompt = a.ctx.prompt_tokens.max(1);
-    if f64::from(a.decode_cached) >= cfg.local_share * f64::from(prompt) {
+    // What a local prefill would add to the decode replica's steps.
+    let light = cfg
+        .local_max_tokens
+        .is_none_or(|m| a.ctx.prompt_tokens.saturating_sub(a.decode_cached) <= m);
+    if light && f64::from(a.decode_cached) >= cfg.local_share * f64::from(prompt) {
         return Ok(local(PdReason::LocalCached));
     }
     let mut pool: Vec<Arc<Replica>> = prefills
@@ -115,7 +119,7 @@ pub(crate) async fn prefill(
     if pool.is_empty() {
         return Ok(local(PdReason::LocalNoPrefill));
     }
-    if pool_busy(&a, &pool) {
+    if light && pool_busy(&a, &pool) {
         return Ok(local(PdReason::LocalPoolBusy));
     }
     let ctx = RouteCtx {

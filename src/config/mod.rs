@@ -466,6 +466,12 @@ pub struct DisaggregationConfig {
     /// The decode replica prefills locally when it already holds at least
     /// this share of the prompt (its prefix or its session).
     pub local_share: f64,
+    /// The most uncached prompt tokens a decode replica prefills by choice
+    /// (`local_cached`, `local_pool_busy`): each step that carries a
+    /// prefill is longer for every stream the replica decodes. Fallbacks
+    /// (no prefill replica, a failed leg) are not bound by it. Unset: no
+    /// bound.
+    pub local_max_tokens: Option<u32>,
 }
 
 /// `routing.disaggregation.protocol`.
@@ -484,6 +490,7 @@ impl Default for DisaggregationConfig {
             prefill_timeout: Duration::from_secs(30),
             local_fallback: true,
             local_share: 0.5,
+            local_max_tokens: None,
         }
     }
 }

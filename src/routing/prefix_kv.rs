@@ -403,11 +403,7 @@ impl PrefixKv {
         let order = order(s.key, candidates);
         let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
         let least_loaded = self.cfg.session_placement == SessionPlacement::LeastLoaded;
-        let first = if known.is_none() && s.continuing && !least_loaded {
-            // Another gateway placed it, by this same order, on the first
-            // replica that was open then: the first one alive now.
-            order.iter().copied().find(alive)
-        } else if least_loaded {
+        let first = if least_loaded {
             // New, moving, or unknown here (this one gateway restarted or
             // forgot it: no order tells where it was): the open replica that
             // served the fewest session turns lately; ties in the key's order.
@@ -422,12 +418,17 @@ impl PrefixKv {
                 .min_by(|&a, &b| turns[a].total_cmp(&turns[b]))
                 .or_else(|| order.iter().copied().find(alive))
         } else {
-            // New (or moving): the first open replica in the key's order.
-            order
-                .iter()
-                .copied()
-                .find(|&i| views[i].blocked == Blocked::No)
-                .or_else(|| order.iter().copied().find(alive))
+            // New, moving, or placed by another gateway: the first replica
+            // alive in the key's order, whatever its pressure. Every gateway
+            // computes the same one at any time, so a session sent through
+            // several gateways stays whole without shared state. (Skipping
+            // pressed replicas here made gateways disagree: pressure changes
+            // between two turns, and a gateway meeting a session under way
+            // cannot know what its first gateway saw. Through three gateways
+            // behind a round-robin balancer, on an overloaded fleet, 10-17%
+            // of the turns went to another replica and re-prefilled their
+            // history; docs/benchmarks-log.md.)
+            order.iter().copied().find(alive)
         }?;
         let moved = known.is_some();
         let reason = match here.map(|i| views[i].blocked) {

@@ -214,6 +214,39 @@ async fn a_prompt_the_decode_replica_holds_is_prefilled_there() {
     assert_eq!(decisions(&gw, "local_cached").await, 1.0);
 }
 
+/// With `local_max_tokens`, a prompt the decode replica holds is prefilled
+/// there only while what is left to prefill is that small: the same
+/// prompt with a longer new part goes to the prefill replica.
+#[tokio::test]
+async fn local_max_tokens_bounds_what_a_decode_replica_prefills_by_choice() {
+    let (p, d, gw) = fleet(
+        |_| {},
+        |c| {
+            c.routing.disaggregation.local_max_tokens = Some(64);
+        },
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let body = chat(7, 200, false);
+    assert_eq!(post(&url, &body).await.0, 200);
+    // The same prompt: nothing left to prefill, local.
+    assert_eq!(post(&url, &body).await.0, 200);
+    assert_eq!(p.state.metrics.received.get(), 1);
+    assert_eq!(decisions(&gw, "local_cached").await, 1.0);
+    // The same prompt and ~180 new tokens: two thirds of it are held
+    // there, but the rest is over the bound: remote.
+    let mut longer = body.clone();
+    let extra: String = (0..150).map(|w| format!("x{w} ")).collect();
+    longer["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"role": "user", "content": extra}));
+    assert_eq!(post(&url, &longer).await.0, 200);
+    assert_eq!(p.state.metrics.received.get(), 2, "prefilled remotely");
+    assert_eq!(d.state.metrics.received.get(), 3);
+    assert_eq!(decisions(&gw, "remote").await, 2.0);
+}
+
 #[tokio::test]
 async fn a_client_that_leaves_during_the_prefill_cancels_it() {
     // The prefill replica holds each request 30 s before starting it.

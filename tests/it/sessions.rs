@@ -149,10 +149,15 @@ async fn three_gateways_agree_on_every_sessions_replica() {
     }
 }
 
+/// With one gateway (`session_placement: least_loaded`): new sessions avoid
+/// a pressed replica. (The default, `rendezvous`, places by the key alone,
+/// so that every gateway finds a session where another placed it.)
 #[tokio::test]
 async fn a_saturated_replica_keeps_its_sessions_and_sheds_new_ones() {
     let sims = sims(3).await;
-    let gw = start_routed(routing_config(&urls(&sims)), 3).await;
+    let mut config = routing_config(&urls(&sims));
+    config.routing.prefix_kv.session_placement = sluice::config::SessionPlacement::LeastLoaded;
+    let gw = start_routed(config, 3).await;
     let url = api(&gw);
     // Sessions until one lands on each replica.
     let mut placed: Vec<(String, usize)> = Vec::new();
