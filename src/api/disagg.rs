@@ -98,6 +98,7 @@ pub(crate) async fn prefill(
             prefill_backend: None,
             prefill_sent: None,
             prefill: None,
+            prefill_done: None,
             prefill_cached: None,
         },
         sglang: None,
@@ -165,6 +166,7 @@ pub(crate) async fn prefill(
                         prefill_backend: Some(replica.name.clone()),
                         prefill_sent: Some(sent),
                         prefill: Some(took),
+                        prefill_done: None,
                         prefill_cached: cached,
                     },
                     sglang: None,
@@ -245,6 +247,9 @@ fn sglang(a: &Attempt<'_>, body: &Bytes, replica: Arc<Replica>) -> Result<Planne
     let by =
         (Instant::now() + a.state.config.routing.disaggregation.prefill_timeout).min(a.deadline);
     let (tx, outcome) = tokio::sync::oneshot::channel();
+    let done = Arc::new(std::sync::OnceLock::new());
+    let set_done = done.clone();
+    let sent = Instant::now();
     let metrics = a.state.metrics.clone();
     let model: Arc<str> = a.ctx.model.into();
     let name = replica.name.clone();
@@ -268,10 +273,14 @@ fn sglang(a: &Attempt<'_>, body: &Bytes, replica: Arc<Replica>) -> Result<Planne
         }
         .await;
         match &result {
-            Ok(()) => metrics
-                .pd_prefill
-                .get(&(model,))
-                .observe(started.elapsed().as_secs_f64()),
+            Ok(()) => {
+                let took = started.elapsed();
+                let _ = set_done.set(took);
+                metrics
+                    .pd_prefill
+                    .get(&(model,))
+                    .observe(took.as_secs_f64());
+            }
             Err(e) => {
                 tracing::warn!(backend = %replica.name, error = %e, "SGLang prefill leg failed");
                 metrics
@@ -288,8 +297,9 @@ fn sglang(a: &Attempt<'_>, body: &Bytes, replica: Arc<Replica>) -> Result<Planne
         record: PdRecord {
             reason: PdReason::Remote,
             prefill_backend: Some(name),
-            prefill_sent: None,
+            prefill_sent: Some(sent),
             prefill: None,
+            prefill_done: Some(done),
             prefill_cached: None,
         },
         sglang: Some(SglangLeg { outcome, task }),

@@ -131,7 +131,7 @@ impl AccessLog {
             flow_wait_ms: r.flow.map(|f| ms(f.waited)),
             pd: r.pd.as_ref().map(|p| p.reason.as_str()),
             prefill_backend: r.pd.as_ref().and_then(|p| p.prefill_backend.as_deref()),
-            prefill_ms: r.pd.as_ref().and_then(|p| p.prefill.map(ms)),
+            prefill_ms: r.pd.as_ref().and_then(|p| p.prefill_time().map(ms)),
             finish_reason: r.finish_reason.map(|f| f.as_str()),
             prompt_tokens: r.usage.map(|u| u.prompt_tokens),
             completion_tokens: r.usage.map(|u| u.completion_tokens),

@@ -118,9 +118,20 @@ pub struct PdRecord {
     /// The remote prefill leg: when it was sent, and sent to answered.
     pub prefill_sent: Option<Instant>,
     pub prefill: Option<Duration>,
+    /// SGLang's protocol: the prefill leg runs beside the decode one, and
+    /// its time is set here when it answers (read when the request ends).
+    pub prefill_done: Option<Arc<std::sync::OnceLock<Duration>>>,
     /// Prompt tokens the prefill replica had cached (reported as the
     /// request's cached tokens: the decode replica's count the transfer).
     pub prefill_cached: Option<u32>,
+}
+
+impl PdRecord {
+    /// The remote prefill leg's time, sent to answered, if it answered.
+    pub fn prefill_time(&self) -> Option<Duration> {
+        self.prefill
+            .or_else(|| self.prefill_done.as_ref()?.get().copied())
+    }
 }
 
 impl RequestRecord {

@@ -335,7 +335,7 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
         if let Some(b) = &pd.prefill_backend {
             attrs.push(KeyValue::new("sluice.pd.prefill_backend", b.to_string()));
         }
-        if let Some(d) = pd.prefill {
+        if let Some(d) = pd.prefill_time() {
             attrs.push(KeyValue::new("sluice.pd.prefill_seconds", d.as_secs_f64()));
         }
     }
@@ -438,7 +438,7 @@ fn spans(r: &RequestRecord, keep: Keep, scope: &InstrumentationScope) -> Vec<Spa
         Some((
             pd.prefill_backend.as_deref()?,
             pd.prefill_sent?,
-            pd.prefill?,
+            pd.prefill_time()?,
         ))
     });
     if let Some((b, sent, took)) = prefill {

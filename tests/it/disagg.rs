@@ -331,6 +331,13 @@ async fn a_stream_of_a_remote_prefill_is_timed_and_its_prefill_recorded() {
 /// SGLang's protocol: the prefill replica's bootstrap port is its own port
 /// (the simulator's rooms are pulled over HTTP there).
 async fn sglang_fleet(prefill: impl FnOnce(&mut SimConfig)) -> (SimHandle, SimHandle, Gateway) {
+    sglang_fleet_with(prefill, |_| {}).await
+}
+
+async fn sglang_fleet_with(
+    prefill: impl FnOnce(&mut SimConfig),
+    tweak: impl FnOnce(&mut Config),
+) -> (SimHandle, SimHandle, Gateway) {
     let p = replica(SimRole::Prefill, prefill).await;
     let d = replica(SimRole::Decode, |_| {}).await;
     let mut c = config_for(&[]);
@@ -344,6 +351,7 @@ async fn sglang_fleet(prefill: impl FnOnce(&mut SimConfig)) -> (SimHandle, SimHa
     c.routing.disaggregation.protocol = sluice::config::PdProtocol::Sglang;
     c.routing.metrics.interval = Duration::from_millis(100);
     c.routing.metrics.stale_after = Duration::from_secs(30);
+    tweak(&mut c);
     let gw = start_routed(c, 2).await;
     (p, d, gw)
 }
@@ -445,25 +453,45 @@ async fn the_doctor_names_a_saturated_prefill_pool_and_a_decode_pool_out_of_kv()
 /// A remote prefill shows in the trace as two client spans under the
 /// request's: `prefill` on the prefill replica and `decode` on the decode
 /// replica, each handed to its replica as the parent of its own spans.
+fn traced(c: &mut Config, rx: &crate::common::otlp::Receiver) {
+    let t = &mut c.telemetry.tracing;
+    t.enabled = Some(true);
+    t.endpoint = Some(format!("http://{}", rx.addr));
+    t.protocol = Some(sluice::config::OtlpProtocol::Grpc);
+    t.sampling.ratio = 1.0;
+    t.sampling.max_per_second = 1000;
+}
+
 #[tokio::test]
 async fn a_remote_prefill_is_traced_as_a_prefill_and_a_decode_span() {
     let rx = crate::common::otlp::grpc().await;
-    let (p, d, gw) = fleet(
-        |_| {},
-        |c| {
-            let t = &mut c.telemetry.tracing;
-            t.enabled = Some(true);
-            t.endpoint = Some(format!("http://{}", rx.addr));
-            t.protocol = Some(sluice::config::OtlpProtocol::Grpc);
-            t.sampling.ratio = 1.0;
-            t.sampling.max_per_second = 1000;
-        },
-    )
-    .await;
-    let url = format!("{}/v1/chat/completions", api(&gw));
+    let (p, d, gw) = fleet(|_| {}, |c| traced(c, &rx)).await;
+    legs_traced(&p, &d, &gw, &rx, true).await;
+}
+
+/// SGLang's protocol: the two legs run side by side, each traced.
+#[tokio::test]
+async fn sglangs_two_legs_are_traced_as_a_prefill_and_a_decode_span() {
+    let rx = crate::common::otlp::grpc().await;
+    let (p, d, gw) = sglang_fleet_with(|_| {}, |c| traced(c, &rx)).await;
+    legs_traced(&p, &d, &gw, &rx, false).await;
+}
+
+/// One streamed remote request: a server span and its two client spans,
+/// `prefill` and `decode`, each the parent the replica it went to was
+/// given; with vLLM's protocol (`in_turn`) the prefill ends before the
+/// decode leg begins.
+async fn legs_traced(
+    p: &SimHandle,
+    d: &SimHandle,
+    gw: &Gateway,
+    rx: &crate::common::otlp::Receiver,
+    in_turn: bool,
+) {
+    let url = format!("{}/v1/chat/completions", api(gw));
     let (status, _, text) = post(&url, &chat(0, 200, true)).await;
     assert_eq!(status, 200, "{text}");
-    assert_eq!(decisions(&gw, "remote").await, 1.0);
+    assert_eq!(decisions(gw, "remote").await, 1.0);
     wait_until("spans exported", Duration::from_secs(10), || {
         let n = rx.store.spans().len();
         async move { n >= 3 }
@@ -480,7 +508,7 @@ async fn a_remote_prefill_is_traced_as_a_prefill_and_a_decode_span() {
     let prefill = named("chat sim-model prefill");
     let decode = named("chat sim-model decode");
     assert!(spans.iter().all(|s| !s.span.name.ends_with("upstream")));
-    for (leg, sim) in [(prefill, &p), (decode, &d)] {
+    for (leg, sim) in [(prefill, p), (decode, d)] {
         assert_eq!(leg.span.parent_span_id, server.span.span_id);
         assert_eq!(leg.span.kind, 3, "a client span");
         assert_eq!(leg.int("server.port"), Some(i64::from(sim.addr.port())));
@@ -495,7 +523,10 @@ async fn a_remote_prefill_is_traced_as_a_prefill_and_a_decode_span() {
         );
     }
     assert_ne!(prefill.span.span_id, decode.span.span_id);
-    // The prefill came first and ended before the decode leg began.
-    assert!(prefill.span.end_time_unix_nano <= decode.span.start_time_unix_nano);
     assert!(prefill.span.start_time_unix_nano >= server.span.start_time_unix_nano);
+    assert!(prefill.span.end_time_unix_nano > prefill.span.start_time_unix_nano);
+    if in_turn {
+        // The prefill came first and ended before the decode leg began.
+        assert!(prefill.span.end_time_unix_nano <= decode.span.start_time_unix_nano);
+    }
 }
