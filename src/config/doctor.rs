@@ -85,6 +85,12 @@ pub struct DoctorConfig {
     /// ...and, where its DCGM exporter is configured, mean GPU utilisation
     /// below this (0..1).
     pub underused_gpu: f64,
+    /// Slow KV transfers (disaggregated models): after a remote prefill,
+    /// the decode leg's mean time to its first token (the KV transfer and
+    /// one decode step) over the window at or above this, over at least
+    /// `drift_min_requests` remote prefills.
+    #[serde(with = "humantime_serde")]
+    pub kv_transfer_slow: Duration,
 }
 
 impl Default for DoctorConfig {
@@ -116,6 +122,7 @@ impl Default for DoctorConfig {
             underused_batch: 8.0,
             underused_queue: 5.0,
             underused_gpu: 0.5,
+            kv_transfer_slow: Duration::from_secs(1),
         }
     }
 }

@@ -714,6 +714,47 @@ fn from_journal(
     tenants(&span, d, out);
     errors(&span, d, out);
     drift(&span, d, window, out);
+    kv_transfers(&span, d, out);
+}
+
+/// A disaggregated model whose decode legs wait long for the prefilled KV:
+/// over the window, the mean time from a decode leg's send to its first
+/// token after a remote prefill (`sluice_pd_decode_first_token_seconds`: the
+/// KV transfer and one decode step, tens of milliseconds on a healthy RDMA
+/// or NVLink path) at or above `doctor.kv_transfer_slow`. Named on the model
+/// (the gateway times the legs per model), as the drift findings are.
+fn kv_transfers(span: &Span<'_>, d: &DoctorConfig, out: &mut Vec<Finding>) {
+    for m in &span.last.models {
+        let before = span
+            .first
+            .models
+            .iter()
+            .find(|x| x.model == m.model)
+            .cloned()
+            .unwrap_or_default();
+        let n = m.kv_waits.saturating_sub(before.kv_waits);
+        if n < d.drift_min_requests {
+            continue;
+        }
+        let mean = (m.kv_wait_sum - before.kv_wait_sum) / n as f64;
+        if mean < d.kv_transfer_slow.as_secs_f64() {
+            continue;
+        }
+        out.push(Finding {
+            model: Some(m.model.to_string()),
+            ..Finding::warning(
+                "kv_transfer_slow",
+                Arc::from(""),
+                evidence(&[
+                    ("mean_decode_first_token_seconds", round(mean, 3)),
+                    ("remote_prefills", serde_json::Value::from(n)),
+                ]),
+                span.secs,
+                "after a remote prefill, the decode replicas wait long for the prefilled KV: a slow or congested transfer path (a KV connector over TCP instead of RDMA, a saturated NIC), or decode replicas out of KV",
+                "check the KV connector's transport and the network between the pools; look for decode_pool_out_of_kv; meanwhile routing.disaggregation.local_share prefills more prompts on the decode replicas",
+            )
+        });
+    }
 }
 
 impl Finding {

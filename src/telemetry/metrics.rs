@@ -183,6 +183,10 @@ pub struct ModelVitals {
     pub ttft_sum: f64,
     /// Requests that ended, whatever their status (the traffic offered).
     pub requests: u64,
+    /// Decode legs after a remote prefill, and the sum of their times to a
+    /// first token in seconds (the KV transfer and a decode step).
+    pub kv_waits: u64,
+    pub kv_wait_sum: f64,
 }
 
 /// One replica's counters in the journal.
@@ -414,6 +418,12 @@ impl Metrics {
         self.requests.for_each(|(model, ..), c| {
             if let Some(m) = models.iter_mut().find(|m| m.model == *model) {
                 m.requests += c.get();
+            }
+        });
+        self.pd_decode_first_token.for_each(|(model,), h| {
+            if let Some(m) = models.iter_mut().find(|m| m.model == *model) {
+                m.kv_waits += h.count();
+                m.kv_wait_sum += h.sum();
             }
         });
         let vitals = Vitals {

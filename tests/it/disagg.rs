@@ -214,6 +214,55 @@ async fn a_prompt_the_decode_replica_holds_is_prefilled_there() {
     assert_eq!(decisions(&gw, "local_cached").await, 1.0);
 }
 
+/// A slow KV path: the decode replica takes ~300 ms to pull each prompt's
+/// KV. The doctor names the model's slow transfers from the gateway's own
+/// timing of the decode legs.
+#[tokio::test]
+async fn slow_kv_transfers_are_named_on_the_model() {
+    let p = replica(SimRole::Prefill, |_| {}).await;
+    // ~400-token prompts of 64 KiB a token at speed 10: 300 ms a transfer.
+    let d = replica(SimRole::Decode, |c| {
+        c.kv_bandwidth = 400.0 * 65_536.0 / (0.3 * 10.0);
+    })
+    .await;
+    let mut c = config_for(&[]);
+    c.backends = vec![backend(&p, Role::Prefill), backend(&d, Role::Decode)];
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_secs(30);
+    c.doctor.window = Duration::from_secs(3);
+    c.doctor.drift_min_requests = 3;
+    c.doctor.kv_transfer_slow = Duration::from_millis(100);
+    let gw = start_routed(c, 2).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let named = async {
+        for i in 0.. {
+            // Distinct prompts, each prefilled remotely; streamed (the
+            // decode leg's first token is timed).
+            assert_eq!(post(&url, &chat(i, 200, true)).await.0, 200);
+            let (_, body) = get_text(&format!("{}/admin/diagnose", admin(&gw))).await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if let Some(f) = v["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["pathology"] == "kv_transfer_slow")
+            {
+                return f.clone();
+            }
+        }
+        unreachable!()
+    };
+    let f = tokio::time::timeout(Duration::from_secs(30), named)
+        .await
+        .expect("kv_transfer_slow named");
+    assert_eq!(f["model"], "sim-model", "{f}");
+    let mean = f["evidence"]["mean_decode_first_token_seconds"]
+        .as_f64()
+        .unwrap();
+    assert!(mean >= 0.1, "{f}");
+    assert!(decisions(&gw, "remote").await >= 3.0);
+}
+
 /// With `local_max_tokens`, a prompt the decode replica holds is prefilled
 /// there only while what is left to prefill is that small: the same
 /// prompt with a longer new part goes to the prefill replica.
