@@ -316,7 +316,7 @@ impl RequestGuard {
             let r = &self.record;
             if let (Some(p), Some(actual)) = (self.placement.take(), served_cached) {
                 // Closed loop: what routing expected cached against the engine.
-                p.finished(actual);
+                p.finished(actual, r.usage.as_ref().map(|u| u.prompt_tokens));
                 let series = &attempt.replica().series;
                 series.cached_predicted.add(u64::from(p.predicted_cached));
                 series.cached_actual.add(u64::from(actual));

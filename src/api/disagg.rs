@@ -432,8 +432,12 @@ async fn leg(
         .pointer("/usage/prompt_tokens_details/cached_tokens")
         .and_then(Value::as_u64)
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    let prompt = v
+        .pointer("/usage/prompt_tokens")
+        .and_then(Value::as_u64)
+        .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
     if let Some(c) = cached {
-        placement.finished(c);
+        placement.finished(c, prompt);
     }
     Ok((params, cached, started, took))
 }

@@ -66,10 +66,25 @@ impl Placement {
         }
     }
 
-    /// The engine reported `actual` cached tokens: count both sides, and if
-    /// it had less than predicted by more than a block, forget the blocks the
-    /// index claimed beyond what the engine held.
-    pub(crate) fn finished(&self, actual: u32) {
+    /// The engine reported `actual` cached tokens of the `engine_prompt` it
+    /// counted: count both sides, and if it had less than predicted by more
+    /// than a block, forget the blocks the index claimed beyond what the
+    /// engine held.
+    ///
+    /// In the gateway's tokens: an engine counts its own (its tokenizer, its
+    /// chat template), so its cached count is read as the share of its
+    /// prompt it found cached, times the prompt as the gateway counts it.
+    /// Compared raw, a tokenizer counting 10% fewer tokens than the
+    /// gateway's estimate would look, on a 1,500-token prefix, like an
+    /// eviction of its last nine blocks at every request.
+    pub(crate) fn finished(&self, actual: u32, engine_prompt: Option<u32>) {
+        let ours = self.uncached + u64::from(self.predicted_cached);
+        let actual = match engine_prompt {
+            Some(p) if p > 0 && actual <= p => {
+                u32::try_from(u64::from(actual) * ours / u64::from(p)).unwrap_or(u32::MAX)
+            }
+            _ => actual,
+        };
         let l = &self.memory.load;
         l.predicted_cached
             .fetch_add(u64::from(self.predicted_cached), Relaxed);
@@ -124,10 +139,30 @@ mod tests {
         m.prefixes.insert(&h);
         // Nothing else pending there: the engine had evicted the prefix.
         let p = placed(&m, &h, 64);
-        p.finished(0);
+        p.finished(0, Some(1000));
         drop(p);
         assert_eq!(m.prefixes.longest_match(&h), 0);
         assert_eq!(m.load.shortfalls.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn another_tokenizers_count_is_read_as_a_share_of_its_own_prompt() {
+        let m = memory();
+        let h: Vec<u64> = (1..=40).collect();
+        m.prefixes.insert(&h);
+        // The index promised 640 of a 1,000-token prompt; the engine counts
+        // 20% fewer tokens and found the same share cached: no shortfall.
+        placed(&m, &h, 640).finished(512, Some(800));
+        assert_eq!(m.prefixes.longest_match(&h), 40);
+        assert_eq!(m.load.shortfalls.load(Relaxed), 0);
+        // Compared raw, 512 against 640 would have forgotten 8 blocks.
+        placed(&m, &h, 640).finished(512, None);
+        assert_eq!(m.prefixes.longest_match(&h), 32);
+        // The same tokenizer after an eviction: half the share, corrected.
+        m.prefixes.insert(&h);
+        placed(&m, &h, 640).finished(256, Some(800));
+        assert_eq!(m.prefixes.longest_match(&h), 20);
+        assert_eq!(m.load.shortfalls.load(Relaxed), 2);
     }
 
     #[test]
@@ -138,7 +173,7 @@ mod tests {
         // The request that brings the prefix is still in its prefill.
         let leader = placed(&m, &h, 0);
         let follower = placed(&m, &h, 64);
-        follower.finished(0);
+        follower.finished(0, Some(1000));
         assert_eq!(m.prefixes.longest_match(&h), 4, "kept");
         assert_eq!(m.load.shortfalls.load(Relaxed), 0);
         drop((leader, follower));
