@@ -468,9 +468,9 @@ pub struct DisaggregationConfig {
     pub local_share: f64,
     /// The most uncached prompt tokens a decode replica prefills by choice
     /// (`local_cached`, `local_pool_busy`): each step that carries a
-    /// prefill is longer for every stream the replica decodes. Fallbacks
-    /// (no prefill replica, a failed leg) are not bound by it. Unset: no
-    /// bound.
+    /// prefill is longer for every stream the replica decodes. The default,
+    /// 0, keeps prefills off the decode replicas but as a fallback (no
+    /// prefill replica, a failed leg: not bound by it); unset, no bound.
     pub local_max_tokens: Option<u32>,
 }
 
@@ -490,7 +490,7 @@ impl Default for DisaggregationConfig {
             prefill_timeout: Duration::from_secs(30),
             local_fallback: true,
             local_share: 0.5,
-            local_max_tokens: None,
+            local_max_tokens: Some(0),
         }
     }
 }

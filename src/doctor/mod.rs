@@ -535,8 +535,8 @@ fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
                     ("prefill_replicas", serde_json::Value::from(prefill.len())),
                 ]),
                 p.span(),
-                "every prefill replica keeps a queue: the prompts sent to the prefill pool outrun it (the gateway then prefills more of them on the decode replicas, whose streams slow down)",
-                "add prefill replicas; until then the gateway sends fewer prompts to the pool (local_pool_busy in sluice_pd_decisions_total)",
+                "every prefill replica keeps a queue: the prompts sent to the prefill pool outrun it, and wait there",
+                "add prefill replicas; with routing.disaggregation.local_max_tokens above 0 the gateway sends fewer prompts to the pool meanwhile (local_pool_busy in sluice_pd_decisions_total)",
             ));
         }
     }
@@ -751,7 +751,7 @@ fn kv_transfers(span: &Span<'_>, d: &DoctorConfig, out: &mut Vec<Finding>) {
                 ]),
                 span.secs,
                 "after a remote prefill, the decode replicas wait long for the prefilled KV: a slow or congested transfer path (a KV connector over TCP instead of RDMA, a saturated NIC), or decode replicas out of KV",
-                "check the KV connector's transport and the network between the pools; look for decode_pool_out_of_kv; meanwhile routing.disaggregation.local_share prefills more prompts on the decode replicas",
+                "check the KV connector's transport and the network between the pools; look for decode_pool_out_of_kv; meanwhile routing.disaggregation.local_max_tokens above 0 prefills prompts the decode replicas mostly hold there",
             )
         });
     }

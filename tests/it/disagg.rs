@@ -198,7 +198,14 @@ async fn kv_the_decode_replica_cannot_fetch_is_prefilled_there_instead() {
 
 #[tokio::test]
 async fn a_prompt_the_decode_replica_holds_is_prefilled_there() {
-    let (p, d, gw) = fleet(|_| {}, |_| {}).await;
+    // (Allowed: by default a decode replica prefills only as a fallback.)
+    let (p, d, gw) = fleet(
+        |_| {},
+        |c| {
+            c.routing.disaggregation.local_max_tokens = None;
+        },
+    )
+    .await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let body = chat(7, 200, false);
     assert_eq!(post(&url, &body).await.0, 200);
