@@ -237,15 +237,6 @@ pub fn client(
     Ok((Arc::new(config), cert))
 }
 
-/// What a failed handshake says, for a log line: rustls's own words
-/// ("invalid peer certificate: Expired", "UnknownIssuer", ...).
-pub fn handshake_error(e: &std::io::Error) -> String {
-    match e.get_ref() {
-        Some(inner) => inner.to_string(),
-        None => e.to_string(),
-    }
-}
-
 /// The client side of `https://` replicas: one config for a given
 /// `upstream.tls`, shared by every replica and kept across reloads that do
 /// not change it (the system's CA store is read once).

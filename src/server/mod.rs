@@ -138,7 +138,7 @@ impl Handshake {
             Ok(Ok(tls)) => {
                 return Some(Socket::Tls(Box::new(tokio_rustls::TlsStream::Server(tls))));
             }
-            Ok(Err(e)) => crate::net::tls::handshake_error(&e),
+            Ok(Err(e)) => e.to_string(),
             Err(_) => "no handshake within server.header_timeout".to_string(),
         };
         tracing::warn!(
@@ -167,21 +167,30 @@ async fn watch_certificates(listeners: Option<Arc<Certificate>>, every: Duration
     loop {
         tick.tick().await;
         let state = live.load();
-        let client = crate::net::tls::shared_client(&state.config.upstream.tls)
-            .ok()
-            .and_then(|c| c.cert.clone());
-        for (cert, which) in [
-            (listeners.as_ref(), "server"),
-            (client.as_ref(), "upstream"),
-        ] {
-            if let Some(cert) = cert {
-                match cert.reload_if_changed() {
-                    Ok(false) => {}
-                    outcome => note_reload(&state, cert, which, outcome.map(|_| ())),
-                }
+        for (cert, which) in certificates(listeners.as_ref(), &state) {
+            match cert.reload_if_changed() {
+                Ok(false) => {}
+                outcome => note_reload(&state, &cert, which, outcome.map(|_| ())),
             }
         }
     }
+}
+
+/// The certificates to reload, with their label: the listeners' (if TLS is
+/// on) and the client certificate for `https://` replicas (if configured).
+fn certificates(
+    listeners: Option<&Arc<Certificate>>,
+    state: &crate::state::AppState,
+) -> impl Iterator<Item = (Arc<Certificate>, &'static str)> {
+    let up = &state.config.upstream.tls;
+    let client = up
+        .cert_file
+        .is_some()
+        .then(|| crate::net::tls::shared_client(up).ok()?.cert.clone())
+        .flatten();
+    [(listeners.cloned(), "server"), (client, "upstream")]
+        .into_iter()
+        .filter_map(|(c, which)| Some((c?, which)))
 }
 
 /// Log and count one reload of a certificate.
@@ -403,23 +412,15 @@ impl Gateway {
     /// load is logged and the one before stays; the first error is returned.
     pub fn reload_certificates(&self) -> anyhow::Result<()> {
         let state = self.live.load();
-        let client = crate::net::tls::shared_client(&state.config.upstream.tls)
-            .ok()
-            .and_then(|c| c.cert.clone());
         let mut first = Ok(());
-        for (cert, which) in [
-            (self.tls_cert.as_ref(), "server"),
-            (client.as_ref(), "upstream"),
-        ] {
-            if let Some(cert) = cert {
-                let outcome = cert.reload();
-                if let Err(e) = &outcome
-                    && first.is_ok()
-                {
-                    first = Err(anyhow::anyhow!("{e:#}"));
-                }
-                note_reload(&state, cert, which, outcome);
+        for (cert, which) in certificates(self.tls_cert.as_ref(), &state) {
+            let outcome = cert.reload();
+            if let Err(e) = &outcome
+                && first.is_ok()
+            {
+                first = Err(anyhow::anyhow!("{e:#}"));
             }
+            note_reload(&state, &cert, which, outcome);
         }
         first
     }

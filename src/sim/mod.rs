@@ -922,7 +922,7 @@ where
                 Ok(Ok(tls)) => return (tls, addr),
                 Ok(Err(e)) => tracing::warn!(
                     peer = ?addr,
-                    error = %crate::net::tls::handshake_error(&e),
+                    error = %e,
                     "TLS handshake with a client failed"
                 ),
                 Err(_) => tracing::warn!(peer = ?addr, "TLS handshake timed out"),

@@ -286,7 +286,8 @@ impl ConnPool {
                 phase: TimeoutPhase::Connect,
             }),
             Ok(Err(e)) => {
-                let why = crate::net::tls::handshake_error(&e);
+                // (An I/O error shows rustls's reason as its own.)
+                let why = e.to_string();
                 tracing::warn!(replica = %self.addr, error = %why, "TLS handshake with a replica failed");
                 Err(GatewayError::UpstreamConnect(UpstreamFault::from(format!(
                     "TLS handshake with {}: {why}",

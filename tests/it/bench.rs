@@ -9,7 +9,8 @@ use crate::common::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
-async fn bench_json(args: &[&str]) -> serde_json::Value {
+/// `sluice bench ARGS --json -`, the real binary: its report.
+pub async fn bench_json(args: &[&str]) -> serde_json::Value {
     let out = tokio::time::timeout(
         Duration::from_secs(60),
         Command::new(BIN)

@@ -232,6 +232,8 @@ async fn https_replicas_with_a_ca_bundle_and_a_client_certificate() {
     config.upstream.tls.ca_file = Some(pki.ca.clone());
     config.upstream.tls.cert_file = Some(client_cert.cert.clone());
     config.upstream.tls.key_file = Some(client_cert.key.clone());
+    // (The certificate files are checked this often.)
+    config.server.tls.reload_interval = Duration::from_millis(50);
     // Health checks (the replica's model list) and requests go over TLS.
     let gw = start_gateway(config.clone(), 1).await;
     let chat = format!("{}/v1/chat/completions", api(&gw));
@@ -242,6 +244,21 @@ async fn https_replicas_with_a_ca_bundle_and_a_client_certificate() {
     let (_, _, body) = post(&chat, &chat_body(true)).await;
     assert_eq!(data_payloads(&body).last().unwrap(), "[DONE]");
     assert_eq!(sim_finished(&sim, "length") + sim_finished(&sim, "stop"), 3);
+
+    // The client certificate rotated in place: reloaded without a restart.
+    pki.issue_to(&client_cert, "sluice-2", false);
+    let reloaded = "sluice_tls_certificate_reloads_total{certificate=\"upstream\",result=\"ok\"}";
+    let gw_ref = &gw;
+    wait_until(
+        "the client certificate reloaded",
+        Duration::from_secs(10),
+        || async move { gateway_metric(gw_ref, reloaded).await >= 1.0 },
+    )
+    .await;
+    // Still served (new connections show the new certificate; pooled ones
+    // keep their handshake).
+    let (status, _, body) = post(&chat, &chat_body(false)).await;
+    assert_eq!(status, 200, "{body}");
 
     // Without the client certificate the replica refuses the gateway: it
     // is not healthy, and says why.
@@ -309,36 +326,21 @@ async fn the_binaries_serve_and_load_over_tls() {
     config.upstream.tls.key_file = Some(gateway.key.clone());
     // (The replica binary starts while the checks run.)
     let gw = start_gateway(config, 1).await;
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(BIN)
-            .arg("bench")
-            .args([
-                "--url",
-                &format!("https://localhost:{}", gw.api_addr.port()),
-            ])
-            .arg("--ca-file")
-            .arg(&pki.ca)
-            .args([
-                "--requests",
-                "20",
-                "--concurrency",
-                "4",
-                "--max-tokens",
-                "8",
-            ])
-            .args(["--json", "-", "--quiet"])
-            .output(),
-    )
-    .await
-    .expect("bench did not stop on its own")
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let url = format!("https://localhost:{}", gw.api_addr.port());
+    let ca = pki.ca.to_str().unwrap();
+    let report = crate::bench::bench_json(&[
+        "--url",
+        &url,
+        "--ca-file",
+        ca,
+        "--requests",
+        "20",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "8",
+    ])
+    .await;
     assert_eq!(report["ok"], 20, "{report}");
     sim.kill().await.unwrap();
 }
