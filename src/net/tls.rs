@@ -247,18 +247,27 @@ pub struct Client {
     pub cert: Option<Arc<Certificate>>,
 }
 
-static CLIENT: Mutex<Option<(UpstreamTlsConfig, Arc<Client>)>> = Mutex::new(None);
+/// The clients built, one per distinct `upstream.tls`, newest last: the
+/// same config always gives the same client, so the certificate a replica's
+/// connections show is the one the reload task reloads (a single slot was
+/// replaced by another gateway's config in the same process, and the task
+/// then reloaded a copy nobody used).
+static CLIENTS: Mutex<Vec<(UpstreamTlsConfig, Arc<Client>)>> = Mutex::new(Vec::new());
 
-/// The [`Client`] for `cfg` (built on first use, or when `cfg` changed).
+/// Distinct configs kept (reloads that change `upstream.tls` add one each).
+const CLIENTS_KEPT: usize = 16;
+
+/// The [`Client`] for `cfg` (built on first use).
 pub fn shared_client(cfg: &UpstreamTlsConfig) -> anyhow::Result<Arc<Client>> {
-    let mut held = CLIENT.lock();
-    if let Some((c, client)) = held.as_ref()
-        && c == cfg
-    {
+    let mut held = CLIENTS.lock();
+    if let Some((_, client)) = held.iter().find(|(c, _)| c == cfg) {
         return Ok(client.clone());
     }
     let (config, cert) = client(cfg)?;
     let built = Arc::new(Client { config, cert });
-    *held = Some((cfg.clone(), built.clone()));
+    if held.len() >= CLIENTS_KEPT {
+        held.remove(0);
+    }
+    held.push((cfg.clone(), built.clone()));
     Ok(built)
 }
