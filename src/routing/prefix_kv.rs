@@ -35,7 +35,9 @@
 //!    predicted TTFT is lower by more than `detour_margin` of the home's:
 //!    staying would cost more than its cache saves. A detour serves this
 //!    request elsewhere: where more of its prefix is cached (`affinity`), or
-//!    for its wait (`detour`); a session's home stays where it is.
+//!    for its wait (`detour`); a session's home stays where it is. A new
+//!    prefix is not detoured: its placement weighed the waits already, and
+//!    where it is served it is held for the run.
 //!    The reason is `session`, `session_new` or `affinity` when the home is
 //!    kept, else why it was passed over (`spill_*`), else `least_loaded`.
 //! 5. The prompt's block hashes are added to the winner's index.
@@ -281,7 +283,16 @@ impl RoutingPolicy for PrefixKv {
         // come back to its home. Its turns leave only for a much faster
         // replica, and an explicit session's first turn does not leave (its
         // home is where every gateway will look for it).
+        //
+        // A new prefix's placement is final: it already weighed the
+        // replicas' waits among those holding least, and the replica it is
+        // served on becomes its holder for the run. Detoured to a faster
+        // replica holding more, it unbalanced the fleet for good: on the
+        // matrix's `few_keys` cell the seeds where 1-4 of the 16 prefixes'
+        // first requests detoured ended 6/4/3/3 (busiest 1.22-1.52x the mean),
+        // those where none did within 1.07x.
         let margin = match ctx.session {
+            _ if home.reason == RouteReason::PrefixNew => 1.0,
             Some(s) if s.explicit && !s.continuing => 1.0,
             Some(s) if s.explicit || s.continuing => self.cfg.session_detour_margin,
             _ => self.cfg.detour_margin,
@@ -306,8 +317,7 @@ impl RoutingPolicy for PrefixKv {
             remember(best);
             // Off a home that holds the prompt's prefix, to a replica that
             // holds less of it: this one request is served there, and the
-            // prefix keeps its home. (A new prefix's first replica is its
-            // holder wherever that is.)
+            // prefix keeps its home.
             let stranger = views[best].matched < views[home.index].matched;
             return Some(self.decide(ctx, &views, best, reason, 0, home.moved, stranger));
         }
@@ -986,6 +996,32 @@ mod tests {
         backlog(home, 0);
         let back = pick(&p, &reps, &h);
         assert_eq!((back.index, back.reason), (home, RouteReason::Affinity));
+    }
+
+    #[test]
+    fn a_new_prefix_is_held_where_it_was_placed_even_if_another_is_faster() {
+        let reps = replicas(2);
+        let p = policy();
+        let now = Instant::now();
+        // Replica `a` holds a prefix; `b` holds none but has a long backlog.
+        let held = [5, 6];
+        let a = pick(&p, &reps, &held).index;
+        let b = 1 - a;
+        p.affinity
+            .of(&reps[b].name, now)
+            .load
+            .backlog
+            .store(1_000_000, Relaxed);
+        // A new prefix goes where less is held, and stays there: a detour
+        // to the faster `a` would make it hold two prefixes to `b`'s one.
+        let new = [70, 71];
+        let d = pick(&p, &reps, &new);
+        assert_eq!((d.index, d.reason), (b, RouteReason::PrefixNew));
+        assert_eq!(p.affinity.of(&reps[a].name, now).prefixes.len(), 2);
+        // Its next request (a known prefix now) may still be detoured for
+        // the wait, without moving it.
+        let next = pick(&p, &reps, &new);
+        assert_eq!((next.index, next.reason), (a, RouteReason::Detour));
     }
 
     #[test]
