@@ -62,8 +62,10 @@ fn serve_config(args: &cli::ServeArgs) -> anyhow::Result<config::Config> {
         None => config::parse_str_with("", "command line", overrides)?,
     };
     anyhow::ensure!(
-        !config.backends.is_empty() || !config.discovery.dns.is_empty(),
-        "no backends: give --backend URL, or list `backends` or `discovery.dns` in --config FILE"
+        !config.backends.is_empty()
+            || !config.discovery.dns.is_empty()
+            || !config.discovery.kubernetes.is_empty(),
+        "no backends: give --backend URL, or list `backends`, `discovery.dns` or `discovery.kubernetes` in --config FILE"
     );
     Ok(config)
 }

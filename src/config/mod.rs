@@ -736,13 +736,86 @@ impl Default for OutlierConfig {
     }
 }
 
-/// Replicas found by DNS, e.g. a Kubernetes headless Service.
+/// Replicas found by DNS (e.g. a Kubernetes headless Service) or from the
+/// Kubernetes API (pods by label, or an InferencePool's).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DiscoveryConfig {
     pub dns: Vec<DnsSource>,
     /// Ask this DNS server instead of the system's (`/etc/resolv.conf`).
     pub nameserver: Option<SocketAddr>,
+    pub kubernetes: Vec<KubernetesSource>,
+    /// The API server and credentials for `kubernetes` sources: this
+    /// kubeconfig file. Unset: the pod's service account inside a cluster,
+    /// else `$KUBECONFIG` or `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl DiscoveryConfig {
+    /// The replica source ids: `dns[i]` is `i`, `kubernetes[i]` follows the
+    /// DNS sources.
+    pub fn kubernetes_source(&self, i: usize) -> usize {
+        self.dns.len() + i
+    }
+}
+
+/// Replicas from the Kubernetes API: the ready pods an InferencePool
+/// (`inference.networking.k8s.io/v1`) selects, or those with these labels;
+/// listed, then watched.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSource {
+    /// The namespace of the pods (and the pool). Unset: the gateway's own
+    /// (its service account's), or the kubeconfig context's.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// An InferencePool whose `selector` and `targetPorts` pick the replicas;
+    /// a change to it is followed.
+    #[serde(default)]
+    pub inference_pool: Option<String>,
+    /// Or the pods' labels, all of which must match.
+    #[serde(default)]
+    pub selector: BTreeMap<String, String>,
+    /// The replicas' port (required with `selector`; with an InferencePool,
+    /// overrides its target port).
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// As `backends[].max_concurrency`, for each replica found.
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    /// As `backends[].engine_priority`.
+    #[serde(default)]
+    pub engine_priority: EnginePriority,
+    /// As `discovery.dns[].dcgm_port`.
+    #[serde(default)]
+    pub dcgm_port: Option<u16>,
+    /// As `backends[].role`, for each replica found (one source per pool).
+    #[serde(default)]
+    pub role: Role,
+    /// As `backends[].bootstrap_port`.
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
+}
+
+impl KubernetesSource {
+    /// The replica at `host` (an IP, bracketed for v6) and `port`.
+    pub fn backend(&self, host: &str, port: u16) -> Option<BackendConfig> {
+        Some(BackendConfig {
+            url: format!("http://{host}:{port}").parse().ok()?,
+            name: None,
+            api_key: self.api_key.clone(),
+            models: self.models.clone(),
+            max_concurrency: self.max_concurrency,
+            engine_priority: self.engine_priority,
+            dcgm_url: dcgm_url(host, self.dcgm_port),
+            role: self.role,
+            bootstrap_port: self.bootstrap_port,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -778,11 +851,25 @@ pub struct DnsSource {
 }
 
 impl DnsSource {
-    /// The DCGM exporter of the replica at `host` (an IP, bracketed for v6).
-    pub fn dcgm_url(&self, host: &str) -> Option<Url> {
-        let port = self.dcgm_port?;
-        format!("http://{host}:{port}/metrics").parse().ok()
+    /// The replica at `host` (an IP, bracketed for v6).
+    pub fn backend(&self, host: &str) -> Option<BackendConfig> {
+        Some(BackendConfig {
+            url: format!("http://{host}:{}", self.port).parse().ok()?,
+            name: None,
+            api_key: self.api_key.clone(),
+            models: self.models.clone(),
+            max_concurrency: self.max_concurrency,
+            engine_priority: self.engine_priority,
+            dcgm_url: dcgm_url(host, self.dcgm_port),
+            role: self.role,
+            bootstrap_port: self.bootstrap_port,
+        })
     }
+}
+
+/// The DCGM exporter of a replica at `host`, on `port` if configured.
+fn dcgm_url(host: &str, port: Option<u16>) -> Option<Url> {
+    format!("http://{host}:{}/metrics", port?).parse().ok()
 }
 
 fn default_dns_interval() -> Duration {
@@ -1098,6 +1185,27 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
                 format!("discovery.dns[{i}].interval"),
                 "must be greater than zero".into(),
             );
+        }
+    }
+    for (i, k) in config.discovery.kubernetes.iter().enumerate() {
+        let at = |key: &str| format!("discovery.kubernetes[{i}].{key}");
+        match (&k.inference_pool, k.selector.is_empty()) {
+            (Some(_), false) => bad(
+                at("selector"),
+                "set `inference_pool` or `selector`, not both".into(),
+            ),
+            (None, true) => bad(
+                at("inference_pool"),
+                "set `inference_pool` (an InferencePool's name) or `selector` (pod labels)".into(),
+            ),
+            (Some(p), true) if p.trim().is_empty() => {
+                bad(at("inference_pool"), "must not be empty".into())
+            }
+            (None, false) if k.port.is_none() => bad(
+                at("port"),
+                "required with `selector` (an InferencePool names its own)".into(),
+            ),
+            _ => {}
         }
     }
     for (i, k) in config.auth.keys.iter().enumerate() {

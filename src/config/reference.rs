@@ -54,6 +54,7 @@ fn minimal() -> Value {
     let mut v = serde_json::to_value(Config::default()).unwrap_or_default();
     v["backends"] = json!([{ "url": "http://replica:8000/" }]);
     v["discovery"]["dns"] = json!([{ "name": "replicas.example", "port": 8000 }]);
+    v["discovery"]["kubernetes"] = json!([{}]);
     v["auth"]["keys"] = json!([{ "name": "NAME", "tier": "NAME", "sha256": "0".repeat(64) }]);
     v["tiers"] = json!({ "NAME": { "models": { "MODEL": {} } } });
     v

@@ -20,7 +20,7 @@ use crate::net::Socket;
 use crate::net::tls::Certificate;
 use crate::state::{AppState, Live};
 use crate::stream::signal::{Signal, SignalWatch};
-use crate::upstream::{discovery, health, scrape};
+use crate::upstream::{discovery, health, kubernetes, scrape};
 
 /// A running gateway: its bound addresses and the handles to stop it.
 pub struct Gateway {
@@ -266,6 +266,32 @@ fn spawn_background(state: &Arc<AppState>) -> anyhow::Result<Vec<JoinHandle<()>>
             )));
         }
     }
+    for i in 0..state.config.discovery.kubernetes.len() {
+        let state = state.clone();
+        background.push(tokio::spawn(async move {
+            // The API server may not answer yet (or the service account not
+            // be mounted): retried, the rest of the gateway serves meanwhile.
+            let mut wait = Duration::from_secs(1);
+            let kube = loop {
+                match kubernetes::client(&state.config).await {
+                    Ok(c) => break c,
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "no Kubernetes client for discovery.kubernetes; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(30));
+                    }
+                }
+            };
+            kubernetes::run(
+                state.pool.clone(),
+                state.client.clone(),
+                state.config.clone(),
+                i,
+                kube,
+            )
+            .await;
+        }));
+    }
     Ok(background)
 }
 
@@ -438,8 +464,10 @@ impl Gateway {
             fixed.join("`, `")
         );
         anyhow::ensure!(
-            !config.backends.is_empty() || !config.discovery.dns.is_empty(),
-            "no backends: list `backends` or `discovery.dns`"
+            !config.backends.is_empty()
+                || !config.discovery.dns.is_empty()
+                || !config.discovery.kubernetes.is_empty(),
+            "no backends: list `backends`, `discovery.dns` or `discovery.kubernetes`"
         );
         if !config.discovery.dns.is_empty() {
             // The one fallible step of the background tasks, tried before

@@ -39,23 +39,9 @@ pub(crate) fn resolver(nameserver: Option<SocketAddr>) -> anyhow::Result<TokioRe
 
 fn backends_of(src: &DnsSource, ips: &[IpAddr]) -> Vec<BackendConfig> {
     ips.iter()
-        .filter_map(|ip| {
-            let host = match ip {
-                IpAddr::V4(v4) => v4.to_string(),
-                IpAddr::V6(v6) => format!("[{v6}]"),
-            };
-            let url = format!("http://{host}:{}", src.port).parse().ok()?;
-            Some(BackendConfig {
-                url,
-                name: None,
-                api_key: src.api_key.clone(),
-                models: src.models.clone(),
-                max_concurrency: src.max_concurrency,
-                engine_priority: src.engine_priority,
-                dcgm_url: src.dcgm_url(&host),
-                role: src.role,
-                bootstrap_port: src.bootstrap_port,
-            })
+        .filter_map(|ip| match ip {
+            IpAddr::V4(v4) => src.backend(&v4.to_string()),
+            IpAddr::V6(v6) => src.backend(&format!("[{v6}]")),
         })
         .collect()
 }

@@ -6,6 +6,7 @@ pub(crate) mod conn;
 pub(crate) mod discovery;
 pub(crate) mod health;
 pub(crate) mod http1;
+pub(crate) mod kubernetes;
 pub mod pool;
 pub(crate) mod scrape;
 pub mod signals;

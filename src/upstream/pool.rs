@@ -60,7 +60,8 @@ impl Circuit {
 
 pub struct Replica {
     pub name: Arc<str>,
-    /// Where it came from: `None` for `backends`, `Some(i)` for `discovery.dns[i]`.
+    /// Where it came from: `None` for `backends`, `Some(i)` for `discovery.dns[i]`
+    /// (then `discovery.kubernetes`, numbered after the DNS sources).
     pub source: Option<usize>,
     /// `scheme://host:port[/prefix]`, no trailing slash.
     pub base: String,
@@ -460,7 +461,11 @@ pub struct Pool {
     upstream: UpstreamConfig,
     /// The DNS sources' names and ports, to tell on a reload whether a
     /// source's replicas still belong to it.
-    dns: Vec<(String, u16)>,
+    /// Where each discovery source looks (see [`Origin`]).
+    origins: Vec<Origin>,
+    /// The models the discovery sources name: known (503 while none of
+    /// their replicas is there, not 404).
+    declared: Vec<Arc<str>>,
     metrics: Arc<Metrics>,
 }
 
@@ -480,12 +485,37 @@ fn upstream_tls(host: &str, cfg: &crate::config::UpstreamTlsConfig) -> UpstreamT
     }
 }
 
+/// Where a discovery source finds its replicas: a reload keeps the
+/// replicas a source found while this stays the same.
+#[derive(Debug, PartialEq)]
+enum Origin {
+    Dns(String, u16),
+    Kubernetes {
+        namespace: Option<String>,
+        pool: Option<String>,
+        selector: std::collections::BTreeMap<String, String>,
+        port: Option<u16>,
+    },
+}
+
+fn origins(config: &Config) -> Vec<Origin> {
+    let d = &config.discovery;
+    let dns = d.dns.iter().map(|s| Origin::Dns(s.name.clone(), s.port));
+    let kube = d.kubernetes.iter().map(|k| Origin::Kubernetes {
+        namespace: k.namespace.clone(),
+        pool: k.inference_pool.clone(),
+        selector: k.selector.clone(),
+        port: k.port,
+    });
+    dns.chain(kube).collect()
+}
+
 impl Pool {
     /// The pool for `config`. On a reload, `previous` is the pool it replaces:
     /// a replica that stays as it was (same name, URL, key, models, and the
     /// same upstream settings) is carried over with its connections, health,
-    /// circuit and in-flight count; replicas from a DNS source
-    /// that still exists are kept until its next resolution.
+    /// circuit and in-flight count; replicas from a discovery source
+    /// that still looks in the same place are kept.
     pub(crate) fn new(config: &Config, metrics: Arc<Metrics>, previous: Option<&Pool>) -> Self {
         metrics
             .scraping
@@ -512,38 +542,31 @@ impl Pool {
         };
         let mut replicas: Vec<Arc<Replica>> =
             config.backends.iter().map(|b| place(b, None)).collect();
-        // Replicas a DNS source found, while that source names the same host
-        // and port (its next resolution adds and removes as usual); its key
-        // and models are taken from the new config.
-        let same_dns = |i: usize| {
-            let (Some(p), Some(new)) = (previous, config.discovery.dns.get(i)) else {
-                return false;
-            };
-            p.dns
-                .get(i)
-                .is_some_and(|(n, port)| *n == new.name && *port == new.port)
+        // Replicas a discovery source found, while that source looks in the
+        // same place (its next resolution or watch event adds and removes as
+        // usual); their key and models are taken from the new config.
+        let origins = origins(config);
+        let same = |i: usize| {
+            previous.is_some_and(|p| p.origins.get(i).is_some_and(|o| origins.get(i) == Some(o)))
         };
         for r in old.iter() {
-            let Some(i) = r.source.filter(|&i| same_dns(i)) else {
+            let Some(i) = r.source.filter(|&i| same(i)) else {
                 continue;
             };
             let Ok(url) = r.base.parse::<url::Url>() else {
                 continue;
             };
-            let src = &config.discovery.dns[i];
-            let dcgm_url = url.host_str().and_then(|h| src.dcgm_url(h));
-            let b = BackendConfig {
-                url,
-                name: None,
-                api_key: src.api_key.clone(),
-                models: src.models.clone(),
-                max_concurrency: src.max_concurrency,
-                engine_priority: src.engine_priority,
-                dcgm_url,
-                role: src.role,
-                bootstrap_port: src.bootstrap_port,
+            let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+                continue;
             };
-            replicas.push(place(&b, Some(i)));
+            let dns = &config.discovery.dns;
+            let b = match dns.get(i) {
+                Some(src) => src.backend(host),
+                None => config.discovery.kubernetes[i - dns.len()].backend(host, port),
+            };
+            if let Some(b) = b {
+                replicas.push(place(&b, Some(i)));
+            }
         }
         if previous.is_some() {
             let names: Vec<Arc<str>> = replicas.iter().map(|r| r.name.clone()).collect();
@@ -560,12 +583,15 @@ impl Pool {
             aliases,
             index: ArcSwap::from_pointee(ModelIndex::default()),
             upstream: config.upstream.clone(),
-            dns: config
-                .discovery
-                .dns
-                .iter()
-                .map(|d| (d.name.clone(), d.port))
-                .collect(),
+            origins,
+            declared: {
+                let d = &config.discovery;
+                let models = d.dns.iter().flat_map(|s| &s.models);
+                models
+                    .chain(d.kubernetes.iter().flat_map(|s| &s.models))
+                    .map(|m| Arc::from(m.as_str()))
+                    .collect()
+            },
             metrics,
         };
         pool.rebuild_index();
@@ -624,6 +650,9 @@ impl Pool {
             for m in r.models() {
                 by_model.entry(m).or_default().push(r.clone());
             }
+        }
+        for m in &self.declared {
+            by_model.entry(m.clone()).or_default();
         }
         for model in by_model.keys() {
             self.metrics.init_model(model);

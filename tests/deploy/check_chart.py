@@ -277,6 +277,30 @@ def main():
         check(json.loads(dash["data"]["sluice.json"]) == json.load(f), "dashboard ConfigMap holds dashboard.json")
     check(dash["metadata"]["labels"].get("grafana_dashboard") == "1", "dashboard sidecar label")
 
+    # Kubernetes discovery: read access to pods and InferencePools in each
+    # source's namespace for the gateway's service account, and its token.
+    docs = render({"config": {"discovery": {"dns": [], "kubernetes": [
+        {"inference_pool": "qwen-pool"}, {"selector": {"app": "vllm"}, "port": 8000, "namespace": "fleet"}]}}})
+    validate(docs, "kubernetes discovery")
+    cfg = check_config(sluice_bin, docs, "kubernetes discovery")
+    check(cfg["discovery"]["kubernetes"][0]["inference_pool"] == "qwen-pool", f"sources {cfg['discovery']}")
+    _, pod = gateway_pod(docs)
+    check(pod["spec"]["automountServiceAccountToken"] is True, "the API token is mounted for discovery")
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
+    check(set(roles) == {"llm", "fleet"}, f"a Role per source namespace: {sorted(roles)}")
+    for ns, role in roles.items():
+        granted = {(g, r): set(rule["verbs"]) for rule in role["rules"]
+                   for g in rule["apiGroups"] for r in rule["resources"]}
+        check(granted == {("", "pods"): {"get", "list", "watch"},
+                          ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch"}},
+              f"read-only access to pods and pools in {ns}: {granted}")
+    bindings = by_kind(docs, "RoleBinding")
+    check(all(b["subjects"] == [{"kind": "ServiceAccount", "name": "gw-sluice", "namespace": "llm"}]
+              for b in bindings) and len(bindings) == 2, f"bindings {bindings}")
+    _, pod = gateway_pod(render(None))
+    check(pod["spec"]["automountServiceAccountToken"] is False, "no API token without discovery")
+    check(not [d for d in render(None) if d["kind"] in ("Role", "RoleBinding")], "no RBAC without discovery")
+
     # A value that breaks the gateway's config is caught before a rollout.
     _, r = run_check_config(sluice_bin, render({"config": {"routing": {"policy": "fastest"}}}))
     check(r.returncode != 0 and "routing.policy" in r.stderr, f"a bad policy must be refused: {r.stderr}")

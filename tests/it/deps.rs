@@ -26,6 +26,9 @@ const ALLOWED: &[&str] = &[
     "Unlicense",
     "CC0-1.0",
     "0BSD",
+    // Permissive, for data: Mozilla's root certificates (webpki-root-certs,
+    // under kube's rustls verifier on platforms without a system store).
+    "CDLA-Permissive-2.0",
 ];
 
 /// Whether an SPDX expression is satisfied by the allowed licences. Also

@@ -28,6 +28,7 @@ mod exposition;
 mod flow;
 mod forwarding;
 mod h1;
+mod kubernetes;
 mod layers;
 mod limits;
 mod observability;

@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test module uses some of the helpers")]
 
 pub mod dns;
+pub mod kube;
 pub mod otlp;
 pub mod python;
 pub mod raw;
