@@ -171,10 +171,7 @@ impl Stream {
             )
         });
         let h = HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: hs,
-                ..HeaderMap::default()
-            }),
+            headers: Some(HeaderMap { headers: hs }),
             end_of_stream: body.is_empty(),
             ..HttpHeaders::default()
         };
@@ -288,7 +285,6 @@ impl Stream {
                     header(":status", "200"),
                     header("content-type", content_type),
                 ],
-                ..HeaderMap::default()
             }),
             end_of_stream: chunks.is_empty(),
             ..HttpHeaders::default()
@@ -641,7 +637,6 @@ async fn the_served_fallback_takes_the_attempt_over() {
                 header(":status", "200"),
                 header("content-type", "application/json"),
             ],
-            ..HeaderMap::default()
         }),
         ..HttpHeaders::default()
     };
