@@ -40,6 +40,9 @@ pub const SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 /// waits for it to read them (a request body of up to ~16 chunks).
 const QUEUED_ANSWERS: usize = 16;
 
+/// Room in a message for what comes with a body (headers, metadata).
+const MESSAGE_OVERHEAD: usize = 1 << 20;
+
 /// How often readiness follows the pool's health.
 const READINESS_EVERY: Duration = Duration::from_millis(250);
 
@@ -93,7 +96,21 @@ pub(crate) fn serve(
     stop: &Signal,
 ) -> Vec<JoinHandle<()>> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let processor = ExternalProcessorServer::new(Processor { live: live.clone() });
+    // A buffered body (and its answer) is one message: as large as the
+    // largest body the gateway takes or answer it reads, not tonic's
+    // default 4 MiB. Read at start, as the listener is.
+    let largest = {
+        let c = &live.load().config;
+        let most = c
+            .server
+            .max_body_bytes
+            .as_usize()
+            .max(c.upstream.max_response_bytes.as_usize());
+        most.saturating_add(MESSAGE_OVERHEAD)
+    };
+    let processor = ExternalProcessorServer::new(Processor { live: live.clone() })
+        .max_decoding_message_size(largest)
+        .max_encoding_message_size(largest);
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let s = stop.clone();
     let picker = tokio::spawn(async move {

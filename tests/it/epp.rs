@@ -116,7 +116,10 @@ impl Stream {
 
     async fn open_in(gw: &Gateway, mode: BodySendMode) -> Self {
         let url = format!("http://{}", gw.epp_addr.expect("epp on"));
-        let mut client = ExternalProcessorClient::connect(url).await.unwrap();
+        let mut client = ExternalProcessorClient::connect(url)
+            .await
+            .unwrap()
+            .max_decoding_message_size(64 << 20);
         let (tx, rx) = mpsc::channel(64);
         let rx = client
             .process(ReceiverStream::new(rx))
@@ -408,13 +411,20 @@ async fn a_buffered_body_gets_the_pick_on_its_answer() {
     let sims = sims(2).await;
     let gw = start_gateway(with_epp(config_for(&urls(&sims))), 2).await;
     let mut s = Stream::open_in(&gw, BodySendMode::Buffered).await;
-    let d = s.decide(&[], None, &chat("hello", false)).await;
+    // 5 MB in one message, above gRPC's default limit of 4 MiB.
+    let d = s
+        .decide(&[], None, &chat(&"lorem ipsum ".repeat(420_000), false))
+        .await;
     assert!(addrs(&sims).contains(&d.endpoints()[0]));
     let Decided::Picked { body, .. } = &d else {
         unreachable!()
     };
     let sent: serde_json::Value = serde_json::from_slice(body).unwrap();
     assert_eq!(sent["model"], "sim-model");
+    assert_eq!(
+        sent["messages"][0]["content"].as_str().unwrap().len(),
+        5_040_000
+    );
 }
 
 #[tokio::test]
