@@ -96,15 +96,7 @@ fn direct_route(method: &http::Method, path: &str) -> Option<Endpoint> {
     if method != http::Method::POST {
         return None;
     }
-    Some(match path {
-        "/v1/chat/completions" => Endpoint::Chat,
-        "/v1/completions" => Endpoint::Completions,
-        "/v1/embeddings" => Endpoint::Embeddings,
-        "/v1/messages" => Endpoint::Messages,
-        "/v1/messages/count_tokens" => Endpoint::CountTokens,
-        "/v1/responses" => Endpoint::Responses,
-        _ => return None,
-    })
+    Endpoint::of_path(path)
 }
 
 /// The public API as hyper's connection service. The generation endpoints go

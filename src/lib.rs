@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 mod demo;
 pub mod doctor;
+pub mod epp;
 mod error;
 pub mod flow;
 mod headers;

@@ -23,6 +23,19 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The generation API served at exactly `path` (no query), if any.
+    pub fn of_path(path: &str) -> Option<Self> {
+        Some(match path {
+            "/v1/chat/completions" => Endpoint::Chat,
+            "/v1/completions" => Endpoint::Completions,
+            "/v1/embeddings" => Endpoint::Embeddings,
+            "/v1/messages" => Endpoint::Messages,
+            "/v1/messages/count_tokens" => Endpoint::CountTokens,
+            "/v1/responses" => Endpoint::Responses,
+            _ => return None,
+        })
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Endpoint::Chat => "chat",

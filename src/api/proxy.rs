@@ -24,9 +24,10 @@ use crate::config::EnginePriority;
 use crate::error::{GatewayError, TimeoutPhase};
 use crate::flow::Ask;
 use crate::headers::Lookup;
+use crate::limits::Identity;
 use crate::request::RequestGuard;
 use crate::routing::placement::Placement;
-use crate::routing::{LoadView, ReplicaView, RouteCtx};
+use crate::routing::{Decision, LoadView, ReplicaView, RouteCtx, SessionKey};
 use crate::state::AppState;
 use crate::stream::body::{ReplicaConn, TimedBody};
 use crate::stream::event::chunk_info;
@@ -137,6 +138,47 @@ async fn proxy(
     )
     .await
     .map_err(|_| GatewayError::BodyTimeout(body_timeout))??;
+    let (inbound, mut candidates) = admit(
+        state,
+        endpoint,
+        parts,
+        bytes,
+        identity.as_ref(),
+        None,
+        guard,
+    )
+    .await?;
+    forward(
+        state,
+        endpoint,
+        parts,
+        &inbound,
+        &mut candidates,
+        rid,
+        guard,
+    )
+    .await
+}
+
+/// Which replicas a request may go to beyond serving its model (the
+/// endpoint picker's subset hint).
+pub(crate) type Eligible<'a> = &'a (dyn Fn(&Replica) -> bool + Sync);
+
+/// The steps the proxy and the endpoint picker (`epp`) share, from a
+/// request's body to its admission: the body read for what the gateway
+/// needs, the model resolved to its replicas (only the `eligible` ones when
+/// given: none eligible is 503), the tier's limits, and flow control's seat
+/// (waiting here while every replica is full). On return the guard holds the
+/// model, the admission and the seat.
+pub(crate) async fn admit(
+    state: &AppState,
+    endpoint: Endpoint,
+    parts: &Head,
+    bytes: Bytes,
+    identity: Option<&Arc<Identity>>,
+    eligible: Option<Eligible<'_>>,
+    guard: &mut RequestGuard,
+) -> Result<(Inbound, Candidates), GatewayError> {
     // Policies that route by prefix get every block; the others still get
     // the first `home_blocks` (the doctor's evidence of prompts scattered
     // across replicas).
@@ -187,6 +229,12 @@ async fn proxy(
     };
     let model = candidates.model.clone();
     guard.set_model(model.clone());
+    if let Some(ok) = eligible {
+        candidates.replicas.retain(|r| ok(r));
+        if candidates.replicas.is_empty() {
+            return Err(GatewayError::NoHealthyBackend(model.to_string()));
+        }
+    }
     if *model != *inbound.model {
         guard.record.requested_model = Some(Arc::from(inbound.model.as_str()));
         inbound.body = inbound::with_model(&inbound.body, &model)?;
@@ -231,8 +279,7 @@ async fn proxy(
         }
     }
     // Flow control (generation only): wait here while every replica is
-    // full. One call of `forward` below, not one per path: each call site
-    // would keep its own copy of forward's ~5 KB state in this future.
+    // full.
     if !matches!(endpoint, Endpoint::CountTokens | Endpoint::Passthrough) {
         let ask = Ask {
             model: model.clone(),
@@ -276,16 +323,7 @@ async fn proxy(
             }
         }
     }
-    forward(
-        state,
-        endpoint,
-        parts,
-        &inbound,
-        &mut candidates,
-        rid,
-        guard,
-    )
-    .await
+    Ok((inbound, candidates))
 }
 
 /// `x-sluice-ttft-objective`: how soon the request wants its first token
@@ -353,6 +391,150 @@ pub fn view(r: &Replica) -> ReplicaView {
     }
 }
 
+/// What routing reads of a request, the same for each of its attempts
+/// (the proxy's and the endpoint picker's).
+pub(crate) struct RouteInput {
+    session: Option<SessionKey>,
+    prompt_tokens: u32,
+    tail_tokens: u32,
+    /// The prompt's home prefix (its first `home_blocks` blocks, or all of
+    /// a shorter prompt: what `prefix_kv` homes it by), for the doctor's
+    /// evidence of scattered prompts. A prompt that shares only an opening
+    /// line with others is a prefix of its own.
+    home_prefix: Option<u64>,
+    /// The prompt's blocks, shared by the attempts' placements (the closed
+    /// loop corrects the index with them).
+    hashes: Arc<[u64]>,
+    tokens_per_block: u32,
+}
+
+impl RouteInput {
+    pub(crate) fn of(
+        state: &AppState,
+        headers: &impl Lookup,
+        inbound: &Inbound,
+        model: &str,
+    ) -> Self {
+        let session = super::session::key(
+            &state.config.routing.sessions,
+            headers,
+            &inbound.session,
+            model,
+        );
+        let chars = |c: u32| {
+            u32::try_from((c as usize).div_ceil(crate::tokens::CHARS_PER_TOKEN)).unwrap_or(u32::MAX)
+        };
+        let home_prefix = {
+            let blocks = &inbound.prefix;
+            let n = state.config.routing.prefix_kv.home_blocks.min(blocks.len());
+            n.checked_sub(1).and_then(|i| blocks.get(i)).copied()
+        };
+        Self {
+            session,
+            prompt_tokens: chars(inbound.session.prompt_chars).max(inbound.prompt_estimate),
+            tail_tokens: chars(inbound.session.tail_chars),
+            home_prefix,
+            hashes: if state.policy.wants_prefix() {
+                Arc::from(inbound.prefix.as_slice())
+            } else {
+                Arc::from([])
+            },
+            tokens_per_block: u32::try_from(
+                state.config.routing.prefix_kv.block_chars / crate::tokens::CHARS_PER_TOKEN,
+            )
+            .unwrap_or(16)
+            .max(1),
+        }
+    }
+
+    /// The policy's context, now.
+    pub(crate) fn ctx<'a>(&'a self, model: &'a str) -> RouteCtx<'a> {
+        RouteCtx {
+            model,
+            hashes: &self.hashes,
+            session: self.session,
+            prompt_tokens: self.prompt_tokens,
+            tail_tokens: self.tail_tokens,
+            now: turn::now_std(),
+        }
+    }
+}
+
+/// The policy's decision among `candidates` (`pinned`: the replica that
+/// keeps a Responses follow-up's previous response, if it is one of them).
+/// `None` only when there is no candidate.
+pub(crate) fn pick(
+    state: &AppState,
+    input: &RouteInput,
+    model: &str,
+    candidates: &[Arc<Replica>],
+    pinned: Option<Arc<str>>,
+) -> Option<Decision> {
+    let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
+    let home = pinned.and_then(|name| views.iter().position(|v| v.name == name));
+    match home {
+        Some(index) => Some(Decision::plain(index, RouteReason::ResponseHome)),
+        None => state.policy.pick(&input.ctx(model), &views),
+    }
+}
+
+/// Count a decision (`reason`: its final reason) in the routing metrics.
+pub(crate) fn count_route(
+    state: &AppState,
+    guard: &RequestGuard,
+    decision: &Decision,
+    reason: RouteReason,
+) {
+    let model = &guard.record.model;
+    let count = || state.metrics.routing.get(&(model.clone(), reason.as_str()));
+    // Kept in the model's series after the first lookup (see `ModelSeries`).
+    match guard.series().and_then(|s| s.routes.get(reason as usize)) {
+        Some(cell) => cell.get_or_init(count).inc(),
+        None => count().inc(),
+    }
+    if decision.moved {
+        state
+            .metrics
+            .session_moves
+            .get(&(model.clone(), reason.as_str()))
+            .inc();
+    }
+}
+
+/// The request goes to `replica` at `sent`: its in-flight count rises (in
+/// the guard, until the attempt or the request ends), and routing remembers
+/// where the prompt went.
+pub(crate) fn start_attempt(
+    state: &AppState,
+    guard: &mut RequestGuard,
+    replica: &Arc<Replica>,
+    decision: &Decision,
+    reason: RouteReason,
+    input: &RouteInput,
+    sent: Instant,
+) {
+    // Where the prompt went is remembered for every attempt; a retry goes
+    // to another replica by design, so it is not counted as scattering.
+    if let Some(home) = input.home_prefix
+        && state
+            .affinity
+            .home_prefixes
+            .place(home, &replica.name, sent.into_std())
+        && reason != RouteReason::Retry
+    {
+        replica.series.prefix_elsewhere.inc();
+    }
+    guard.start_attempt(replica.clone(), reason, sent);
+    guard.placed(Placement::new(
+        state.affinity.of(&replica.name, sent.into_std()),
+        input.prompt_tokens.saturating_sub(decision.cached_tokens),
+        decision.cached_tokens,
+        input.hashes.clone(),
+        decision.matched_blocks,
+        input.tokens_per_block,
+    ));
+}
+
 async fn forward(
     state: &AppState,
     endpoint: Endpoint,
@@ -382,38 +564,8 @@ async fn forward(
         .map(|p| p.as_str())
         .unwrap_or("/");
     let model = guard.record.model.clone();
-    let session = super::session::key(
-        &state.config.routing.sessions,
-        &parts.headers,
-        &inbound.session,
-        &model,
-    );
     let max_attempts = 1 + cfg.max_retries;
-    let chars = |c: u32| {
-        u32::try_from((c as usize).div_ceil(crate::tokens::CHARS_PER_TOKEN)).unwrap_or(u32::MAX)
-    };
-    let prompt_tokens = chars(inbound.session.prompt_chars).max(inbound.prompt_estimate);
-    let tail_tokens = chars(inbound.session.tail_chars);
-    // The prompt's blocks, shared by the attempts' placements (the closed
-    // loop corrects the index with them).
-    // The prompt's home prefix (its first `home_blocks` blocks, or all of a
-    // shorter prompt: what `prefix_kv` homes it by), for the doctor's
-    // evidence of scattered prompts. A prompt that shares only an opening
-    // line with others is a prefix of its own.
-    let home_prefix = {
-        let blocks = &inbound.prefix;
-        let n = state.config.routing.prefix_kv.home_blocks.min(blocks.len());
-        n.checked_sub(1).and_then(|i| blocks.get(i)).copied()
-    };
-    let hashes: Arc<[u64]> = if state.policy.wants_prefix() {
-        Arc::from(inbound.prefix.as_slice())
-    } else {
-        Arc::from([])
-    };
-    let tokens_per_block =
-        u32::try_from(state.config.routing.prefix_kv.block_chars / crate::tokens::CHARS_PER_TOKEN)
-            .unwrap_or(16)
-            .max(1);
+    let input = RouteInput::of(state, &parts.headers, inbound, &model);
     // A Responses follow-up goes where its previous response is kept; when
     // that replica is gone, routing picks as usual and the engine answers
     // that it does not know the response.
@@ -435,27 +587,7 @@ async fn forward(
         // In a block: what only the decision needs is not kept in the
         // request's future across the send (it is the size of the future
         // that each request allocates and writes).
-        let decision = {
-            let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
-            let ctx = RouteCtx {
-                model: &model,
-                hashes: &hashes,
-                session,
-                prompt_tokens,
-                tail_tokens,
-                now: turn::now_std(),
-            };
-            let home = pinned
-                .take()
-                .and_then(|name| views.iter().position(|v| v.name == name));
-            match home {
-                Some(index) => Some(crate::routing::Decision::plain(
-                    index,
-                    RouteReason::ResponseHome,
-                )),
-                None => state.policy.pick(&ctx, &views),
-            }
-        };
+        let decision = pick(state, &input, &model, candidates, pinned.take());
         let Some(decision) = decision else {
             // Only reachable after retries exhausted the candidates.
             return Err(GatewayError::NoHealthyBackend(model.to_string()));
@@ -468,21 +600,7 @@ async fn forward(
         } else {
             decision.reason
         };
-        {
-            let count = || state.metrics.routing.get(&(model.clone(), reason.as_str()));
-            // Kept in the model's series after the first lookup (see `ModelSeries`).
-            match guard.series().and_then(|s| s.routes.get(reason as usize)) {
-                Some(cell) => cell.get_or_init(count).inc(),
-                None => count().inc(),
-            }
-        }
-        if decision.moved {
-            state
-                .metrics
-                .session_moves
-                .get(&(model.clone(), reason.as_str()))
-                .inc();
-        }
+        count_route(state, guard, &decision, reason);
 
         // The client's body as it came unless the replica takes a priority
         // field (borrowed: a clone is a reference count up and down).
@@ -508,14 +626,7 @@ async fn forward(
         let body = if prefills.is_empty() {
             body
         } else {
-            let ctx = RouteCtx {
-                model: &model,
-                hashes: &hashes,
-                session,
-                prompt_tokens,
-                tail_tokens,
-                now: turn::now_std(),
-            };
+            let ctx = input.ctx(&model);
             let prefill_tp = guard.record.trace.map(|t| t.prefill_value());
             let attempt = super::disagg::Attempt {
                 state,
@@ -562,27 +673,7 @@ async fn forward(
 
         // Read afresh: the gateway's overhead ends here.
         let sent = turn::fresh();
-        // Where the prompt went is remembered for every attempt; a retry
-        // goes to another replica by design, so it is not counted as
-        // scattering.
-        if let Some(home) = home_prefix
-            && state
-                .affinity
-                .home_prefixes
-                .place(home, &replica.name, sent.into_std())
-            && reason != RouteReason::Retry
-        {
-            replica.series.prefix_elsewhere.inc();
-        }
-        guard.start_attempt(replica.clone(), reason, sent);
-        guard.placed(Placement::new(
-            state.affinity.of(&replica.name, sent.into_std()),
-            prompt_tokens.saturating_sub(decision.cached_tokens),
-            decision.cached_tokens,
-            hashes.clone(),
-            decision.matched_blocks,
-            tokens_per_block,
-        ));
+        start_attempt(state, guard, &replica, &decision, reason, &input, sent);
         // Streams must show a first event within `first_token`; a non-streamed
         // answer only comes when generation is over, so only `total` bounds it.
         let headers_by = if inbound.stream {

@@ -5,6 +5,7 @@
 //! and the line; [`validate`] checks the cross-field rules after decoding.
 
 mod doctor;
+mod epp;
 mod flow;
 mod limits;
 mod load;
@@ -13,6 +14,7 @@ mod telemetry;
 mod types;
 
 pub use doctor::DoctorConfig;
+pub use epp::EppConfig;
 pub use flow::{EnginePriority, FlowControlConfig};
 pub use limits::{
     ApiKey, AuthConfig, OnStoreError, RateLimitConfig, RedisConfig, StoreKind, TierConfig,
@@ -53,6 +55,9 @@ pub struct Config {
     pub flow_control: FlowControlConfig,
     pub doctor: DoctorConfig,
     pub telemetry: TelemetryConfig,
+    /// Endpoint-picker mode (Gateway API Inference Extension): off unless
+    /// `epp.listen` is set.
+    pub epp: EppConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -989,6 +994,21 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
             "server.tls.reload_interval".into(),
             "must be above 0".into(),
         );
+    }
+    let epp = &config.epp;
+    if epp.listen.is_some_and(|l| l == epp.health_listen) {
+        bad(
+            "epp.health_listen".into(),
+            "must differ from epp.listen (the health services have a listener of their own)".into(),
+        );
+    }
+    for (key, ns) in [
+        ("subset_hint_namespace", &epp.subset_hint_namespace),
+        ("destination_namespace", &epp.destination_namespace),
+    ] {
+        if ns.is_empty() {
+            bad(format!("epp.{key}"), "must not be empty".into());
+        }
     }
     let up = &config.upstream.tls;
     if up.cert_file.is_some() != up.key_file.is_some() {

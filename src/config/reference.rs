@@ -17,6 +17,8 @@ pub const RESTART: &[&str] = &[
     "server.http1",
     "server.tls",
     "telemetry.buckets",
+    "epp.listen",
+    "epp.health_listen",
 ];
 
 /// One key of the config.

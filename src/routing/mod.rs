@@ -134,6 +134,28 @@ pub trait RoutingPolicy: Send + Sync {
     fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Option<Decision>;
 }
 
+/// The candidates' indexes by least work (`least_loaded`'s measure), full
+/// ones last: an endpoint picker's fallbacks after its pick. Remembers
+/// nothing (no policy's memory is touched). O(n log n).
+pub fn by_least_work(
+    ctx: &RouteCtx<'_>,
+    candidates: &[ReplicaView],
+    stale_after: Option<Duration>,
+) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ra, rb) = (&candidates[a], &candidates[b]);
+        ra.full.cmp(&rb.full).then(
+            least_loaded::work(ra, ctx, stale_after).total_cmp(&least_loaded::work(
+                rb,
+                ctx,
+                stale_after,
+            )),
+        )
+    });
+    order
+}
+
 /// The configured policy; `affinity` is what it remembers per replica (kept
 /// across reloads by the caller while `index_capacity` is unchanged).
 pub(crate) fn build(cfg: &RoutingConfig, affinity: Arc<Affinity>) -> Arc<dyn RoutingPolicy> {

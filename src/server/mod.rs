@@ -26,6 +26,9 @@ use crate::upstream::{discovery, health, kubernetes, scrape};
 pub struct Gateway {
     pub api_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The endpoint picker's ext_proc and health listeners (`epp.listen`).
+    pub epp_addr: Option<SocketAddr>,
+    pub epp_health_addr: Option<SocketAddr>,
     live: Arc<Live>,
     stop: Signal,
     servers: Vec<JoinHandle<()>>,
@@ -53,6 +56,21 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
                 config.server.admin_listen
             )
         })?;
+    // The endpoint picker's listeners, bound with the others: a port in
+    // use fails the start, not a request later.
+    let epp = match config.epp.listen {
+        Some(at) => {
+            let picker = TcpListener::bind(at)
+                .await
+                .with_context(|| format!("cannot listen on {at} (epp.listen)"))?;
+            let h = config.epp.health_listen;
+            let health = TcpListener::bind(h)
+                .await
+                .with_context(|| format!("cannot listen on {h} (epp.health_listen)"))?;
+            Some((picker, health))
+        }
+        None => None,
+    };
     let state = AppState::new(config)?;
     let stop = Signal::default();
     let api_addr = api.local_addr()?;
@@ -89,7 +107,7 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
         )),
     };
     let admin_service = hyper_util::service::TowerToHyperService::new(build_admin(live.clone()));
-    let servers = vec![
+    let mut servers = vec![
         api_server,
         tokio::spawn(serve(
             admin,
@@ -98,6 +116,12 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
             with_hyper(admin_service, live.clone(), header_timeout),
         )),
     ];
+    let (mut epp_addr, mut epp_health_addr) = (None, None);
+    if let Some((picker, health)) = epp {
+        epp_addr = Some(picker.local_addr()?);
+        epp_health_addr = Some(health.local_addr()?);
+        servers.extend(crate::epp::serve(live.clone(), picker, health, &stop));
+    }
     let aborts = servers.iter().map(JoinHandle::abort_handle).collect();
     let tls_cert = tls.map(|t| t.cert);
     let tls_watch = Some(tokio::spawn(watch_certificates(
@@ -108,6 +132,8 @@ pub async fn start(config: Config) -> anyhow::Result<Gateway> {
     Ok(Gateway {
         api_addr,
         admin_addr,
+        epp_addr,
+        epp_health_addr,
         live,
         stop,
         servers,

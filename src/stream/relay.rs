@@ -288,6 +288,12 @@ impl Relay {
         self.splitter.pending_len()
     }
 
+    /// The bytes of an event that never ended, taken: a stream that is over
+    /// passes them on as they came (the endpoint picker forwards every byte).
+    pub(crate) fn take_pending(&mut self) -> Bytes {
+        self.splitter.take_rest()
+    }
+
     pub(crate) fn has_output(&self) -> bool {
         !self.out.is_empty()
     }

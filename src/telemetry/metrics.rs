@@ -301,6 +301,12 @@ pub struct Metrics {
     pub tls_reloads: Family<(&'static str, &'static str), Counter>,
     /// TLS handshakes with clients that failed, by listener (`api`, `admin`).
     pub tls_handshake_failures: Family<(&'static str,), Counter>,
+    /// Endpoint picker: model (empty before it is known), outcome (`routed`,
+    /// `dropped`, `unavailable`, `bad_request`, `error`).
+    pub epp_decisions: Family<(Arc<str>, &'static str), Counter>,
+    /// Endpoint picker: the request's body complete to the pick answered
+    /// (flow control's wait included).
+    pub epp_decision_seconds: Histogram,
     /// Replicas passing health checks, in all and per model (set when
     /// `/metrics` is rendered, from the pool).
     pub backends_healthy: Gauge,
@@ -558,6 +564,16 @@ impl Metrics {
             config_reloads: Family::new(&["result"], Counter::default),
             tls_reloads: Family::new(&["certificate", "result"], Counter::default),
             tls_handshake_failures: Family::new(&["listener"], Counter::default),
+            epp_decisions: Family::new(&["model", "outcome"], Counter::default),
+            // A pick is microseconds (the objective: p99 under 1 ms
+            // at 220 KB prompts); a request held by flow control waits up
+            // to flow_control.max_wait (30 s default).
+            epp_decision_seconds: Histogram::seconds(Arc::from(
+                &[
+                    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.1, 1.0, 5.0,
+                    30.0,
+                ][..],
+            )),
             backends_healthy: Gauge::default(),
             model_replicas_healthy: Family::new(&["model"], Gauge::default),
             scraping: AtomicBool::new(true),
@@ -1088,6 +1104,18 @@ impl Metrics {
             "TLS handshakes with clients that failed (untrusted or missing client certificate, plain HTTP, timeout), by listener.",
             &self.tls_handshake_failures,
             |c| c,
+        );
+        e.counters(
+            "sluice_epp_decisions_total",
+            "Endpoint picker (epp): requests decided, by model and outcome: routed (an endpoint named), dropped (429: flow control shed it or a rate limit refused it), unavailable (503: no eligible replica ready), bad_request (4xx: bad JSON, no model, unknown model), error (other).",
+            &self.epp_decisions,
+            |c| c,
+        );
+        e.one_histogram(
+            "sluice_epp_decision_seconds",
+            "Endpoint picker (epp): from a request's complete body to its answer (the pick, or the error), flow control's wait included.",
+            "",
+            &self.epp_decision_seconds,
         );
         e.single(
             "sluice_uptime_seconds",

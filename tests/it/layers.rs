@@ -23,7 +23,7 @@ const LAYERS: &[&[&str]] = &[
     &["stream"],
     &["state"],
     &["api"],
-    &["app"],
+    &["app", "epp"],
     &["server"],
     &["sim", "bench", "top"],
     &["cli"],

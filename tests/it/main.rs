@@ -23,6 +23,7 @@ mod disagg;
 mod docs;
 mod doctor;
 mod doctor_sim;
+mod epp;
 mod errors;
 mod exposition;
 mod flow;
