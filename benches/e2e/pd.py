@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
-"""Disaggregated serving on a simulated fleet: Sluice against vllm-router's PD mode.
+"""Disaggregated serving on a simulated fleet: Sluice against vllm-router's and sglang-router's PD modes.
 
 Four `sluice sim` replicas, restarted for every run (cold caches): two with
-`--role prefill` and two with `--role decode` (vLLM's protocol: a one-token
-prefill leg whose `kv_transfer_params` go with the decode request), behind
+`--role prefill` and two with `--role decode`, behind (`--protocol vllm`, the default:
+a one-token prefill leg whose `kv_transfer_params` go with the decode request)
 
   sluice-pd              Sluice, `backends[].role` prefill/decode (plans each request)
   vllm-pd-cache_aware    vllm-router --vllm-pd-disaggregation --policy cache_aware
   vllm-pd-power_of_two   vllm-router --vllm-pd-disaggregation --policy power_of_two
   sluice-mixed           the same four replicas as `mixed` behind Sluice (no disaggregation)
+
+or (`--protocol sglang`: both legs sent at once, paired by a bootstrap room; the prefill
+replicas' bootstrap port is their own HTTP port in the simulator)
+
+  sluice-pd              Sluice, `routing.disaggregation.protocol: sglang`
+  sglang-pd-cache_aware  sglang-router --pd-disaggregation --policy cache_aware
+  sglang-pd-power_of_two sglang-router --pd-disaggregation --policy power_of_two
+  sluice-mixed
 
 Workloads (`--workloads`):
   chat        16 shared system prompts of ~1,500 tokens, a short question, 64 tokens out
@@ -22,8 +30,9 @@ Reported per run: TTFT and inter-token p50/p99, errors, and Sluice's decisions
 (`sluice_pd_decisions_total`: remote prefills against local ones, and why).
 
     cargo build --release
-    python3 -m venv /tmp/routers && /tmp/routers/bin/pip install vllm-router
+    python3 -m venv /tmp/routers && /tmp/routers/bin/pip install vllm-router sglang-router
     python3 benches/e2e/pd.py --routers-venv /tmp/routers --seeds 1,2,3 --json docs/bench/pd_DATE.json
+    python3 benches/e2e/pd.py --routers-venv /tmp/routers --protocol sglang --json docs/bench/pd_sglang_DATE.json
 
 Everything listens on 127.0.0.1; every process is stopped at the end of its run.
 """
@@ -78,13 +87,17 @@ def start_sims(procs, roles):
 EXTRA = ""
 
 
-def start_sluice(procs, sims, pd):
+def start_sluice(procs, sims, pd, protocol):
     api, admin = free_port(), free_port()
     ADMINS.append(f"http://127.0.0.1:{admin}")
     lines = ["backends:"]
     for url, role in sims:
         lines.append(f"  - url: {url}")
         lines.append(f"    role: {role if pd else 'mixed'}")
+        if pd and protocol == "sglang" and role == "prefill":
+            lines.append(f"    bootstrap_port: {url.rsplit(':', 1)[1]}")
+    if pd and protocol == "sglang":
+        lines += ["routing:", "  disaggregation:", "    protocol: sglang"]
     cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     cfg.write("\n".join(lines) + "\n" + EXTRA)
     cfg.close()
@@ -106,15 +119,29 @@ def start_vllm_pd(procs, venv, policy, sims):
     return url
 
 
+def start_sglang_pd(procs, venv, policy, sims):
+    port = free_port()
+    args = [os.path.join(venv, "bin", "python"), "-m", "sglang_router.launch_router",
+            "--host", "127.0.0.1", "--port", str(port), "--pd-disaggregation", "--policy", policy]
+    for url, role in sims:
+        args += (["--prefill", url, url.rsplit(":", 1)[1]] if role == "prefill" else ["--decode", url])
+    procs.start(args)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/v1/models", timeout=60)
+    return url
+
+
 def run(name, workload, args, seed):
     procs = Procs()
     ADMINS.clear()
     try:
         sims = start_sims(procs, ["prefill", "prefill", "decode", "decode"])
         if name == "sluice-pd":
-            url = start_sluice(procs, sims, True)
+            url = start_sluice(procs, sims, True, args.protocol)
         elif name == "sluice-mixed":
-            url = start_sluice(procs, sims, False)
+            url = start_sluice(procs, sims, False, args.protocol)
+        elif name.startswith("sglang-pd"):
+            url = start_sglang_pd(procs, args.routers_venv, name.split("-", 2)[2], sims)
         else:
             url = start_vllm_pd(procs, args.routers_venv, name.split("-", 2)[2], sims)
         time.sleep(2)
@@ -148,6 +175,8 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--requests", type=int, default=1200)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--protocol", choices=["vllm", "sglang"], default="vllm",
+                    help="the engines' disaggregation protocol (and so the peers)")
     ap.add_argument("--sluice-config", help="extra config for the Sluice gateways (experiments)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -157,7 +186,7 @@ def main():
             EXTRA = f.read()
     names = ["sluice-pd", "sluice-mixed"]
     if args.routers_venv:
-        names[1:1] = ["vllm-pd-cache_aware", "vllm-pd-power_of_two"]
+        names[1:1] = [f"{args.protocol}-pd-cache_aware", f"{args.protocol}-pd-power_of_two"]
     names = [n for n in names if not args.only or n in args.only]
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
            "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.platform()}",

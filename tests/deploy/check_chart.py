@@ -12,7 +12,10 @@ their drain time, the rendered sluice.yaml passes the real binary's
 `check-config`, the PrometheusRule holds exactly files/alerts.yaml (and passes
 `promtool check rules`), the dashboard ConfigMap holds files/dashboard.json, the
 optional Redis is wired into the config, values.schema.json refuses misspelt
-values. Then hadolint lints the Dockerfile.
+values; in mode epp, the InferencePool and HTTPRoute validate against their CRDs'
+schemas (tests/deploy/crds, vendored from the Gateway API and its Inference
+Extension), the pool's endpointPickerRef names the picker's Service and port, and
+the picker reads exactly the pool's pods. Then hadolint lints the Dockerfile.
 Exits non-zero with a message on the first failure.
 """
 
@@ -30,7 +33,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CHART = os.path.join(ROOT, "charts", "sluice")
 KUBE_VERSION = "1.30.0"
 # Prometheus Operator CRDs: not in the Kubernetes schemas, checked by content below.
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+# The Gateway API kinds: validated against their vendored CRDs (`validate_crd`).
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "InferencePool", "HTTPRoute"}
+CRDS = os.path.join(ROOT, "tests", "deploy", "crds")
+CRD_FILES = {
+    "InferencePool": "inference.networking.k8s.io_inferencepools.yaml",
+    "HTTPRoute": "gateway.networking.k8s.io_httproutes.yaml",
+}
 
 ALL_ON = {
     "autoscaling": {"enabled": False},
@@ -85,12 +94,51 @@ def by_kind(docs, kind, name=None):
 
 def validate(docs, label):
     for d in docs:
+        if d["kind"] in CRD_FILES:
+            validate_crd(d, label)
         if d["kind"] in CRD_KINDS:
             continue
         try:
             kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
         except kubernetes_validate.ValidationError as e:
             fail(f"{label}: {d['kind']} {d['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+def strict(schema):
+    """A CRD schema that refuses unknown fields, as the API server's pruning
+    would drop them silently (x-kubernetes-preserve-unknown-fields keeps them)."""
+    if isinstance(schema, dict):
+        if (schema.get("type") == "object" and "properties" in schema
+                and "additionalProperties" not in schema
+                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+            schema = {**schema, "additionalProperties": False}
+        return {k: strict(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def crd_errors(doc):
+    """What a custom resource breaks in its CRD's OpenAPI schema (the version
+    its apiVersion names; CEL rules are the API server's and are not
+    evaluated here)."""
+    import jsonschema
+    with open(os.path.join(CRDS, CRD_FILES[doc["kind"]])) as f:
+        crd = yaml.safe_load(f)
+    group, version = doc["apiVersion"].split("/")
+    if crd["spec"]["group"] != group:
+        return [f"group {group} is not the CRD's {crd['spec']['group']}"]
+    served = {v["name"]: v for v in crd["spec"]["versions"] if v.get("served")}
+    if version not in served:
+        return [f"{version} is not served by the CRD ({sorted(served)})"]
+    schema = strict(served[version]["schema"]["openAPIV3Schema"])
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
+    return [f"{e.message} at {list(e.path)}" for e in errors]
+
+
+def validate_crd(doc, label):
+    errors = crd_errors(doc)
+    check(not errors, f"{label}: {doc['kind']} {doc['metadata']['name']}: " + "; ".join(errors[:3]))
 
 
 def run_check_config(sluice_bin, docs):
@@ -300,6 +348,55 @@ def main():
     _, pod = gateway_pod(render(None))
     check(pod["spec"]["automountServiceAccountToken"] is False, "no API token without discovery")
     check(not [d for d in render(None) if d["kind"] in ("Role", "RoleBinding")], "no RBAC without discovery")
+
+    # Endpoint-picker mode: the InferencePool names the picker's Service and
+    # ext_proc port; the HTTPRoute sends to the pool; the picker's replicas
+    # are the pool's pods (read access to exactly those kinds); no public
+    # Service (the Gateway takes the traffic).
+    epp_values = {"mode": "epp", "inferencePool": {
+        "selector": {"app": "vllm-qwen"}, "targetPort": 8000, "models": ["Qwen/Qwen3-8B"],
+        "httpRoute": {"gateway": "inference-gateway", "gatewayNamespace": "gateways"}}}
+    report = helm.lint(CHART, epp_values, strict=True, kube_version="v" + KUBE_VERSION)
+    bad = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+    check(not bad, f"helm lint (epp): {bad}")
+    docs = render(epp_values)
+    validate(docs, "epp")
+    cfg = check_config(sluice_bin, docs, "epp")
+    check(cfg["epp"]["listen"] == "0.0.0.0:9002" and cfg["epp"]["health_listen"] == "0.0.0.0:9003",
+          f"the picker's listeners {cfg.get('epp')}")
+    check(cfg["discovery"] == {"kubernetes": [{"inference_pool": "gw-sluice", "models": ["Qwen/Qwen3-8B"]}]},
+          f"the replicas are the pool's pods: {cfg['discovery']}")
+    pool = by_kind(docs, "InferencePool", "gw-sluice")[0]
+    epp_svc = by_kind(docs, "Service", "gw-sluice-epp")[0]
+    ref = pool["spec"]["endpointPickerRef"]
+    check(ref["name"] == "gw-sluice-epp" and ref["port"]["number"] == 9002 and ref["kind"] == "Service",
+          f"endpointPickerRef names the picker's Service: {ref}")
+    ports = {p["port"]: p for p in epp_svc["spec"]["ports"]}
+    check(9002 in ports and ports[9002]["appProtocol"] == "kubernetes.io/h2c", f"ext_proc over h2c: {ports}")
+    check(pool["spec"]["selector"]["matchLabels"] == {"app": "vllm-qwen"}
+          and pool["spec"]["targetPorts"] == [{"number": 8000}], f"pool {pool['spec']}")
+    route = by_kind(docs, "HTTPRoute")[0]
+    check(route["spec"]["rules"][0]["backendRefs"][0] == {
+        "group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "gw-sluice"},
+          f"the HTTPRoute sends to the pool: {route['spec']}")
+    check(route["spec"]["parentRefs"][0]["namespace"] == "gateways", "the route's Gateway")
+    _, pod = gateway_pod(docs)
+    named = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    check(named.get("epp") == 9002 and named.get("epp-health") == 9003, f"container ports {named}")
+    check(pod["spec"]["automountServiceAccountToken"] is True, "the picker reads the API")
+    check([r["metadata"]["namespace"] for r in by_kind(docs, "Role")] == ["llm"], "one Role, the pool's namespace")
+    check(not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "gw-sluice"],
+          "no public Service in epp mode")
+    try:
+        render({"mode": "epp"})
+    except Exception as e:  # noqa: BLE001 (Helm's template error)
+        check("inferencePool.selector" in str(e), f"epp without a selector names it: {e}")
+    else:
+        fail("mode epp without inferencePool.selector must fail to render")
+    # A pool that breaks its CRD's schema is caught (the check is live).
+    bad_pool = {**pool, "spec": {**pool["spec"], "targetPorts": [{"number": 70000}], "extra": 1}}
+    errors = crd_errors(bad_pool)
+    check(len(errors) == 2 and any("65535" in e for e in errors), f"a bad InferencePool is refused: {errors}")
 
     # A value that breaks the gateway's config is caught before a rollout.
     _, r = run_check_config(sluice_bin, render({"config": {"routing": {"policy": "fastest"}}}))

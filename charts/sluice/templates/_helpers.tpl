@@ -92,5 +92,29 @@ from the values (listeners, drain, Redis when the chart runs it, keys file).
 {{- $_ := set $auth "keys_file" (printf "/etc/sluice/keys/%s" .Values.apiKeys.key) -}}
 {{- $_ := set $cfg "auth" $auth -}}
 {{- end -}}
+{{- if eq .Values.mode "epp" -}}
+{{- $epp := deepCopy (default (dict) $cfg.epp) -}}
+{{- $_ := set $epp "listen" (printf "0.0.0.0:%d" (int .Values.ports.epp)) -}}
+{{- $_ := set $epp "health_listen" (printf "0.0.0.0:%d" (int .Values.ports.eppHealth)) -}}
+{{- $_ := set $cfg "epp" $epp -}}
+{{- $source := dict "inference_pool" (include "sluice.poolName" .) -}}
+{{- with .Values.inferencePool.models -}}
+{{- $_ := set $source "models" . -}}
+{{- end -}}
+{{- $_ := set $cfg "discovery" (dict "kubernetes" (list $source)) -}}
+{{- end -}}
 {{- toYaml $cfg -}}
+{{- end }}
+
+{{/* mode: epp: the InferencePool's name. */}}
+{{- define "sluice.poolName" -}}
+{{- default (include "sluice.fullname" .) .Values.inferencePool.name -}}
+{{- end }}
+
+{{/* The rendered config's `discovery.kubernetes` sources, as YAML (a list, or nothing). */}}
+{{- define "sluice.kubeSources" -}}
+{{- $cfg := include "sluice.config" . | fromYaml -}}
+{{- with (($cfg.discovery | default dict).kubernetes) -}}
+{{- toYaml . -}}
+{{- end -}}
 {{- end }}
