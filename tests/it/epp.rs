@@ -573,6 +573,50 @@ async fn prefix_affine_requests_pick_what_the_proxy_picks() {
     );
 }
 
+#[tokio::test]
+async fn three_pickers_given_the_same_inputs_pick_the_same_replica() {
+    let sims = sims(4).await;
+    // Three pickers sharing nothing but the replicas (and so their scrapes),
+    // as three pods of the picker's Deployment behind one Gateway.
+    let mut pickers = Vec::new();
+    for _ in 0..3 {
+        pickers.push(start_routed(with_epp(routing_config(&urls(&sims))), 4).await);
+    }
+    let names = addrs(&sims);
+    let mut used = std::collections::HashSet::new();
+    for key in 0..12 {
+        // A shared prefix, and an agent session's turns (its id).
+        let session = format!("agent-{key}");
+        let cases: [(Vec<(&str, &str)>, serde_json::Value); 2] = [
+            (vec![], prefixed(100 + key, 0)),
+            (
+                vec![("x-session-id", session.as_str())],
+                prefixed(200 + key, 1),
+            ),
+        ];
+        for (headers, body) in cases {
+            let body = serde_json::to_vec(&body).unwrap();
+            let mut picks = Vec::new();
+            for gw in &pickers {
+                let mut s = Stream::open(gw).await;
+                let ends = s.decide(&headers, None, &body).await.endpoints();
+                picks.push(ends);
+                s.respond("application/json", &[br#"{"choices":[]}"#], None)
+                    .await;
+            }
+            assert!(
+                picks.iter().all(|p| p[0] == picks[0][0]),
+                "key {key} {headers:?}: {picks:?}"
+            );
+            used.insert(names.iter().position(|n| *n == picks[0][0]).unwrap());
+        }
+    }
+    assert!(
+        used.len() >= 3,
+        "24 keys spread over the replicas: {used:?}"
+    );
+}
+
 const SSE: &[&[u8]] = &[
     b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
     b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"}",
