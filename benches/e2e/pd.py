@@ -34,6 +34,9 @@ Reported per run: TTFT and inter-token p50/p99, errors, and Sluice's decisions
     python3 benches/e2e/pd.py --routers-venv /tmp/routers --seeds 1,2,3 --json docs/bench/pd_DATE.json
     python3 benches/e2e/pd.py --routers-venv /tmp/routers --protocol sglang --json docs/bench/pd_sglang_DATE.json
 
+`--kill-prefill-after 10` kills one of the two prefill replicas (SIGKILL) 10 s into
+every run: the failure drill (no request may be lost or hang; `errors` counts them).
+
 Everything listens on 127.0.0.1; every process is stopped at the end of its run.
 """
 
@@ -72,11 +75,18 @@ WORKLOADS = {
 }
 
 
+# The first prefill replica's process, for `--kill-prefill-after`.
+PREFILL_PROCS = []
+
+
 def start_sims(procs, roles):
     out = []
+    PREFILL_PROCS.clear()
     for role in roles:
         port = free_port()
-        procs.start([BIN, "sim", "--listen", f"127.0.0.1:{port}", "--role", role, *ENGINE])
+        p = procs.start([BIN, "sim", "--listen", f"127.0.0.1:{port}", "--role", role, *ENGINE])
+        if role == "prefill":
+            PREFILL_PROCS.append(p)
         out.append((f"http://127.0.0.1:{port}", role))
     for u, _ in out:
         wait_http(u + "/health")
@@ -150,7 +160,19 @@ def run(name, workload, args, seed):
                "--quiet", "--json", out, *WORKLOADS[workload]]
         if workload != "agentic":
             cmd += ["--concurrency", "512", "--requests", str(args.requests)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        killed_at = None
+        if args.kill_prefill_after is not None:
+            # A prefill replica dies mid-run (SIGKILL: no goodbye, its
+            # connections reset, its KV gone): every request must still be
+            # answered, by the other prefill replica or a local prefill.
+            try:
+                bench.wait(timeout=args.kill_prefill_after)
+            except subprocess.TimeoutExpired:
+                PREFILL_PROCS[0].kill()
+                killed_at = args.kill_prefill_after
+        if bench.wait(timeout=1800) != 0:
+            raise RuntimeError(f"sluice bench failed ({bench.returncode})")
         with open(out) as f:
             r = json.load(f)
         row = {
@@ -160,6 +182,8 @@ def run(name, workload, args, seed):
             "itl_p50_ms": round(r["inter_token_seconds"]["p50"] * 1e3, 2),
             "itl_p99_ms": round(r["inter_token_seconds"]["p99"] * 1e3, 2),
         }
+        if killed_at is not None:
+            row["prefill_killed_at_s"] = killed_at
         if ADMINS:
             row["decisions"] = {k.split('reason="')[1].rstrip('"}'): v for k, v in gateway_counts(
                 ADMINS, ["sluice_pd_decisions_total"]).items() if v}
@@ -177,6 +201,8 @@ def main():
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--protocol", choices=["vllm", "sglang"], default="vllm",
                     help="the engines' disaggregation protocol (and so the peers)")
+    ap.add_argument("--kill-prefill-after", type=float,
+                    help="kill one prefill replica this many seconds into each run (failure drill)")
     ap.add_argument("--sluice-config", help="extra config for the Sluice gateways (experiments)")
     ap.add_argument("--json")
     args = ap.parse_args()
