@@ -171,6 +171,11 @@ pub struct SimArgs {
     /// --enable-chunked-prefill): long prompts wait while decodes run.
     #[arg(long)]
     pub no_chunked_prefill: bool,
+    /// vLLM's --scheduling-policy: `fcfs` (arrival order) or `priority`
+    /// (the request body's `priority`, lower first, then arrival; the
+    /// lowest-priority running sequence is the one preempted for blocks).
+    #[arg(long, value_enum, default_value = "fcfs")]
+    pub scheduling_policy: crate::sim::SchedulingPolicy,
     /// Metric names of /metrics.
     #[arg(long, value_enum, default_value = "vllm")]
     pub dialect: crate::sim::Dialect,

@@ -126,6 +126,10 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
             let engine_only = [
                 (args.swap_space > 0, "--swap-space"),
                 (args.no_chunked_prefill, "--no-chunked-prefill"),
+                (
+                    args.scheduling_policy == sim::SchedulingPolicy::Priority,
+                    "--scheduling-policy priority",
+                ),
                 (args.step_base.is_some(), "--step-base"),
                 (args.step_per_seq.is_some(), "--step-per-seq"),
                 (args.prefill_per_token.is_some(), "--prefill-per-token"),
@@ -160,6 +164,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 p.prefix_caching &= !args.no_prefix_caching;
                 p.swap_blocks = args.swap_space;
                 p.chunked_prefill &= !args.no_chunked_prefill;
+                p.priority_scheduling = args.scheduling_policy == sim::SchedulingPolicy::Priority;
                 Some(p)
             };
             anyhow::ensure!(args.speed > 0.0, "--speed must be positive");

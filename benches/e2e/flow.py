@@ -24,6 +24,11 @@ against the same run without flow control; answers past the wait bound.
 
     cargo build --release
     python3 benches/e2e/flow.py --json docs/bench/flow.json
+    python3 benches/e2e/flow.py --fleet kv-full --engine-priority --only unloaded,flood,flood-off
+
+`--engine-priority`: engines that schedule by the request's priority (vLLM's
+`--scheduling-policy priority`; `sluice sim` models it), which the gateway sends
+(`backends[].engine_priority: vllm`): premium is admitted first inside the engine too.
 
 Everything listens on 127.0.0.1; every process is stopped at the end.
 """
@@ -70,12 +75,18 @@ SEATS = FLEET["seats"]
 SEED = 1
 
 
+# `--engine-priority`: the engines schedule by the request's priority (vLLM's
+# `--scheduling-policy priority`) and the gateway sends it (`engine_priority: vllm`).
+ENGINE_PRIORITY = False
+
+
 def start_sims(procs):
     urls = []
     for _ in range(REPLICAS):
         port = free_port()
+        extra = ["--scheduling-policy", "priority"] if ENGINE_PRIORITY else []
         procs.start([BIN, "sim", "--listen", f"127.0.0.1:{port}", *FLEET["engine"],
-                     "--output-tokens", "4096"])
+                     "--output-tokens", "4096", *extra])
         urls.append(f"http://127.0.0.1:{port}")
     for u in urls:
         wait_http(u + "/health")
@@ -102,6 +113,8 @@ def config(sims, flow, tmp, learned, redis=None):
         f"    - {{name: {name}, tier: {tier}, sha256: \"{hashlib.sha256(key.encode()).hexdigest()}\"}}"
         for name, (tier, key) in KEYS.items())
     seats = "" if learned or FLEET.get("learned") else f"\n    max_concurrency: {SEATS}"
+    if ENGINE_PRIORITY:
+        seats += "\n    engine_priority: vllm"
     backends = "\n".join(f"  - url: {s}{seats}" for s in sims)
     text = f"""
 backends:
@@ -253,10 +266,13 @@ def main():
                     help="batch sizes per replica for the floor sweep, e.g. 46,32,16,8")
     ap.add_argument("--fleet", choices=list(FLEETS), default="seats")
     ap.add_argument("--seed", type=int, default=1, help="varies every tenant's arrivals")
+    ap.add_argument("--engine-priority", action="store_true",
+                    help="engines that schedule by priority (vLLM --scheduling-policy priority), "
+                         "sent by the gateway (engine_priority: vllm)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    global FLEET, SEATS, SEED
-    FLEET, SEED = FLEETS[args.fleet], args.seed
+    global FLEET, SEATS, SEED, ENGINE_PRIORITY
+    FLEET, SEED, ENGINE_PRIORITY = FLEETS[args.fleet], args.seed, args.engine_priority
     SEATS = FLEET["seats"]
     if not os.path.exists(BIN):
         raise SystemExit("build first: cargo build --release")

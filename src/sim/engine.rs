@@ -16,6 +16,11 @@
 //! prompt emits one token. A sequence with the `leak` fault hands its blocks
 //! to nobody when it ends; [`Engine::reset`] frees them.
 //!
+//! With `--scheduling-policy priority` (vLLM's), the waiting queue and the
+//! running batch are ordered by the request's `priority` (lower first), then
+//! arrival, so a high-priority request is admitted first when a seat and
+//! blocks free, and the one preempted for blocks is the lowest-priority one.
+//!
 //! Without chunked prefill (`--no-chunked-prefill`, vLLM V1's scheduler with
 //! chunked prefill disabled) a prompt is prefilled whole in one step, and
 //! only in the token budget the running decodes left: the running sequences
@@ -230,6 +235,14 @@ impl State {
         self.swap_io = 0;
         for s in &mut self.running {
             s.scheduled = false;
+        }
+        if self.profile.priority_scheduling {
+            // vLLM's priority policy: the queue by (priority, arrival), and
+            // the running batch in the same order, so the sequence preempted
+            // for blocks (the last) is the lowest-priority, latest one.
+            let key = |s: &Seq| (s.req.priority, s.req.arrival);
+            self.waiting.make_contiguous().sort_by_key(key);
+            self.running.sort_by_key(key);
         }
 
         let now = Instant::now();

@@ -48,6 +48,7 @@ use faults::Faults;
 use generation::{Api, Generation};
 pub use metrics::{Dialect, SimMetrics};
 use profile::Profile;
+pub use profile::SchedulingPolicy;
 use slot::Slot;
 use stream::{Keep, SimStream};
 
@@ -765,6 +766,7 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
             stall: faults.stall,
             leak: faults.leak,
             remote_tokens,
+            priority: body.get("priority").and_then(Value::as_i64).unwrap_or(0),
         },
         hold,
     );

@@ -61,6 +61,11 @@ pub struct Profile {
     /// leaves. Off, a prompt is prefilled whole in one step, and only when it
     /// fits in what the running decodes leave of the budget (see `engine.rs`).
     pub chunked_prefill: bool,
+    /// vLLM's `--scheduling-policy priority`: waiting requests are taken by
+    /// their body's `priority` (lower first), then by arrival, and a
+    /// sequence preempted for blocks is the lowest-priority one running.
+    /// Off (`fcfs`, vLLM's default): arrival order.
+    pub priority_scheduling: bool,
     /// The GPU, as dcgm-exporter's `modelName` shows it, and how many the
     /// engine runs on (tensor parallelism).
     pub gpu: &'static str,
@@ -102,6 +107,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         // 2 MiB per block (128 KiB per token) at ~25 GB/s (PCIe Gen5).
         per_swap_block: us(80),
         chunked_prefill: true,
+        priority_scheduling: false,
         gpu: "NVIDIA H100 80GB HBM3",
         gpus: 1,
         gpu_memory_mib: 81_559,
@@ -128,6 +134,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         // 2 MiB per block at ~16 GB/s (PCIe Gen4).
         per_swap_block: us(130),
         chunked_prefill: true,
+        priority_scheduling: false,
         gpu: "NVIDIA A100-SXM4-40GB",
         gpus: 1,
         gpu_memory_mib: 40_960,
@@ -152,6 +159,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         // 5 MiB per block, a quarter on each GPU's own link.
         per_swap_block: us(50),
         chunked_prefill: true,
+        priority_scheduling: false,
         gpu: "NVIDIA H100 80GB HBM3",
         gpus: 4,
         gpu_memory_mib: 81_559,
@@ -174,6 +182,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         swap_blocks: 0,
         per_swap_block: us(20),
         chunked_prefill: true,
+        priority_scheduling: false,
         gpu: "NVIDIA L4",
         gpus: 1,
         gpu_memory_mib: 23_034,
@@ -221,4 +230,14 @@ mod tests {
         let kv_tokens = p.num_blocks * p.block_size;
         assert!((400_000..550_000).contains(&kv_tokens));
     }
+}
+
+/// `sluice sim --scheduling-policy` (vLLM's flag of the same name).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchedulingPolicy {
+    /// Arrival order (vLLM's default).
+    #[default]
+    Fcfs,
+    /// The body's `priority`, lower first, then arrival.
+    Priority,
 }

@@ -16,6 +16,16 @@ fn tiny() -> Profile {
 }
 
 fn submit(engine: &Engine, prompt_tokens: u32, output_tokens: u32, leak: bool) -> Arc<Slot> {
+    submit_at(engine, prompt_tokens, output_tokens, leak, 0)
+}
+
+fn submit_at(
+    engine: &Engine,
+    prompt_tokens: u32,
+    output_tokens: u32,
+    leak: bool,
+    priority: i64,
+) -> Arc<Slot> {
     let slot = Arc::new(Slot::default());
     engine.submit(
         Request {
@@ -27,6 +37,7 @@ fn submit(engine: &Engine, prompt_tokens: u32, output_tokens: u32, leak: bool) -
             stall: None,
             leak,
             remote_tokens: 0,
+            priority,
         },
         slot.clone(),
     );
@@ -56,6 +67,50 @@ async fn without_chunked_prefill_a_long_prompt_waits_for_the_decodes() {
         // Once the decodes are done, it runs.
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(document.is_done() && decodes.iter().all(|d| d.is_done()));
+        task.abort();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_priority_policy_admits_by_priority_then_arrival() {
+    for priority_scheduling in [false, true] {
+        let mut p = tiny();
+        // One seat: requests run one after another.
+        p.max_num_seqs = 1;
+        p.priority_scheduling = priority_scheduling;
+        let (engine, task) = Engine::spawn(p, 1.0, Arc::new(SimMetrics::new()));
+        let running = submit_at(&engine, 4, 50, false, 0);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // Two free-tier requests queue, then a premium one (vLLM: lower
+        // runs earlier) arrives last.
+        let free: Vec<Arc<Slot>> = (0..2)
+            .map(|_| submit_at(&engine, 4, 50, false, 0))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let premium = submit_at(&engine, 4, 50, false, -10);
+        let mut order = Vec::new();
+        for _ in 0..2000 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            for (name, s) in [
+                ("free0", &free[0]),
+                ("free1", &free[1]),
+                ("premium", &premium),
+            ] {
+                if s.produced() > 0 && !order.contains(&name) {
+                    order.push(name);
+                }
+            }
+            if order.len() == 3 {
+                break;
+            }
+        }
+        assert!(running.is_done());
+        let want = if priority_scheduling {
+            ["premium", "free0", "free1"]
+        } else {
+            ["free0", "free1", "premium"]
+        };
+        assert_eq!(order, want, "priority scheduling {priority_scheduling}");
         task.abort();
     }
 }

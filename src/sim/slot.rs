@@ -111,4 +111,7 @@ pub(crate) struct Request {
     /// Prompt tokens whose KV came from a prefill replica (disaggregation):
     /// computed already, but for the last token.
     pub remote_tokens: u32,
+    /// The body's `priority` (vLLM: lower runs earlier; 0 when absent),
+    /// read under `--scheduling-policy priority`.
+    pub priority: i64,
 }
