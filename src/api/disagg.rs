@@ -11,7 +11,9 @@
 //!    (`local_pool_busy`). Otherwise the prefill is remote (`remote`).
 //! 2. **Which prefill replica:** the routing policy's pick among the
 //!    `prefill` and `mixed` replicas (not the decode replica): prefix
-//!    affinity and predicted wait, as for any request.
+//!    affinity and predicted wait, as for any request; a session's turns
+//!    keep one prefill replica (its history's KV is cached there), under a
+//!    session key of their own.
 //! 3. **vLLM's protocol** (NIXL, Mooncake; vLLM's own disaggregation proxy
 //!    and vllm-router do the same): the client's body with `stream: false`,
 //!    `max_tokens` (and `max_completion_tokens`, where sent) 1, no
@@ -50,7 +52,7 @@ use super::send;
 use crate::config::PdProtocol;
 use crate::error::GatewayError;
 use crate::routing::placement::Placement;
-use crate::routing::{ReplicaView, RouteCtx};
+use crate::routing::{ReplicaView, RouteCtx, SessionKey};
 use crate::state::AppState;
 use crate::telemetry::record::PdRecord;
 use crate::telemetry::tracecontext::TRACEPARENT;
@@ -74,7 +76,7 @@ pub(crate) struct Attempt<'a> {
     /// `traceparent` for the prefill legs (the trace's prefill span).
     pub traceparent: Option<&'a [u8]>,
     /// The routing context of the decode decision (the prefill's is the
-    /// same, without the session: a prefill replica holds no conversation).
+    /// same, its session keyed apart: see [`prefill`]).
     pub ctx: &'a RouteCtx<'a>,
     pub decode: &'a Replica,
     /// Prompt tokens routing expects cached on the decode replica.
@@ -123,8 +125,17 @@ pub(crate) async fn prefill(
     if light && pool_busy(&a, &pool) {
         return Ok(local(PdReason::LocalPoolBusy));
     }
+    // A session's prefills go to one prefill replica, where the KV of its
+    // history stays cached from its last turn (only the new message and the
+    // last answer are prefilled), as its turns go to one decode replica. It
+    // has a key of its own in the session table (the session's key is its
+    // decode home), so it is found, and placed alike by every gateway, in
+    // the prefill pool's own order.
     let ctx = RouteCtx {
-        session: None,
+        session: a.ctx.session.map(|s| SessionKey {
+            key: prefill_session(s.key),
+            ..s
+        }),
         ..*a.ctx
     };
     if a.state.config.routing.disaggregation.protocol == PdProtocol::Sglang {
@@ -193,6 +204,11 @@ pub(crate) async fn prefill(
             a.ctx.model
         )))
     }
+}
+
+/// The key of a session's prefill home, apart from its decode home's.
+fn prefill_session(key: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(&key.to_le_bytes(), 0x5052_4546_494c_4c00)
 }
 
 /// A planned prefill: the body the decode replica gets, what was decided,

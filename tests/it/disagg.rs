@@ -221,6 +221,67 @@ async fn a_prompt_the_decode_replica_holds_is_prefilled_there() {
     assert_eq!(decisions(&gw, "local_cached").await, 1.0);
 }
 
+#[tokio::test]
+async fn a_sessions_turns_keep_one_prefill_replica() {
+    // Two prefill replicas, one decode replica; every session opens with the
+    // same long system prompt (its first blocks are every prompt's), so
+    // prefix affinity alone would send every prefill to that prompt's home.
+    let p1 = replica(SimRole::Prefill, |_| {}).await;
+    let p2 = replica(SimRole::Prefill, |_| {}).await;
+    let d = replica(SimRole::Decode, |_| {}).await;
+    let mut c = config_for(&[]);
+    c.backends = vec![
+        backend(&p1, Role::Prefill),
+        backend(&p2, Role::Prefill),
+        backend(&d, Role::Decode),
+    ];
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_secs(30);
+    let gw = start_routed(c, 3).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let system = "You are a coding agent working in a large repository. ".repeat(40);
+    let served = || {
+        [
+            p1.state.metrics.received.get(),
+            p2.state.metrics.received.get(),
+        ]
+    };
+    let mut homes = std::collections::HashSet::new();
+    for session in 0..8 {
+        let id = format!("agent-{session}");
+        let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+        let mut seen = Vec::new();
+        for turn in 0..3 {
+            messages.push(serde_json::json!({"role": "user", "content": format!("Session {session}, step {turn}: run the tests.")}));
+            let body =
+                serde_json::json!({"model": "sim-model", "max_tokens": 5, "messages": messages});
+            let before = served();
+            let (status, _, text) = post_with(&url, &body, &[("x-session-id", id.as_str())]).await;
+            assert_eq!(status, 200, "{text}");
+            let after = served();
+            let went: Vec<usize> = (0..2).filter(|&i| after[i] > before[i]).collect();
+            assert_eq!(
+                went.len(),
+                1,
+                "one remote prefill a turn: {before:?} -> {after:?}"
+            );
+            seen.push(went[0]);
+            let answer =
+                serde_json::from_str::<serde_json::Value>(&text).unwrap()["choices"][0]["message"]
+                    ["content"]
+                    .clone();
+            messages.push(serde_json::json!({"role": "assistant", "content": answer}));
+        }
+        assert!(
+            seen.iter().all(|&i| i == seen[0]),
+            "session {session} prefilled on {seen:?}"
+        );
+        homes.insert(seen[0]);
+    }
+    assert_eq!(homes.len(), 2, "sessions spread over both prefill replicas");
+    assert_eq!(decisions(&gw, "remote").await, 24.0);
+}
+
 /// A slow KV path: the decode replica takes ~300 ms to pull each prompt's
 /// KV. The doctor names the model's slow transfers from the gateway's own
 /// timing of the decode legs.
