@@ -24,7 +24,7 @@ against the same run without flow control; answers past the wait bound.
 
     cargo build --release
     python3 benches/e2e/flow.py --json docs/bench/flow.json
-    python3 benches/e2e/flow.py --fleet kv-full --engine-priority --only unloaded,flood,flood-off
+    python3 benches/e2e/flow.py --fleet kv-full --engine-priority --only unloaded,flood,flood_off
 
 `--engine-priority`: engines that schedule by the request's priority (vLLM's
 `--scheduling-policy priority`; `sluice sim` models it), which the gateway sends

@@ -12,13 +12,15 @@
 //! room is the seats less what occupies them (`Replica::busy`: this
 //! gateway's requests in flight there, live, and other gateways', seen at the
 //! last scrape), less the streams about to end. Seats unknown and no queue:
-//! open.
+//! open. An engine that schedules by priority (`backends[].engine_priority`)
+//! still takes the top band while it queues, within its seats: it serves
+//! that band ahead of its own queue.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, RedisConfig, StoreKind};
+use crate::config::{Config, EnginePriority, RedisConfig, StoreKind};
 use crate::upstream::pool::Replica;
 
 /// What a replica (or a model) can take now.
@@ -126,6 +128,7 @@ impl Rules {
             r.load()
                 .filter(|s| now.saturating_duration_since(s.at) <= max_age)
         });
+        let busy = r.busy();
         if let Some(s) = &fresh
             && (s.queued
                 || self.kv_high.is_some_and(|k| s.kv_usage.unwrap_or(0.0) >= k)
@@ -133,16 +136,30 @@ impl Rules {
                     .queue_high
                     .is_some_and(|q| s.waiting.unwrap_or(0.0) >= q))
         {
+            let seats = r.seats().unwrap_or(0);
+            // An engine that schedules by priority (`engine_priority`) takes
+            // the top band ahead of its own queue: held here, a premium
+            // request would wait for the next scrape to show the queue gone
+            // instead of the engine's next free slot. Its seats still bound
+            // it (the gate keeps premium's fairness and its flood out).
+            let ahead = r.engine_priority != EnginePriority::Off
+                && s.queued
+                && self.kv_high.is_none_or(|k| s.kv_usage.unwrap_or(0.0) < k)
+                && self.queue_high.is_none_or(|q| s.waiting.unwrap_or(0.0) < q);
+            let top = if ahead {
+                seats.saturating_sub(busy.saturating_sub(r.leaving()))
+            } else {
+                0
+            };
             return Room::Seats {
-                top: 0,
+                top,
                 rest: 0,
-                seats: r.seats().unwrap_or(0),
+                seats,
             };
         }
         let Some(seats) = r.seats() else {
             return Room::Open;
         };
-        let busy = r.busy();
         Room::Seats {
             top: seats.saturating_sub(busy.saturating_sub(r.leaving())),
             rest: seats.saturating_sub(busy),

@@ -482,6 +482,55 @@ async fn a_full_kv_cache_keeps_the_gate_open_while_the_engine_does_not_queue() {
 }
 
 #[tokio::test]
+async fn an_engine_that_schedules_by_priority_takes_the_top_band_while_it_queues() {
+    for engine in [EnginePriority::Vllm, EnginePriority::Off] {
+        let sim = start_sim(fast_sim()).await;
+        let mut c = config_for(&[sim.url()]);
+        c.backends[0].max_concurrency = Some(4);
+        c.backends[0].engine_priority = engine;
+        c.routing.metrics.interval = Duration::from_millis(100);
+        c.routing.metrics.stale_after = Duration::from_secs(30);
+        tenants(&mut c);
+        let gw = crate::routing::start_routed(c, 1).await;
+        let holders = [hold(&gw, FREE).await, hold(&gw, FREE).await];
+        // The engine queues scrape after scrape (another gateway's request,
+        // counted in its seats): one of its four seats is free here.
+        let mut ctl = sim.state.control();
+        ctl.waiting = Some(1.0);
+        sim.state.set_control(ctl.clone());
+        crate::routing::until_backend(&gw, "the engine's queue persists", |v| {
+            crate::routing::backend(v, &sim)["engine_queued"] == true
+        })
+        .await;
+        // The free tier waits at the gateway either way.
+        let free = tokio::spawn(request(&gw, FREE, None).send());
+        wait_for_waiting(&gw, "0", 1.0).await;
+        let premium = tokio::spawn(request(&gw, PREMIUM, None).send());
+        if engine == EnginePriority::Vllm {
+            // Premium goes now: the engine serves it ahead of its queue.
+            let resp = premium.await.unwrap().unwrap();
+            assert_eq!(resp.status(), 200);
+            assert!(resp.text().await.unwrap().contains("[DONE]"));
+            assert_eq!(waiting(&gw, "0").await, 1.0, "free still waits");
+        } else {
+            // First come, first served in the engine: premium waits here.
+            wait_for_waiting(&gw, "10", 1.0).await;
+            ctl.waiting = None;
+            sim.state.set_control(ctl.clone());
+            let resp = premium.await.unwrap().unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.text().await.unwrap();
+        }
+        ctl.waiting = None;
+        sim.state.set_control(ctl);
+        let resp = free.await.unwrap().unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.text().await.unwrap();
+        drop(holders);
+    }
+}
+
+#[tokio::test]
 async fn an_engine_queue_that_persists_closes_the_gate_and_teaches_its_seats() {
     let (sim, gw) = unknown_seats().await;
     let holders = [hold(&gw, FREE).await, hold(&gw, FREE).await];
