@@ -122,14 +122,7 @@ async fn proxy(
     guard: &mut RequestGuard,
 ) -> Result<Reply, GatewayError> {
     // Who is calling, before the body is read: an unknown caller costs nothing.
-    let identity = match &state.limiter {
-        Some(l) => {
-            let id = l.identify(&parts.headers)?;
-            guard.identified(&id);
-            Some(id)
-        }
-        None => None,
-    };
+    let identity = identify(state, parts, guard)?;
     let limit = state.config.server.max_body_bytes.as_usize();
     let body_timeout = state.config.server.body_timeout;
     let bytes = tokio::time::timeout_at(
@@ -158,6 +151,21 @@ async fn proxy(
         guard,
     )
     .await
+}
+
+/// The caller, when keys are checked (`None`: an open gateway), noted on
+/// the guard; an unknown or missing key is the error.
+pub(crate) fn identify(
+    state: &AppState,
+    parts: &Head,
+    guard: &mut RequestGuard,
+) -> Result<Option<Arc<Identity>>, GatewayError> {
+    let Some(l) = &state.limiter else {
+        return Ok(None);
+    };
+    let id = l.identify(&parts.headers)?;
+    guard.identified(&id);
+    Ok(Some(id))
 }
 
 /// Which replicas a request may go to beyond serving its model (the

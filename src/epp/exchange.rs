@@ -534,14 +534,7 @@ async fn admit(
     subset: Option<&[String]>,
     guard: &mut RequestGuard,
 ) -> Result<(Inbound, Candidates), GatewayError> {
-    let identity = match &state.limiter {
-        Some(l) => {
-            let id = l.identify(&head.headers)?;
-            guard.identified(&id);
-            Some(id)
-        }
-        None => None,
-    };
+    let identity = proxy::identify(state, head, guard)?;
     let within = |r: &Replica| subset.is_some_and(|s| s.iter().any(|e| e == endpoint_of(r)));
     let eligible: Option<proxy::Eligible<'_>> = subset.map(|_| &within as proxy::Eligible<'_>);
     proxy::admit(

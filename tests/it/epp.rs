@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::common::*;
-use crate::routing::{routing_config, sims, start_routed, urls};
+use crate::routing::{prefixed, routing_config, sims, start_routed, urls};
 
 const DEST: &str = "x-gateway-destination-endpoint";
 
@@ -529,17 +529,6 @@ async fn bad_json_or_no_model_gets_400_in_the_openai_shape() {
     let (status, _) = s.decide(&[], None, b"").await.immediate();
     assert_eq!(status, 400, "no body names no model");
     assert_eq!(in_flight(&gw), 0);
-}
-
-fn prefixed(prefix: usize, question: usize) -> serde_json::Value {
-    serde_json::json!({
-        "model": "sim-model",
-        "max_tokens": 4,
-        "messages": [
-            {"role": "system", "content": format!("Document {prefix}: {}", "the fleet shares context. ".repeat(30))},
-            {"role": "user", "content": format!("Question {question}?")},
-        ],
-    })
 }
 
 #[tokio::test]

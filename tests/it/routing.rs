@@ -41,7 +41,7 @@ pub async fn start_routed(config: Config, n: usize) -> Gateway {
     gw
 }
 
-fn prefixed(prefix: usize, question: usize) -> serde_json::Value {
+pub fn prefixed(prefix: usize, question: usize) -> serde_json::Value {
     serde_json::json!({
         "model": "sim-model",
         "max_tokens": 4,
