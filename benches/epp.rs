@@ -22,7 +22,9 @@
 //! Reported: offered and achieved rate, the client-side latency's
 //! percentiles, the picker's own `sluice_epp_decision_seconds` histogram
 //! (scraped before and after), errors, the picker's CPU seconds per request
-//! (`/proc/PID/stat`), and in-flight counts left after the run.
+//! (`/proc/PID/stat`), and in-flight counts left after the run and once the
+//! client's connections are closed (a request still counted then is a leak).
+//! The client's HTTP/2 windows are Envoy's defaults (256 MiB).
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -46,6 +48,11 @@ use tonic::transport::{Channel, Endpoint};
 
 const DEST: &str = "x-gateway-destination-endpoint";
 const REPLICAS: usize = 4;
+/// Envoy's default HTTP/2 stream and connection windows (256 MiB).
+const ENVOY_WINDOW: u32 = 256 << 20;
+/// Longest wait for the picker to release every request once the client's
+/// connections are closed (a request still counted after it is a leak).
+const RELEASE_WITHIN: Duration = Duration::from_secs(20);
 /// Longest wait for any one answer of the picker.
 const ANSWER_WITHIN: Duration = Duration::from_secs(30);
 
@@ -770,8 +777,11 @@ async fn drive(a: &Args, fleet: &Fleet, http: &reqwest::Client) -> Result<serde_
     let prompts = Arc::new(Prompts::new(a.prefixes, a.prompt_kb)?);
     let mut clients = Vec::new();
     for _ in 0..a.channels {
+        // Envoy's HTTP/2 defaults for a cluster: 256 MiB windows.
         let ch = Endpoint::from_shared(fleet.epp.clone())?
             .tcp_nodelay(true)
+            .initial_stream_window_size(ENVOY_WINDOW)
+            .initial_connection_window_size(ENVOY_WINDOW)
             .connect()
             .await?;
         clients.push(
@@ -859,6 +869,17 @@ async fn drive(a: &Args, fleet: &Fleet, http: &reqwest::Client) -> Result<serde_
     // Let the picker finish what it was releasing, then look for leaks.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let after = get(http, &format!("{}/metrics", fleet.admin)).await?;
+    // Then close the connections, as a data plane that goes away does: every
+    // stream on them ends, and the picker must release each request.
+    drop(clients);
+    let closed = Instant::now();
+    let mut left = metric(&after, "sluice_requests_in_flight");
+    while left > 0.0 && closed.elapsed() < RELEASE_WITHIN {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = get(http, &format!("{}/metrics", fleet.admin)).await?;
+        left = metric(&now, "sluice_requests_in_flight");
+    }
+    let released_ms = closed.elapsed().as_secs_f64() * 1e3;
     let picked = decisions.len() as f64;
     let picker_cpu = cpu_after - cpu_before;
     lag.sort();
@@ -895,6 +916,10 @@ async fn drive(a: &Args, fleet: &Fleet, http: &reqwest::Client) -> Result<serde_
             "sluice_backend_in_flight": metric(&after, "sluice_backend_in_flight"),
             "sluice_flow_waiting_requests": metric(&after, "sluice_flow_waiting_requests"),
             "readiness_serving": health_ok,
+        },
+        "after_connections_closed": {
+            "sluice_requests_in_flight": left,
+            "within_ms": released_ms,
         },
     }))
 }

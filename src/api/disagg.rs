@@ -39,6 +39,11 @@
 //!    that fails before the decode replica answers drops the decode leg and
 //!    prefills locally (`local_fallback`); one that fails later leaves the
 //!    decode replica to its own timeout (its room never fills).
+//!
+//! 6. **Through the endpoint picker** (`epp`, vLLM's protocol), where the
+//!    data plane sends one request: the same plan ([`choose`]), the leg run
+//!    by the decode replica's sidecar on the prefill replica the pick names
+//!    (llm-d's `x-prefiller-host-port`).
 
 use std::sync::Arc;
 
@@ -86,6 +91,110 @@ pub(crate) struct Attempt<'a> {
     pub view: fn(&Replica) -> ReplicaView,
 }
 
+impl<'a> Attempt<'a> {
+    fn side(&self) -> DecodeSide<'a> {
+        DecodeSide {
+            state: self.state,
+            ctx: self.ctx,
+            decode: self.decode,
+            decode_cached: self.decode_cached,
+            view: self.view,
+        }
+    }
+}
+
+/// What a plan knows of the decode replica chosen (the proxy's attempt, or
+/// the endpoint picker's pick).
+pub(crate) struct DecodeSide<'a> {
+    pub state: &'a AppState,
+    pub ctx: &'a RouteCtx<'a>,
+    pub decode: &'a Replica,
+    /// Prompt tokens routing expects cached on the decode replica.
+    pub decode_cached: u32,
+    /// What routing sees of a replica (the proxy's `view`).
+    pub view: fn(&Replica) -> ReplicaView,
+}
+
+/// Where a prefill goes: the decode replica itself (and why), or the
+/// prefill replicas to pick from, in the routing context of their pick.
+enum Route<'a> {
+    Local(PdReason),
+    Pool(Vec<Arc<Replica>>, RouteCtx<'a>),
+}
+
+/// Steps 1 and 2's inputs: local (and why) or the pool, with a session's
+/// prefill key (see [`prefill`]).
+fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
+    let cfg = &s.state.config.routing.disaggregation;
+    let prompt = s.ctx.prompt_tokens.max(1);
+    // What a local prefill would add to the decode replica's steps.
+    let light = cfg
+        .local_max_tokens
+        .is_none_or(|m| s.ctx.prompt_tokens.saturating_sub(s.decode_cached) <= m);
+    if light && f64::from(s.decode_cached) >= cfg.local_share * f64::from(prompt) {
+        return Route::Local(PdReason::LocalCached);
+    }
+    let pool: Vec<Arc<Replica>> = prefills
+        .iter()
+        .filter(|p| p.name != s.decode.name)
+        .cloned()
+        .collect();
+    if pool.is_empty() {
+        return Route::Local(PdReason::LocalNoPrefill);
+    }
+    if light && pool_busy(s, &pool) {
+        return Route::Local(PdReason::LocalPoolBusy);
+    }
+    // A session's prefills go to one prefill replica, where the KV of its
+    // history stays cached from its last turn (only the new message and the
+    // last answer are prefilled), as its turns go to one decode replica. It
+    // has a key of its own in the session table (the session's key is its
+    // decode home), so it is found, and placed alike by every gateway, in
+    // the prefill pool's own order.
+    let ctx = RouteCtx {
+        session: s.ctx.session.map(|k| SessionKey {
+            key: prefill_session(k.key),
+            ..k
+        }),
+        ..*s.ctx
+    };
+    Route::Pool(pool, ctx)
+}
+
+/// The endpoint picker's plan, where the data plane sends one request and
+/// the decode replica's sidecar runs the prefill (llm-d's convention: the
+/// prefill replica named in `x-prefiller-host-port`): the prefill replica,
+/// with the accounting of the prompt there (kept until the decode replica
+/// answers), or why the decode replica prefills itself.
+pub(crate) fn choose(
+    s: &DecodeSide<'_>,
+    prefills: &[Arc<Replica>],
+) -> Result<(Arc<Replica>, Placement), PdReason> {
+    let (mut pool, ctx) = match route(s, prefills) {
+        Route::Local(reason) => return Err(reason),
+        Route::Pool(pool, ctx) => (pool, ctx),
+    };
+    let views: Vec<ReplicaView> = pool.iter().map(|r| (s.view)(r)).collect();
+    let pick = s
+        .state
+        .policy
+        .pick(&ctx, &views)
+        .ok_or(PdReason::LocalNoPrefill)?;
+    let replica = pool.swap_remove(pick.index);
+    let placement = Placement::new(
+        s.state.affinity.of(&replica.name, ctx.now),
+        s.ctx
+            .prompt_tokens
+            .max(1)
+            .saturating_sub(pick.cached_tokens),
+        pick.cached_tokens,
+        Arc::from(ctx.hashes),
+        pick.matched_blocks,
+        tokens_per_block(s.state),
+    );
+    Ok((replica, placement))
+}
+
 /// Plan the prefill of `body` (the body the decode replica would get) and
 /// run it when remote: the body for the decode replica and what was done.
 pub(crate) async fn prefill(
@@ -107,38 +216,11 @@ pub(crate) async fn prefill(
     };
     let cfg = &a.state.config.routing.disaggregation;
     let prompt = a.ctx.prompt_tokens.max(1);
-    // What a local prefill would add to the decode replica's steps.
-    let light = cfg
-        .local_max_tokens
-        .is_none_or(|m| a.ctx.prompt_tokens.saturating_sub(a.decode_cached) <= m);
-    if light && f64::from(a.decode_cached) >= cfg.local_share * f64::from(prompt) {
-        return Ok(local(PdReason::LocalCached));
-    }
-    let mut pool: Vec<Arc<Replica>> = prefills
-        .iter()
-        .filter(|p| p.name != a.decode.name)
-        .cloned()
-        .collect();
-    if pool.is_empty() {
-        return Ok(local(PdReason::LocalNoPrefill));
-    }
-    if light && pool_busy(&a, &pool) {
-        return Ok(local(PdReason::LocalPoolBusy));
-    }
-    // A session's prefills go to one prefill replica, where the KV of its
-    // history stays cached from its last turn (only the new message and the
-    // last answer are prefilled), as its turns go to one decode replica. It
-    // has a key of its own in the session table (the session's key is its
-    // decode home), so it is found, and placed alike by every gateway, in
-    // the prefill pool's own order.
-    let ctx = RouteCtx {
-        session: a.ctx.session.map(|s| SessionKey {
-            key: prefill_session(s.key),
-            ..s
-        }),
-        ..*a.ctx
+    let (mut pool, ctx) = match route(&a.side(), prefills) {
+        Route::Local(reason) => return Ok(local(reason)),
+        Route::Pool(pool, ctx) => (pool, ctx),
     };
-    if a.state.config.routing.disaggregation.protocol == PdProtocol::Sglang {
+    if cfg.protocol == PdProtocol::Sglang {
         let views: Vec<ReplicaView> = pool.iter().map(|r| (a.view)(r)).collect();
         let Some(pick) = a.state.policy.pick(&ctx, &views) else {
             return Ok(local(PdReason::LocalNoPrefill));
@@ -380,7 +462,7 @@ fn request(a: &Attempt<'_>, replica: &Replica, body: &[u8]) -> crate::upstream::
 /// decode replica takes to prefill it itself: the shortest predicted wait
 /// among them (tokens queued ahead, at their calibrated rate) against the
 /// decode replica's rate times the prompt's uncached tokens there.
-fn pool_busy(a: &Attempt<'_>, pool: &[Arc<Replica>]) -> bool {
+fn pool_busy(a: &DecodeSide<'_>, pool: &[Arc<Replica>]) -> bool {
     let now = a.ctx.now;
     let rate_and_ahead = |r: &Replica| {
         let m = a.state.affinity.of(&r.name, now);

@@ -1002,6 +1002,12 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
             "must differ from epp.listen (the health services have a listener of their own)".into(),
         );
     }
+    if epp.listen.is_some() && config.routing.disaggregation.protocol == PdProtocol::Sglang {
+        bad(
+            "routing.disaggregation.protocol".into(),
+            "sglang cannot be served through the endpoint picker (epp.listen): the data plane sends one request, and SGLang's protocol needs the prefill and decode legs sent together; serve it through the API listener, or use vllm (the picker names the prefill replica in x-prefiller-host-port for the decode replica's sidecar)".into(),
+        );
+    }
     for (key, ns) in [
         ("subset_hint_namespace", &epp.subset_hint_namespace),
         ("destination_namespace", &epp.destination_namespace),

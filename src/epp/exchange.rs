@@ -22,21 +22,24 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::wire::{self, Proceed};
+use super::wire::{self, Prefiller, Proceed};
 use crate::api::Head;
+use crate::api::disagg::{self, DecodeSide};
 use crate::api::inbound::Inbound;
 use crate::api::proxy::{self, RouteInput};
 use crate::error::GatewayError;
 use crate::request::RequestGuard;
 use crate::routing::Decision;
+use crate::routing::placement::Placement;
 use crate::state::AppState;
 use crate::stream::event::chunk_info;
 use crate::stream::relay::{Mode, Relay};
 use crate::stream::{protocols, quality};
+use crate::telemetry::record::PdRecord;
 use crate::telemetry::tracecontext::TraceCtx;
 use crate::turn;
 use crate::upstream::pool::{Candidates, Replica};
-use crate::vocab::{Endpoint, RouteReason, Wire};
+use crate::vocab::{Endpoint, PdReason, RouteReason, Wire};
 
 pub(crate) type Answers = mpsc::Sender<Result<ProcessingResponse, Status>>;
 
@@ -78,6 +81,10 @@ pub(crate) struct Exchange {
     relay: Option<Relay>,
     /// A whole response, kept (bounded) to read its usage at its end.
     whole: Option<BytesMut>,
+    /// A remote prefill named to the decode replica's sidecar: its
+    /// accounting on the prefill replica, and when it was named (its
+    /// prefill is done when the decode replica answers).
+    prefill: Option<(Placement, std::time::Instant)>,
 }
 
 impl Exchange {
@@ -97,6 +104,7 @@ impl Exchange {
             client_wants_usage: false,
             relay: None,
             whole: None,
+            prefill: None,
         }
     }
 
@@ -257,6 +265,37 @@ impl Exchange {
         };
         proxy::count_route(&state, guard, &decision, reason);
         let primary = c.replicas.swap_remove(decision.index);
+        // A disaggregated model (vLLM's protocol): the prefill planned as
+        // the proxy plans it, now that the decode replica is known; the
+        // decode replica's sidecar runs it on the replica named.
+        let mut prefiller = None;
+        if !c.prefill.is_empty() && matches!(self.endpoint, Endpoint::Chat | Endpoint::Completions)
+        {
+            let ctx = input.ctx(&model);
+            let side = DecodeSide {
+                state: &state,
+                ctx: &ctx,
+                decode: &primary,
+                decode_cached: decision.cached_tokens,
+                view: proxy::view,
+            };
+            let (reason, named) = match disagg::choose(&side, &c.prefill) {
+                Ok((replica, placement)) => {
+                    self.prefill = Some((placement, std::time::Instant::now()));
+                    (PdReason::Remote, Some(replica))
+                }
+                Err(reason) => (reason, None),
+            };
+            prefiller = Some(named.as_ref().map(|r| endpoint_of(r).to_string()));
+            guard.record.pd = Some(Box::new(PdRecord {
+                reason,
+                prefill_backend: named.map(|r| r.name.clone()),
+                prefill_sent: None,
+                prefill: None,
+                prefill_done: None,
+                prefill_cached: None,
+            }));
+        }
         self.picks
             .push((endpoint_of(&primary).to_string(), primary.clone()));
         let fallbacks = state.config.epp.fallbacks as usize;
@@ -298,7 +337,12 @@ impl Exchange {
         let body = inbound.body;
         let ns = &state.config.epp.destination_namespace;
         let buffered = Self::buffered(self.request_mode);
-        let mut answer = wire::picked(ns, &destination, Some(body.len()), buffered);
+        let prefiller = match &prefiller {
+            None => Prefiller::None,
+            Some(None) => Prefiller::Local,
+            Some(Some(at)) => Prefiller::Remote(at),
+        };
+        let mut answer = wire::picked(ns, &destination, Some(body.len()), prefiller, buffered);
         if buffered {
             wire::with_body(&mut answer, &body);
             return self
@@ -358,6 +402,11 @@ impl Exchange {
         md: Option<&Metadata>,
     ) -> Result<(), Over> {
         self.served(md);
+        if let Some((mut placement, named)) = self.prefill.take() {
+            // The decode replica answers once the prefill and its transfer
+            // are done: the prefill replica's rate learns from it.
+            placement.first_token(named.elapsed());
+        }
         let parsed = wire::headers(h.headers.as_ref());
         let status = parsed.status.unwrap_or(200);
         let is_sse = parsed

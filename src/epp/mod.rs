@@ -43,6 +43,14 @@ const QUEUED_ANSWERS: usize = 16;
 /// Room in a message for what comes with a body (headers, metadata).
 const MESSAGE_OVERHEAD: usize = 1 << 20;
 
+/// HTTP/2 flow-control windows the picker grants the data plane: a body of
+/// a few hundred KB arrives in one flight instead of waiting a round trip
+/// per 64 KiB (h2's default). Envoy grants 256 MiB the other way; the
+/// picker reads every stream's messages as they come, so the window bounds
+/// bytes in flight, not memory held.
+const STREAM_WINDOW: u32 = 2 << 20;
+const CONNECTION_WINDOW: u32 = 16 << 20;
+
 /// How often readiness follows the pool's health.
 const READINESS_EVERY: Duration = Duration::from_millis(250);
 
@@ -115,6 +123,8 @@ pub(crate) fn serve(
     let s = stop.clone();
     let picker = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
             .add_service(processor)
             .serve_with_incoming_shutdown(incoming, s.raised())
             .await;

@@ -23,6 +23,9 @@ pub(crate) const DESTINATION: &str = "x-gateway-destination-endpoint";
 pub(crate) const SUBSET: &str = "x-gateway-destination-endpoint-subset";
 /// The served endpoint's key, reported by the data plane on the response.
 pub(crate) const SERVED: &str = "x-gateway-destination-endpoint-served";
+/// The prefill replica named to a disaggregated decode replica's sidecar
+/// (llm-d's routing sidecar reads it: `ip:port`).
+pub(crate) const PREFILLER: &str = "x-prefiller-host-port";
 /// Largest body chunk sent back: some Envoys cap a streamed chunk at 64 KiB
 /// (the reference picker's choice).
 pub(crate) const MAX_CHUNK: usize = 62_000;
@@ -112,15 +115,37 @@ fn set(key: &str, value: &[u8]) -> HeaderValueOption {
 /// (`namespace`/`x-gateway-destination-endpoint`): `ip:port[,ip:port...]`.
 /// `body_len`: the length of the body that follows, when the picker
 /// rewrote it (model alias, usage asked).
-fn pick_mutation(destination: &str, body_len: Option<usize>) -> HeaderMutation {
+/// `prefiller`: a disaggregated model's prefill plan.
+fn pick_mutation(
+    destination: &str,
+    body_len: Option<usize>,
+    prefiller: Prefiller<'_>,
+) -> HeaderMutation {
     let mut set_headers = vec![set(DESTINATION, destination.as_bytes())];
     if let Some(n) = body_len {
         set_headers.push(set("content-length", n.to_string().as_bytes()));
     }
+    let mut remove_headers = Vec::new();
+    match prefiller {
+        Prefiller::None => {}
+        Prefiller::Remote(at) => set_headers.push(set(PREFILLER, at.as_bytes())),
+        // A client's own header never names a prefill replica.
+        Prefiller::Local => remove_headers.push(PREFILLER.to_string()),
+    }
     HeaderMutation {
         set_headers,
-        ..HeaderMutation::default()
+        remove_headers,
     }
+}
+
+/// What the pick says of the prefill (a disaggregated model, vLLM's
+/// protocol): nothing (another model), local on the decode replica, or on
+/// the prefill replica at `ip:port`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Prefiller<'a> {
+    None,
+    Local,
+    Remote(&'a str),
 }
 
 fn pick_metadata(namespace: &str, destination: &str) -> Struct {
@@ -152,10 +177,11 @@ pub(crate) fn picked(
     namespace: &str,
     destination: &str,
     body_len: Option<usize>,
+    prefiller: Prefiller<'_>,
     on_body: bool,
 ) -> ProcessingResponse {
     let common = CommonResponse {
-        header_mutation: Some(pick_mutation(destination, body_len)),
+        header_mutation: Some(pick_mutation(destination, body_len, prefiller)),
         clear_route_cache: on_body,
         ..CommonResponse::default()
     };

@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request as Msg, processing_response::Response as Answer,
 };
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
-use sluice::config::{Config, PolicyKind};
+use sluice::config::{Config, PolicyKind, Role};
 use sluice::server::Gateway;
 use sluice::sim::SimHandle;
 use tokio::sync::mpsc;
@@ -27,6 +27,7 @@ use crate::common::*;
 use crate::routing::{prefixed, routing_config, sims, start_routed, urls};
 
 const DEST: &str = "x-gateway-destination-endpoint";
+const PREFILLER: &str = "x-prefiller-host-port";
 
 fn with_epp(mut c: Config) -> Config {
     c.epp.listen = Some("127.0.0.1:0".parse().unwrap());
@@ -50,6 +51,10 @@ enum Decided {
         /// The body as re-emitted, and its chunks' sizes.
         body: Vec<u8>,
         chunks: Vec<usize>,
+        /// `x-prefiller-host-port` as set, and whether the picker removes
+        /// the client's (a disaggregated model's prefill plan).
+        prefiller: Option<String>,
+        prefiller_removed: bool,
     },
     Immediate {
         status: u16,
@@ -225,6 +230,18 @@ impl Stream {
             "the picker's headers replace the client's"
         );
         let header = String::from_utf8(dest.raw_value.clone()).unwrap();
+        let prefiller = set
+            .iter()
+            .map(|o| o.header.as_ref().unwrap())
+            .find(|h| h.key == PREFILLER)
+            .map(|h| String::from_utf8(h.raw_value.clone()).unwrap());
+        let prefiller_removed = common
+            .header_mutation
+            .as_ref()
+            .unwrap()
+            .remove_headers
+            .iter()
+            .any(|h| h == PREFILLER);
         let metadata = metadata.expect("dynamic metadata");
         let (mut body, mut chunks) = (Vec::new(), Vec::new());
         if buffered {
@@ -252,6 +269,8 @@ impl Stream {
             metadata,
             body,
             chunks,
+            prefiller,
+            prefiller_removed,
         }
     }
 
@@ -403,6 +422,92 @@ async fn the_pick_is_a_live_replica_named_alike_in_header_and_metadata() {
         gateway_metric(&gw, r#"sluice_generation_tokens_total{model="sim-model"}"#).await,
         2.0,
         "usage of a whole answer counted"
+    );
+}
+
+#[tokio::test]
+async fn a_disaggregated_model_gets_its_prefill_replica_named_for_the_decode_sidecar() {
+    // One prefill and two decode replicas (the gateway's roles; the data
+    // plane and the decode replica's sidecar are the client here).
+    let sims = sims(3).await;
+    let mut c = with_epp(routing_config(&urls(&sims)));
+    c.backends[0].role = Role::Prefill;
+    c.backends[1].role = Role::Decode;
+    c.backends[2].role = Role::Decode;
+    // A decode replica prefills a prompt it holds, however long.
+    c.routing.disaggregation.local_max_tokens = None;
+    let gw = start_routed(c, 3).await;
+    let names = addrs(&sims);
+    let body = serde_json::to_vec(&prefixed(0, 0)).unwrap();
+    let answer = br#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}"#;
+
+    let mut s = Stream::open(&gw).await;
+    let d = s.decide(&[(PREFILLER, "10.9.9.9:80")], None, &body).await;
+    let Decided::Picked { prefiller, .. } = &d else {
+        unreachable!()
+    };
+    let decode = d.endpoints();
+    assert!(
+        decode.iter().all(|e| *e != names[0]),
+        "only decode replicas are destinations: {decode:?}"
+    );
+    assert_eq!(
+        prefiller.as_deref(),
+        Some(names[0].as_str()),
+        "a cold prompt is prefilled on the prefill replica, named over the client's"
+    );
+    s.respond("application/json", &[answer], None).await;
+    assert_eq!(pd_decisions(&gw, "remote").await, 1.0);
+
+    // The same prompt: routing sends it to the decode replica that holds
+    // it, which prefills it itself; the client's header is removed.
+    let mut s = Stream::open(&gw).await;
+    let d = s.decide(&[(PREFILLER, "10.9.9.9:80")], None, &body).await;
+    let Decided::Picked {
+        prefiller,
+        prefiller_removed,
+        ..
+    } = &d
+    else {
+        unreachable!()
+    };
+    assert_eq!(d.endpoints()[0], decode[0], "the decode replica holding it");
+    assert_eq!(*prefiller, None);
+    assert!(
+        prefiller_removed,
+        "a client never names the prefill replica"
+    );
+    s.respond("application/json", &[answer], None).await;
+    assert_eq!(pd_decisions(&gw, "local_cached").await, 1.0);
+    assert_eq!(in_flight(&gw), 0);
+}
+
+async fn pd_decisions(gw: &Gateway, reason: &str) -> f64 {
+    gateway_metric(
+        gw,
+        &format!("sluice_pd_decisions_total{{model=\"sim-model\",reason=\"{reason}\"}}"),
+    )
+    .await
+}
+
+#[test]
+fn sglangs_protocol_through_the_picker_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("epp.yaml");
+    std::fs::write(
+        &path,
+        "backends:\n  - url: http://10.0.0.1:8000\n    role: prefill\n    bootstrap_port: 8998\n  - url: http://10.0.0.2:8000\n    role: decode\nrouting:\n  disaggregation:\n    protocol: sglang\nepp:\n  listen: 127.0.0.1:9002\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check-config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("routing.disaggregation.protocol") && err.contains("x-prefiller-host-port"),
+        "{err}"
     );
 }
 
