@@ -62,14 +62,6 @@ async fn last_body(sim: &SimHandle) -> serde_json::Value {
     v["body"].clone()
 }
 
-async fn decisions(gw: &Gateway, reason: &str) -> f64 {
-    gateway_metric(
-        gw,
-        &format!("sluice_pd_decisions_total{{model=\"sim-model\",reason=\"{reason}\"}}"),
-    )
-    .await
-}
-
 #[tokio::test]
 async fn a_remote_prefill_hands_its_kv_to_the_decode_replica_streamed_and_whole() {
     let (p, d, gw) = fleet(|_| {}, |_| {}).await;
@@ -108,7 +100,7 @@ async fn a_remote_prefill_hands_its_kv_to_the_decode_replica_streamed_and_whole(
     // The decode replica used the pulled KV: it prefilled only the last token.
     assert!(d.state.metrics.prompt_tokens.get() > 0);
     assert_eq!(d.state.metrics.kv_transfer_failures.get(), 0);
-    assert_eq!(decisions(&gw, "remote").await, 2.0);
+    assert_eq!(pd_decisions(&gw, "remote").await, 2.0);
     // Usage counted once: the decode answer's prompt tokens, not both legs'.
     let (_, m) = get_text(&format!("{}/metrics", admin(&gw))).await;
     let prompt = metric_sum(&m, "sluice_prompt_tokens_total");
@@ -152,7 +144,7 @@ async fn a_failing_prefill_replica_falls_back_to_a_local_prefill() {
         db.get("kv_transfer_params").is_none(),
         "prefilled locally: {db}"
     );
-    assert_eq!(decisions(&gw, "local_fallback").await, 1.0);
+    assert_eq!(pd_decisions(&gw, "local_fallback").await, 1.0);
 }
 
 #[tokio::test]
@@ -192,8 +184,8 @@ async fn kv_the_decode_replica_cannot_fetch_is_prefilled_there_instead() {
         db.get("kv_transfer_params").is_none(),
         "asked again locally: {db}"
     );
-    assert_eq!(decisions(&gw, "local_kv_fetch_failed").await, 1.0);
-    assert_eq!(decisions(&gw, "remote").await, 0.0);
+    assert_eq!(pd_decisions(&gw, "local_kv_fetch_failed").await, 1.0);
+    assert_eq!(pd_decisions(&gw, "remote").await, 0.0);
 }
 
 #[tokio::test]
@@ -218,7 +210,7 @@ async fn a_prompt_the_decode_replica_holds_is_prefilled_there() {
         "no second remote prefill"
     );
     assert_eq!(d.state.metrics.received.get(), 2);
-    assert_eq!(decisions(&gw, "local_cached").await, 1.0);
+    assert_eq!(pd_decisions(&gw, "local_cached").await, 1.0);
 }
 
 #[tokio::test]
@@ -279,7 +271,7 @@ async fn a_sessions_turns_keep_one_prefill_replica() {
         homes.insert(seen[0]);
     }
     assert_eq!(homes.len(), 2, "sessions spread over both prefill replicas");
-    assert_eq!(decisions(&gw, "remote").await, 24.0);
+    assert_eq!(pd_decisions(&gw, "remote").await, 24.0);
 }
 
 /// A slow KV path: the decode replica takes ~300 ms to pull each prompt's
@@ -328,7 +320,7 @@ async fn slow_kv_transfers_are_named_on_the_model() {
         .as_f64()
         .unwrap();
     assert!(mean >= 0.1, "{f}");
-    assert!(decisions(&gw, "remote").await >= 3.0);
+    assert!(pd_decisions(&gw, "remote").await >= 3.0);
 }
 
 /// With `local_max_tokens`, a prompt the decode replica holds is prefilled
@@ -349,7 +341,7 @@ async fn local_max_tokens_bounds_what_a_decode_replica_prefills_by_choice() {
     // The same prompt: nothing left to prefill, local.
     assert_eq!(post(&url, &body).await.0, 200);
     assert_eq!(p.state.metrics.received.get(), 1);
-    assert_eq!(decisions(&gw, "local_cached").await, 1.0);
+    assert_eq!(pd_decisions(&gw, "local_cached").await, 1.0);
     // The same prompt and ~180 new tokens: two thirds of it are held
     // there, but the rest is over the bound: remote.
     let mut longer = body.clone();
@@ -361,7 +353,7 @@ async fn local_max_tokens_bounds_what_a_decode_replica_prefills_by_choice() {
     assert_eq!(post(&url, &longer).await.0, 200);
     assert_eq!(p.state.metrics.received.get(), 2, "prefilled remotely");
     assert_eq!(d.state.metrics.received.get(), 3);
-    assert_eq!(decisions(&gw, "remote").await, 2.0);
+    assert_eq!(pd_decisions(&gw, "remote").await, 2.0);
 }
 
 #[tokio::test]
@@ -396,31 +388,13 @@ async fn a_client_that_leaves_during_the_prefill_cancels_it() {
 
 #[tokio::test]
 async fn a_bootstrap_port_on_a_decode_replica_is_a_config_error_naming_the_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("pd.yaml");
-    std::fs::write(
-        &path,
+    let (ok, err) = check_config(
         "backends:\n  - url: http://10.0.0.1:8000\n    role: prefill\n    bootstrap_port: 8998\n  - url: http://10.0.0.2:8000\n    role: decode\n    bootstrap_port: 8998\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["check-config", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    );
+    assert!(!ok);
     assert!(err.contains("backends[1].bootstrap_port"), "{err}");
-    std::fs::write(
-        &path,
-        "backends:\n  - url: http://10.0.0.1:8000\n    role: prefil\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["check-config", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let (ok, err) = check_config("backends:\n  - url: http://10.0.0.1:8000\n    role: prefil\n");
+    assert!(!ok);
     assert!(err.contains("role") && err.contains("line 3"), "{err}");
 }
 
@@ -493,7 +467,7 @@ async fn sglangs_protocol_sends_both_legs_with_one_bootstrap_room() {
         assert_eq!(pb["stream"], false, "{pb}");
     }
     assert_eq!(d.state.metrics.kv_transfer_failures.get(), 0);
-    assert_eq!(decisions(&gw, "remote").await, 2.0);
+    assert_eq!(pd_decisions(&gw, "remote").await, 2.0);
 }
 
 #[tokio::test]
@@ -508,7 +482,7 @@ async fn a_failed_sglang_prefill_drops_the_waiting_decode_leg_and_prefills_local
     assert!(text.contains("[DONE]"));
     let db = last_body(&d).await;
     assert!(db.get("bootstrap_room").is_none(), "the local leg: {db}");
-    assert_eq!(decisions(&gw, "local_fallback").await, 1.0);
+    assert_eq!(pd_decisions(&gw, "local_fallback").await, 1.0);
 }
 
 async fn named(gw: &Gateway, pathology: &str, sim: &SimHandle) -> bool {
@@ -608,7 +582,7 @@ async fn legs_traced(
     let url = format!("{}/v1/chat/completions", api(gw));
     let (status, _, text) = post(&url, &chat(0, 200, true)).await;
     assert_eq!(status, 200, "{text}");
-    assert_eq!(decisions(gw, "remote").await, 1.0);
+    assert_eq!(pd_decisions(gw, "remote").await, 1.0);
     wait_until("spans exported", Duration::from_secs(10), || {
         let n = rx.store.spans().len();
         async move { n >= 3 }

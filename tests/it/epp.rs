@@ -482,29 +482,12 @@ async fn a_disaggregated_model_gets_its_prefill_replica_named_for_the_decode_sid
     assert_eq!(in_flight(&gw), 0);
 }
 
-async fn pd_decisions(gw: &Gateway, reason: &str) -> f64 {
-    gateway_metric(
-        gw,
-        &format!("sluice_pd_decisions_total{{model=\"sim-model\",reason=\"{reason}\"}}"),
-    )
-    .await
-}
-
 #[test]
 fn sglangs_protocol_through_the_picker_is_a_config_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("epp.yaml");
-    std::fs::write(
-        &path,
+    let (ok, err) = check_config(
         "backends:\n  - url: http://10.0.0.1:8000\n    role: prefill\n    bootstrap_port: 8998\n  - url: http://10.0.0.2:8000\n    role: decode\nrouting:\n  disaggregation:\n    protocol: sglang\nepp:\n  listen: 127.0.0.1:9002\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["check-config", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    );
+    assert!(!ok);
     assert!(
         err.contains("routing.disaggregation.protocol") && err.contains("x-prefiller-host-port"),
         "{err}"

@@ -206,6 +206,31 @@ pub async fn gateway_metric(gw: &Gateway, series: &str) -> f64 {
     metric(&text, series).unwrap_or(0.0)
 }
 
+/// `sluice_pd_decisions_total` of the test model for `reason`.
+pub async fn pd_decisions(gw: &Gateway, reason: &str) -> f64 {
+    gateway_metric(
+        gw,
+        &format!("sluice_pd_decisions_total{{model=\"sim-model\",reason=\"{reason}\"}}"),
+    )
+    .await
+}
+
+/// `sluice check-config` on a config file of `yaml`: whether it passed, and
+/// what it said on stderr.
+pub fn check_config(yaml: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["check-config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// The simulator's count of finished requests by reason (`abort` = cancelled).
 pub fn sim_finished(sim: &SimHandle, reason: &'static str) -> u64 {
     sim.state.metrics.finished_count(reason)
