@@ -81,10 +81,10 @@ pub(crate) struct Exchange {
     relay: Option<Relay>,
     /// A whole response, kept (bounded) to read its usage at its end.
     whole: Option<BytesMut>,
-    /// A remote prefill named to the decode replica's sidecar: its
-    /// accounting on the prefill replica, and when it was named (its
-    /// prefill is done when the decode replica answers).
-    prefill: Option<(Placement, std::time::Instant)>,
+    /// A remote prefill named to the decode replica's sidecar: its prompt
+    /// counted in the prefill replica's backlog until the decode replica
+    /// answers (its prefill is done by then).
+    prefill: Option<Placement>,
 }
 
 impl Exchange {
@@ -281,7 +281,7 @@ impl Exchange {
             };
             let (reason, named) = match disagg::choose(&side, &c.prefill) {
                 Ok((replica, placement)) => {
-                    self.prefill = Some((placement, std::time::Instant::now()));
+                    self.prefill = Some(placement);
                     (PdReason::Remote, Some(replica))
                 }
                 Err(reason) => (reason, None),
@@ -402,11 +402,11 @@ impl Exchange {
         md: Option<&Metadata>,
     ) -> Result<(), Over> {
         self.served(md);
-        if let Some((mut placement, named)) = self.prefill.take() {
-            // The decode replica answers once the prefill and its transfer
-            // are done: the prefill replica's rate learns from it.
-            placement.first_token(named.elapsed());
-        }
+        // The prefill is done: its prompt leaves the prefill replica's
+        // backlog. Dropped, not timed: the decode replica's answer also
+        // waited for the transfer and the decode replica's own queue, which
+        // would calibrate the prefill replica's rate wrong.
+        drop(self.prefill.take());
         let parsed = wire::headers(h.headers.as_ref());
         let status = parsed.status.unwrap_or(200);
         let is_sse = parsed
