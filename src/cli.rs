@@ -306,7 +306,8 @@ pub struct BenchArgs {
     pub json: Option<PathBuf>,
     /// Write every request's timing to this file, one JSON line each (when
     /// sent, TTFT, end to end, the replica that answered where it says,
-    /// cached tokens). Not with agentic.
+    /// cached tokens, the shared prefix of a `shared-prefix` prompt). Not
+    /// with agentic.
     #[arg(long, value_name = "FILE")]
     pub requests_json: Option<PathBuf>,
     /// No progress lines.

@@ -207,6 +207,10 @@ pub enum RouteReason {
     /// Another replica was predicted to give the first token much sooner
     /// than the home (predicted TTFT, `detour_margin`).
     Detour,
+    /// The prefix's home kept evicting what it was sent (cached tokens fell
+    /// short lately) while it held at least two prompts more than the open
+    /// replica holding the fewest: the prefix moved to a new home.
+    Rehome,
     /// Every candidate was filtered out (pressure, stale metrics, ejection):
     /// the least loaded of them was used rather than failing.
     Fallback,
@@ -229,12 +233,13 @@ impl RouteReason {
             RouteReason::SpillStale => "spill_stale",
             RouteReason::SpillLoad => "spill_load",
             RouteReason::Detour => "detour",
+            RouteReason::Rehome => "rehome",
             RouteReason::Fallback => "fallback",
             RouteReason::Retry => "retry",
         }
     }
 
-    pub const ALL: [RouteReason; 14] = [
+    pub const ALL: [RouteReason; 15] = [
         RouteReason::RoundRobin,
         RouteReason::LeastLoaded,
         RouteReason::Affinity,
@@ -247,6 +252,7 @@ impl RouteReason {
         RouteReason::SpillStale,
         RouteReason::SpillLoad,
         RouteReason::Detour,
+        RouteReason::Rehome,
         RouteReason::Fallback,
         RouteReason::Retry,
     ];

@@ -156,6 +156,8 @@ pub(crate) struct Sample {
     /// (for `--requests-json`).
     index: u64,
     sent: Duration,
+    /// The shared prefix its prompt opened with (`shared-prefix`).
+    prefix: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -313,6 +315,7 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
             break;
         }
         let (messages, max_tokens) = generator.next(n);
+        let prefix = generator.last_prefix;
         let mut body = cfg.api.body(&model, messages, max_tokens);
         if !cfg.stream {
             body["stream"] = false.into();
@@ -334,7 +337,7 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
                 whole(&client, &base, key.as_deref(), api, body).await
             };
             s.content = None;
-            (s.index, s.sent) = (index, sent);
+            (s.index, s.sent, s.prefix) = (index, sent, prefix);
             if s.error.is_some() {
                 failed.fetch_add(1, Relaxed);
             }
@@ -363,7 +366,8 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
 
 /// One JSON line per request, in the order they were sent: when (seconds
 /// from the start), its TTFT and end to end, the replica that answered
-/// where it says (`system_fingerprint`), its cached and prompt tokens.
+/// where it says (`system_fingerprint`), its cached and prompt tokens,
+/// and the shared prefix its prompt opened with.
 fn write_requests(path: &std::path::Path, samples: &mut [Sample]) -> anyhow::Result<()> {
     samples.sort_by_key(|s| s.index);
     let mut out = String::new();
@@ -376,6 +380,7 @@ fn write_requests(path: &std::path::Path, samples: &mut [Sample]) -> anyhow::Res
             "replica": s.replica,
             "cached_tokens": s.cached_tokens,
             "prompt_tokens": s.prompt_tokens,
+            "prefix": s.prefix,
             "error": s.error,
         });
         out.push_str(&line.to_string());

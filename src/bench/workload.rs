@@ -38,6 +38,8 @@ pub(crate) struct Generator {
     shape: Shape,
     rng: fastrand::Rng,
     prefixes: Vec<String>,
+    /// The shared prefix the last prompt opened with (`shared-prefix`).
+    pub(crate) last_prefix: Option<usize>,
 }
 
 const FILLER: &str = "Sluice streams every token of every answer and times each one. ";
@@ -64,6 +66,7 @@ impl Generator {
             shape,
             rng: fastrand::Rng::with_seed(seed),
             prefixes,
+            last_prefix: None,
         }
     }
 
@@ -76,6 +79,7 @@ impl Generator {
     pub(crate) fn next(&mut self, n: u64) -> (serde_json::Value, u32) {
         let s = self.shape.clone();
         let unique = format!("#{n} ");
+        self.last_prefix = None;
         let (system, user, max_tokens) = match s.workload {
             // Agentic sessions are built by `bench::agentic`, not here.
             Workload::Fixed | Workload::Agentic => {
@@ -88,6 +92,7 @@ impl Generator {
             }
             Workload::SharedPrefix => {
                 let i = self.rng.usize(..self.prefixes.len());
+                self.last_prefix = Some(i);
                 let prefix = self.prefixes[i].clone();
                 (
                     Some(prefix),

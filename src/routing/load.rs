@@ -85,6 +85,9 @@ pub(crate) struct Load {
     /// Requests whose cached tokens fell short of the prediction (the index
     /// was corrected for them).
     pub(crate) shortfalls: AtomicU64,
+    /// Those shortfalls lately (the engine evicted what it was sent here):
+    /// a replica whose cache does not keep its prompts.
+    pub(crate) evicting: Recent,
     /// Requests this gateway routed here lately: its share of the traffic,
     /// for placing new keys.
     pub(crate) routed: Recent,

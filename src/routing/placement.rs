@@ -97,6 +97,7 @@ impl Placement {
         let pending = self.ahead > self.uncached;
         if actual + tpb < self.predicted_cached && !pending {
             l.shortfalls.fetch_add(1, Relaxed);
+            l.evicting.add(std::time::Instant::now());
             let held = (actual / tpb) as usize;
             let claimed = self.matched_blocks.min(self.hashes.len());
             if held < claimed {

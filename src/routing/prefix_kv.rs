@@ -178,6 +178,14 @@ fn place(
         })
 }
 
+/// The prefix blocks this gateway's index lists for each replica.
+fn sizes(views: &[View]) -> Vec<f64> {
+    views
+        .iter()
+        .map(|v| v.memory.prefixes.len() as f64)
+        .collect()
+}
+
 /// Where a request belongs, and why.
 struct Home {
     index: usize,
@@ -548,8 +556,25 @@ impl PrefixKv {
         // cascaded into seconds of TTFT.
         let pressed = |i: usize| views[i].blocked != Blocked::No || views[i].pressed != Blocked::No;
         let outgrown = |i: usize| pressed(i) && !within(i);
+        // A holder whose engine keeps evicting what it was sent (its cached
+        // tokens fell short of the index's lately), while it holds at least
+        // two prompts more than the open replica holding the fewest, has
+        // more prompts than its cache keeps: the prefix moves to a new home
+        // and is forgotten here. Only then: on a fleet whose caches are all
+        // too small, or balanced, moving on every shortfall moved prompts
+        // in turn (each move a cold prefill that evicts another prompt
+        // there; `many_keys`: 2.2x the new homes, warm p99 6.5x). Each move
+        // makes the holder hold one fewer, so they stop by themselves.
+        let evicting = |i: usize| held(i) && views[i].memory.load.evicting.get(ctx.now) > 0;
+        let listed = (0..n).any(evicting).then(|| sizes(views));
+        let prompts = |s: &[f64], i: usize| (s[i] / ctx.hashes.len().max(1) as f64).round();
+        let crowded = |i: usize| {
+            listed.as_deref().is_some_and(|s| {
+                evicting(i) && (0..n).any(|j| open(j) && prompts(s, j) + 2.0 <= prompts(s, i))
+            })
+        };
         if let Some(i) = place(&ranked, views, ctx.prompt_tokens, None, |i| {
-            held(i) && keeps(i) && !outgrown(i)
+            held(i) && keeps(i) && !outgrown(i) && !crowded(i)
         }) {
             return Home {
                 index: i,
@@ -560,6 +585,7 @@ impl PrefixKv {
         }
         // Why the prefix's home could not keep it.
         let reason = match ranked.iter().copied().find(|&i| held(i)) {
+            Some(h) if crowded(h) => RouteReason::Rehome,
             Some(h) if keeps(h) => RouteReason::SpillLoad,
             Some(h) => views[h].blocked.spill(),
             None if home_len == 0 => RouteReason::LeastLoaded,
@@ -568,21 +594,32 @@ impl PrefixKv {
         // A new home balances what the replicas hold: the prefix blocks this
         // gateway sent each (the prefixes placed there, and the traffic
         // they bring), as a router that sees every prompt balances its
-        // trees. Read only here: a new prefix is a rare event. A prompt
+        // trees. Read only here and for a holder that evicted lately: both
+        // are rare events. A prompt
         // shorter than a block has nothing to keep: the least work.
-        let blocks: Vec<f64> = if home_len == 0 {
-            Vec::new()
-        } else {
-            views
-                .iter()
-                .map(|v| v.memory.prefixes.len() as f64)
-                .collect()
+        let fresh;
+        let blocks: &[f64] = match &listed {
+            _ if home_len == 0 => &[],
+            Some(s) => s,
+            None => {
+                fresh = sizes(views);
+                &fresh
+            }
         };
-        let held = (home_len > 0).then_some((blocks.as_slice(), ctx.hashes.len()));
+        let held_blocks = (home_len > 0).then_some((blocks, ctx.hashes.len()));
         let prompt = ctx.prompt_tokens;
-        let index = place(&ranked, views, prompt, held, |i| open(i) && within(i))
-            .or_else(|| place(&ranked, views, prompt, held, open))
-            .unwrap_or(ranked[0]);
+        let index = place(&ranked, views, prompt, held_blocks, |i| {
+            open(i) && within(i)
+        })
+        .or_else(|| place(&ranked, views, prompt, held_blocks, open))
+        .unwrap_or(ranked[0]);
+        if reason == RouteReason::Rehome {
+            for (i, v) in views.iter().enumerate() {
+                if i != index && held(i) && crowded(i) {
+                    v.memory.prefixes.forget(&ctx.hashes[..v.matched]);
+                }
+            }
+        }
         Home {
             index,
             reason,
@@ -1022,6 +1059,66 @@ mod tests {
         // the wait, without moving it.
         let next = pick(&p, &reps, &new);
         assert_eq!((next.index, next.reason), (a, RouteReason::Detour));
+    }
+
+    #[test]
+    fn a_home_that_keeps_evicting_gives_prompts_away_while_it_holds_more() {
+        use crate::routing::placement::Placement;
+        let reps = replicas(3);
+        let p = policy();
+        let now = Instant::now();
+        let tpb = p.tokens_per_block();
+        // Prompts of 40 blocks; each new one goes where the fewest are held.
+        let prompt = |k: u64| -> Vec<u64> { (0..40).map(|b| k * 1000 + b).collect() };
+        let mut homes = vec![Vec::new(); 3];
+        for k in 0..6 {
+            let d = pick(&p, &reps, &prompt(k));
+            assert_eq!(d.reason, RouteReason::PrefixNew);
+            homes[d.index].push(k);
+        }
+        assert!(homes.iter().all(|h| h.len() == 2), "{homes:?}");
+        // Its engine evicts the tail of a prompt it was sent (it keeps the
+        // first half): the closed loop hears of it at the request's end.
+        let evict = |i: usize, k: u64| {
+            let mem = p.affinity.of(&reps[i].name, now);
+            let h = prompt(k);
+            Placement::new(mem, 1, 40 * tpb, Arc::from(h.as_slice()), 40, tpb)
+                .finished(20 * tpb, None);
+        };
+        // On a balanced fleet an eviction moves nothing: the prompt stays.
+        evict(0, homes[0][0]);
+        let d = pick(&p, &reps, &prompt(homes[0][0]));
+        assert_eq!((d.index, d.reason), (0, RouteReason::Affinity));
+        // Replica 0 gets two more prompts (sent there while the others were
+        // pressed, say): it holds four to the others' two.
+        for k in [6, 7] {
+            p.affinity
+                .of(&reps[0].name, now)
+                .prefixes
+                .insert(&prompt(k));
+            homes[0].push(k);
+        }
+        let stay = pick(&p, &reps, &prompt(6));
+        assert_eq!((stay.index, stay.reason), (0, RouteReason::Affinity));
+        // Now its evictions give a prompt away, to a replica holding two,
+        // and it is forgotten there: its next request stays at its new home.
+        evict(0, 6);
+        let moved = pick(&p, &reps, &prompt(6));
+        assert_eq!(moved.reason, RouteReason::Rehome);
+        assert_ne!(moved.index, 0);
+        assert_eq!(
+            p.affinity
+                .of(&reps[0].name, now)
+                .prefixes
+                .longest_match(&prompt(6)),
+            0
+        );
+        assert_eq!(pick(&p, &reps, &prompt(6)).index, moved.index);
+        // Holding three to the others' three and two, replica 0 keeps the
+        // rest, evicting or not.
+        evict(0, 7);
+        let kept = pick(&p, &reps, &prompt(7));
+        assert_eq!((kept.index, kept.reason), (0, RouteReason::Affinity));
     }
 
     #[test]
