@@ -36,6 +36,8 @@ Reported per run: TTFT and inter-token p50/p99, errors, and Sluice's decisions
 
 `--kill-prefill-after 10` kills one of the two prefill replicas (SIGKILL) 10 s into
 every run: the failure drill (no request may be lost or hang; `errors` counts them).
+`--prefill-blocks N` gives the prefill replicas N KV blocks (caches that hold the agentic
+sessions' histories: what placement buys when the cache is not the limit).
 
 Everything listens on 127.0.0.1; every process is stopped at the end of its run.
 """
@@ -77,6 +79,8 @@ WORKLOADS = {
 
 # The first prefill replica's process, for `--kill-prefill-after`.
 PREFILL_PROCS = []
+# `--prefill-blocks`: the prefill replicas' KV blocks, if not the engine's 2,048.
+PREFILL_BLOCKS = None
 
 
 def start_sims(procs, roles):
@@ -84,7 +88,10 @@ def start_sims(procs, roles):
     PREFILL_PROCS.clear()
     for role in roles:
         port = free_port()
-        p = procs.start([BIN, "sim", "--listen", f"127.0.0.1:{port}", "--role", role, *ENGINE])
+        engine = list(ENGINE)
+        if role == "prefill" and PREFILL_BLOCKS:
+            engine[engine.index("--num-blocks") + 1] = str(PREFILL_BLOCKS)
+        p = procs.start([BIN, "sim", "--listen", f"127.0.0.1:{port}", "--role", role, *engine])
         if role == "prefill":
             PREFILL_PROCS.append(p)
         out.append((f"http://127.0.0.1:{port}", role))
@@ -204,12 +211,15 @@ def main():
     ap.add_argument("--kill-prefill-after", type=float,
                     help="kill one prefill replica this many seconds into each run (failure drill)")
     ap.add_argument("--sluice-config", help="extra config for the Sluice gateways (experiments)")
+    ap.add_argument("--prefill-blocks", type=int,
+                    help="KV blocks of the prefill replicas (default: the engine's 2,048)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    global EXTRA, PREFILL_BLOCKS
     if args.sluice_config:
-        global EXTRA
         with open(args.sluice_config) as f:
             EXTRA = f.read()
+    PREFILL_BLOCKS = args.prefill_blocks
     names = ["sluice-pd", "sluice-mixed"]
     if args.routers_venv:
         names[1:1] = [f"{args.protocol}-pd-cache_aware", f"{args.protocol}-pd-power_of_two"]
