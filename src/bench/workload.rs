@@ -143,6 +143,9 @@ mod tests {
             assert_eq!(max, 50);
             let sys = m[0]["content"].as_str().unwrap_or_default().to_string();
             assert_eq!(crate::tokens::estimate(&sys), 1000);
+            // The prefix it names is the one the prompt opens with.
+            let i = g.last_prefix.unwrap_or(usize::MAX);
+            assert!(sys.starts_with(&format!("[document {i}] ")), "{i}");
             seen.insert(sys);
             assert!(
                 m[1]["content"]
@@ -162,8 +165,10 @@ mod tests {
             800
         );
         assert_eq!(max, 50);
-        let (_, max) = Generator::new(shape(Workload::LongOutput), 1).next(0);
+        let mut g = Generator::new(shape(Workload::LongOutput), 1);
+        let (_, max) = g.next(0);
         assert_eq!(max, 400);
+        assert_eq!(g.last_prefix, None, "no shared prefix");
         let mut g = Generator::new(shape(Workload::Random), 1);
         for n in 0..20 {
             let (m, max) = g.next(n);
