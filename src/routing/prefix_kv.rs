@@ -615,7 +615,7 @@ impl PrefixKv {
         .unwrap_or(ranked[0]);
         if reason == RouteReason::Rehome {
             for (i, v) in views.iter().enumerate() {
-                if i != index && held(i) && crowded(i) {
+                if i != index && crowded(i) {
                     v.memory.prefixes.forget(&ctx.hashes[..v.matched]);
                 }
             }
