@@ -278,6 +278,9 @@ pub enum PdReason {
     LocalNoKv,
     /// Locally, again: the decode replica could not fetch the KV.
     LocalKvFetchFailed,
+    /// Locally: the engines have no prefill leg for the request's API
+    /// (Responses; Messages under SGLang's protocol).
+    LocalApi,
 }
 
 impl PdReason {
@@ -290,10 +293,11 @@ impl PdReason {
             PdReason::LocalFallback => "local_fallback",
             PdReason::LocalNoKv => "local_no_kv",
             PdReason::LocalKvFetchFailed => "local_kv_fetch_failed",
+            PdReason::LocalApi => "local_api",
         }
     }
 
-    pub const ALL: [PdReason; 7] = [
+    pub const ALL: [PdReason; 8] = [
         PdReason::Remote,
         PdReason::LocalCached,
         PdReason::LocalPoolBusy,
@@ -301,6 +305,7 @@ impl PdReason {
         PdReason::LocalFallback,
         PdReason::LocalNoKv,
         PdReason::LocalKvFetchFailed,
+        PdReason::LocalApi,
     ];
 }
 

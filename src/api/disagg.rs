@@ -21,7 +21,9 @@
 //!    goes to the prefill replica, within `prefill_timeout`; the
 //!    `kv_transfer_params` of its answer go, as they came, into the client's
 //!    own body for the decode replica, whose answer streams to the client as
-//!    any answer does.
+//!    any answer does. Chat, completions and Messages (vLLM answers the
+//!    parameters on all three); Responses is prefilled by the decode replica
+//!    (`local_api`, [`leg_api`]).
 //! 4. **Failures, nothing lost.** A prefill replica that refuses, fails or
 //!    times out: one other prefill replica, then a local prefill
 //!    (`local_fallback`; off, the request fails with 503). An answer
@@ -35,7 +37,8 @@
 //! 5. **SGLang's protocol** (`protocol: sglang`): the client's body with
 //!    `bootstrap_host`, `bootstrap_port` and a random `bootstrap_room` goes to
 //!    the prefill replica (drained and checked in a task) and to the decode
-//!    replica at once; the decode answer streams to the client. A prefill
+//!    replica at once (chat and completions); the decode answer streams to
+//!    the client. A prefill
 //!    that fails before the decode replica answers drops the decode leg and
 //!    prefills locally (`local_fallback`); one that fails later leaves the
 //!    decode replica to its own timeout (its room never fills).
@@ -63,7 +66,7 @@ use crate::telemetry::record::PdRecord;
 use crate::telemetry::tracecontext::TRACEPARENT;
 use crate::upstream::client::proxied_request;
 use crate::upstream::pool::{InFlight, Replica};
-use crate::vocab::PdReason;
+use crate::vocab::{Endpoint, PdReason, Wire};
 
 /// Prefill replicas tried for one request before it is prefilled locally.
 const PREFILL_TRIES: usize = 2;
@@ -77,6 +80,8 @@ pub(crate) struct Attempt<'a> {
     pub parts: &'a Head,
     /// The request's path as the client sent it.
     pub path: &'a str,
+    /// The API of the request (and of the prefill answer).
+    pub wire: Wire,
     pub rid: &'a HeaderValue,
     /// `traceparent` for the prefill legs (the trace's prefill span).
     pub traceparent: Option<&'a [u8]>,
@@ -204,14 +209,7 @@ pub(crate) async fn prefill(
 ) -> Result<Planned, GatewayError> {
     let local = |reason| Planned {
         body: body.clone(),
-        record: PdRecord {
-            reason,
-            prefill_backend: None,
-            prefill_sent: None,
-            prefill: None,
-            prefill_done: None,
-            prefill_cached: None,
-        },
+        record: PdRecord::local(reason),
         sglang: None,
     };
     let cfg = &a.state.config.routing.disaggregation;
@@ -285,6 +283,24 @@ pub(crate) async fn prefill(
             "{} (no prefill replica answered; routing.disaggregation.local_fallback is off)",
             a.ctx.model
         )))
+    }
+}
+
+/// Whether a generation of `endpoint` to a disaggregated model gets a
+/// prefill leg (`Some(true)`), is prefilled by its decode replica because
+/// the engines have no leg for its API (`Some(false)`: `local_api`), or is
+/// not a generation (`None`: counted nowhere). vLLM takes
+/// `kv_transfer_params` on chat, completions and Messages and answers them
+/// there, but not on Responses (whose stored state also lives on the
+/// replica that answered); SGLang's Messages takes no bootstrap fields; the
+/// decode sidecar behind the endpoint picker (`picker`) runs the legs of
+/// chat and completions only (llm-d's).
+pub(crate) fn leg_api(protocol: PdProtocol, endpoint: Endpoint, picker: bool) -> Option<bool> {
+    match endpoint {
+        Endpoint::Chat | Endpoint::Completions => Some(true),
+        Endpoint::Messages => Some(protocol == PdProtocol::Vllm && !picker),
+        Endpoint::Responses => Some(false),
+        Endpoint::Embeddings | Endpoint::CountTokens | Endpoint::Passthrough => None,
     }
 }
 
@@ -526,18 +542,31 @@ async fn leg(
         .get("kv_transfer_params")
         .filter(|p| p.is_object())
         .cloned();
-    let cached = v
-        .pointer("/usage/prompt_tokens_details/cached_tokens")
-        .and_then(Value::as_u64)
-        .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
-    let prompt = v
-        .pointer("/usage/prompt_tokens")
-        .and_then(Value::as_u64)
-        .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    let (cached, prompt) = prefill_usage(a.wire, &v, &bytes);
     if let Some(c) = cached {
         placement.finished(c, prompt);
     }
     Ok((params, cached, started, took))
+}
+
+/// The prefill answer's cached and prompt tokens, in its API's shape:
+/// OpenAI's `usage.prompt_tokens` and `prompt_tokens_details.cached_tokens`,
+/// or Anthropic's (read as the proxy reads a whole Messages answer).
+fn prefill_usage(wire: Wire, v: &Value, bytes: &[u8]) -> (Option<u32>, Option<u32>) {
+    if wire == Wire::Anthropic {
+        return crate::stream::protocols::whole(wire, bytes)
+            .and_then(|w| w.usage)
+            .map_or((None, None), |u| (u.cached_tokens, Some(u.prompt_tokens)));
+    }
+    let n = |p: &str| {
+        v.pointer(p)
+            .and_then(Value::as_u64)
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+    };
+    (
+        n("/usage/prompt_tokens_details/cached_tokens"),
+        n("/usage/prompt_tokens"),
+    )
 }
 
 /// The prefill leg's body (vLLM): the client's, answered whole with one
@@ -615,6 +644,49 @@ mod tests {
         let v: Value = serde_json::from_slice(&prefill_body(&plain).unwrap()).unwrap();
         assert!(v.get("max_completion_tokens").is_none());
         assert_eq!(v["max_tokens"], 1);
+    }
+
+    #[test]
+    fn a_prefill_answers_usage_is_read_in_its_apis_shape() {
+        let openai = br#"{"usage":{"prompt_tokens":300,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":128}}}"#;
+        let v: Value = serde_json::from_slice(openai).unwrap();
+        assert_eq!(
+            prefill_usage(Wire::OpenAi, &v, openai),
+            (Some(128), Some(300))
+        );
+        // Anthropic's: the prompt is input, cache read and cache creation.
+        let anthropic = br#"{"type":"message","content":[],"stop_reason":"max_tokens","usage":{"input_tokens":172,"cache_read_input_tokens":128,"cache_creation_input_tokens":0,"output_tokens":1}}"#;
+        let v: Value = serde_json::from_slice(anthropic).unwrap();
+        assert_eq!(
+            prefill_usage(Wire::Anthropic, &v, anthropic),
+            (Some(128), Some(300))
+        );
+        assert_eq!(
+            prefill_usage(Wire::OpenAi, &v, anthropic),
+            (None, None),
+            "the other API's fields are not read"
+        );
+    }
+
+    #[test]
+    fn only_the_apis_the_engines_serve_a_prefill_leg_for_get_one() {
+        use PdProtocol::{Sglang, Vllm};
+        for (protocol, endpoint, picker, leg) in [
+            (Vllm, Endpoint::Chat, false, Some(true)),
+            (Sglang, Endpoint::Completions, false, Some(true)),
+            (Vllm, Endpoint::Messages, false, Some(true)),
+            (Vllm, Endpoint::Messages, true, Some(false)),
+            (Sglang, Endpoint::Messages, false, Some(false)),
+            (Vllm, Endpoint::Responses, false, Some(false)),
+            (Vllm, Endpoint::Embeddings, false, None),
+            (Vllm, Endpoint::CountTokens, false, None),
+        ] {
+            assert_eq!(
+                leg_api(protocol, endpoint, picker),
+                leg,
+                "{protocol:?} {endpoint:?} picker={picker}"
+            );
+        }
     }
 
     #[test]

@@ -555,10 +555,18 @@ async fn forward(
     guard: &mut RequestGuard,
 ) -> Result<Reply, GatewayError> {
     let fallback = candidates.fallback;
-    // A disaggregated model's prefill replicas (vLLM's protocol, the chat
-    // and completions APIs: `api/disagg.rs`).
-    let prefills = match endpoint {
-        Endpoint::Chat | Endpoint::Completions => std::mem::take(&mut candidates.prefill),
+    // A disaggregated model's prefill replicas (`api/disagg.rs`), for the
+    // APIs whose prefill leg the engines serve.
+    let prefills = std::mem::take(&mut candidates.prefill);
+    let protocol = state.config.routing.disaggregation.protocol;
+    let prefills = match super::disagg::leg_api(protocol, endpoint, false) {
+        Some(true) => prefills,
+        Some(false) if !prefills.is_empty() => {
+            guard.record.pd = Some(Box::new(crate::telemetry::record::PdRecord::local(
+                crate::vocab::PdReason::LocalApi,
+            )));
+            Vec::new()
+        }
         _ => Vec::new(),
     };
     let candidates = &mut candidates.replicas;
@@ -640,6 +648,7 @@ async fn forward(
                 state,
                 parts,
                 path,
+                wire: endpoint.wire(),
                 rid,
                 traceparent: prefill_tp.as_ref().map(|t| &t[..]),
                 ctx: &ctx,

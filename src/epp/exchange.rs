@@ -269,8 +269,14 @@ impl Exchange {
         // the proxy plans it, now that the decode replica is known; the
         // decode replica's sidecar runs it on the replica named.
         let mut prefiller = None;
-        if !c.prefill.is_empty() && matches!(self.endpoint, Endpoint::Chat | Endpoint::Completions)
-        {
+        let protocol = state.config.routing.disaggregation.protocol;
+        let leg = disagg::leg_api(protocol, self.endpoint, true);
+        if !c.prefill.is_empty() && leg == Some(false) {
+            // An API the sidecar runs no prefill leg for: the decode
+            // replica prefills (and no client's header names a prefiller).
+            prefiller = Some(None);
+            guard.record.pd = Some(Box::new(PdRecord::local(PdReason::LocalApi)));
+        } else if !c.prefill.is_empty() && leg == Some(true) {
             let ctx = input.ctx(&model);
             let side = DecodeSide {
                 state: &state,
@@ -288,12 +294,8 @@ impl Exchange {
             };
             prefiller = Some(named.as_ref().map(|r| endpoint_of(r).to_string()));
             guard.record.pd = Some(Box::new(PdRecord {
-                reason,
                 prefill_backend: named.map(|r| r.name.clone()),
-                prefill_sent: None,
-                prefill: None,
-                prefill_done: None,
-                prefill_cached: None,
+                ..PdRecord::local(reason)
             }));
         }
         self.picks

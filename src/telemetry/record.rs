@@ -127,6 +127,18 @@ pub struct PdRecord {
 }
 
 impl PdRecord {
+    /// A prefill done by the decode replica itself, for `reason`.
+    pub fn local(reason: crate::vocab::PdReason) -> Self {
+        PdRecord {
+            reason,
+            prefill_backend: None,
+            prefill_sent: None,
+            prefill: None,
+            prefill_done: None,
+            prefill_cached: None,
+        }
+    }
+
     /// The remote prefill leg's time, sent to answered, if it answered.
     pub fn prefill_time(&self) -> Option<Duration> {
         self.prefill

@@ -117,6 +117,131 @@ async fn a_remote_prefill_hands_its_kv_to_the_decode_replica_streamed_and_whole(
     assert!(backends.contains("\"role\":\"prefill\"") && backends.contains("\"role\":\"decode\""));
 }
 
+/// An Anthropic Messages request of ~`words` x 2 tokens, distinct per `i`.
+fn message(i: usize, words: usize, stream: bool) -> serde_json::Value {
+    let text: String = (0..words).map(|w| format!("m{i}w{w} ")).collect();
+    serde_json::json!({
+        "model": "sim-model", "stream": stream, "max_tokens": 5,
+        "system": "You are terse.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
+    })
+}
+
+#[tokio::test]
+async fn messages_are_disaggregated_and_responses_prefilled_on_the_decode_replica() {
+    let (p, d, gw) = fleet(|_| {}, |_| {}).await;
+    let url = format!("{}/v1/messages", api(&gw));
+    for (i, stream) in [(0, true), (1, false)] {
+        let (status, _, text) = post(&url, &message(i, 200, stream)).await;
+        assert_eq!(status, 200, "{text}");
+        if stream {
+            assert!(text.contains("event: message_stop"), "{text}");
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["type"], "message", "{v}");
+            assert_eq!(v["usage"]["output_tokens"], 5, "{v}");
+            assert!(v.get("kv_transfer_params").is_none(), "{v}");
+        }
+        // The prefill leg: Messages, whole, one token, keeping the KV.
+        let pb = last_body(&p).await;
+        assert_eq!(pb["stream"], false, "{pb}");
+        assert_eq!(pb["max_tokens"], 1, "{pb}");
+        assert_eq!(pb["system"], "You are terse.", "{pb}");
+        assert_eq!(pb["kv_transfer_params"]["do_remote_decode"], true, "{pb}");
+        // The decode leg: the client's own, with the prefill's parameters.
+        let db = last_body(&d).await;
+        assert_eq!(db["stream"], stream, "{db}");
+        assert_eq!(db["max_tokens"], 5, "{db}");
+        assert_eq!(db["kv_transfer_params"]["do_remote_prefill"], true, "{db}");
+        assert_eq!(db["kv_transfer_params"]["remote_port"], p.addr.port());
+    }
+    assert_eq!(pd_decisions(&gw, "remote").await, 2.0);
+    assert_eq!(d.state.metrics.kv_transfer_failures.get(), 0);
+    let (_, m) = get_text(&format!("{}/metrics", admin(&gw))).await;
+    assert_eq!(
+        metric_sum(&m, "sluice_prompt_tokens_total"),
+        d.state.metrics.prompt_tokens.get() as f64,
+        "prompt tokens counted once, from the decode answer"
+    );
+
+    // Responses: vLLM's answers carry no transfer parameters, so the decode
+    // replica prefills; the prefill replica is not asked.
+    let asked = p.state.metrics.received.get();
+    let (status, _, text) = post(
+        &format!("{}/v1/responses", api(&gw)),
+        &serde_json::json!({"model": "sim-model", "input": "hello ".repeat(300), "max_output_tokens": 5}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(p.state.metrics.received.get(), asked);
+    let db = last_body(&d).await;
+    assert!(db.get("kv_transfer_params").is_none(), "{db}");
+    assert_eq!(pd_decisions(&gw, "local_api").await, 1.0);
+}
+
+#[tokio::test]
+async fn under_sglangs_protocol_messages_are_prefilled_on_the_decode_replica() {
+    // SGLang's Messages API takes no bootstrap fields.
+    let (p, d, gw) = sglang_fleet(|_| {}).await;
+    let (status, _, text) =
+        post(&format!("{}/v1/messages", api(&gw)), &message(0, 100, true)).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("event: message_stop"), "{text}");
+    assert_eq!(p.state.metrics.received.get(), 0);
+    let db = last_body(&d).await;
+    assert!(db.get("bootstrap_room").is_none(), "{db}");
+    assert_eq!(pd_decisions(&gw, "local_api").await, 1.0);
+    // Chat still has both legs.
+    let (status, _, text) = post(
+        &format!("{}/v1/chat/completions", api(&gw)),
+        &chat(1, 100, false),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(pd_decisions(&gw, "remote").await, 1.0);
+}
+
+#[tokio::test]
+async fn the_official_sdks_through_a_disaggregated_fleet_are_counted_once() {
+    use crate::protocols::{keyed, sdk};
+    let (p, d, gw) = fleet(
+        |_| {},
+        |c| *c = keyed(c.clone(), sluice::config::TierConfig::default()),
+    )
+    .await;
+    for (mode, reason) in [("messages", "remote"), ("responses", "local_api")] {
+        let v = sdk(mode, &gw).await;
+        let requests = v["requests"].as_array().unwrap();
+        assert!(requests.len() >= 4, "{v}");
+        let n = |v: &serde_json::Value| v.as_f64().unwrap();
+        for r in requests {
+            let g = &r["gateway"];
+            // Prompt and output as the client saw them, counted once
+            // (cached tokens are the prefill replica's: not the client's).
+            assert_eq!(
+                n(&g["sluice_prompt_tokens_total"]),
+                n(&r["sdk_prompt"]),
+                "{r}"
+            );
+            assert_eq!(
+                n(&g["sluice_generation_tokens_total"]),
+                n(&r["sdk_output"]),
+                "{r}"
+            );
+            if r["stream"] == true {
+                assert_eq!(
+                    n(&g["sluice_time_to_first_token_seconds_count"]),
+                    1.0,
+                    "{r}"
+                );
+            }
+        }
+        assert!(pd_decisions(&gw, reason).await >= 4.0, "{mode}: {v}");
+    }
+    assert!(p.state.metrics.received.get() >= 6);
+    assert_eq!(d.state.metrics.kv_transfer_failures.get(), 0);
+}
+
 /// Sum of every series of a family in a `/metrics` text.
 fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()

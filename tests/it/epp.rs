@@ -165,11 +165,11 @@ impl Stream {
         subset: Option<&[&str]>,
         body: &[u8],
     ) -> Decided {
-        let mut hs = vec![
-            header(":method", "POST"),
-            header(":path", "/v1/chat/completions"),
-            header("content-type", "application/json"),
-        ];
+        let mut hs = vec![header(":method", "POST")];
+        if !headers.iter().any(|(k, _)| *k == ":path") {
+            hs.push(header(":path", "/v1/chat/completions"));
+        }
+        hs.push(header("content-type", "application/json"));
         hs.extend(headers.iter().map(|(k, v)| header(k, v)));
         let md = subset.map(|s| {
             strings(
@@ -479,6 +479,41 @@ async fn a_disaggregated_model_gets_its_prefill_replica_named_for_the_decode_sid
     );
     s.respond("application/json", &[answer], None).await;
     assert_eq!(pd_decisions(&gw, "local_cached").await, 1.0);
+
+    // Messages: the sidecar runs no prefill leg for it, so none is named
+    // (and the client's header is removed); the decode replica prefills.
+    let messages = serde_json::to_vec(&serde_json::json!({
+        "model": "sim-model", "max_tokens": 5,
+        "messages": [{"role": "user", "content": "a cold prompt in Anthropic's API ".repeat(50)}],
+    }))
+    .unwrap();
+    let mut s = Stream::open(&gw).await;
+    let d = s
+        .decide(
+            &[(":path", "/v1/messages"), (PREFILLER, "10.9.9.9:80")],
+            None,
+            &messages,
+        )
+        .await;
+    let Decided::Picked {
+        prefiller,
+        prefiller_removed,
+        ..
+    } = &d
+    else {
+        unreachable!()
+    };
+    assert!(d.endpoints().iter().all(|e| *e != names[0]), "{d:?}");
+    assert_eq!(*prefiller, None);
+    assert!(prefiller_removed);
+    s.respond(
+        "application/json",
+        &[br#"{"type":"message","content":[],"usage":{"input_tokens":10,"output_tokens":2}}"#],
+        None,
+    )
+    .await;
+    assert_eq!(pd_decisions(&gw, "local_api").await, 1.0);
+    assert_eq!(pd_decisions(&gw, "remote").await, 1.0);
     assert_eq!(in_flight(&gw), 0);
 }
 

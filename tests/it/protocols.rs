@@ -11,9 +11,9 @@ use sluice::config::{ApiKey, Config, Secret, TierConfig};
 use crate::common::*;
 use crate::routing::{routing_config, sims, start_routed, urls};
 
-const KEY: &str = "sk-test-agent";
+pub(crate) const KEY: &str = "sk-test-agent";
 
-fn keyed(mut c: Config, tier: TierConfig) -> Config {
+pub(crate) fn keyed(mut c: Config, tier: TierConfig) -> Config {
     use sha2::Digest;
     c.auth.keys = vec![ApiKey {
         name: "agent".into(),
@@ -31,7 +31,7 @@ async fn last_request(sim: &sluice::sim::SimHandle) -> serde_json::Value {
 }
 
 /// Run `tests/python/sdk_protocols.py MODE` against the gateway.
-async fn sdk(mode: &str, gw: &sluice::server::Gateway) -> serde_json::Value {
+pub(crate) async fn sdk(mode: &str, gw: &sluice::server::Gateway) -> serde_json::Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/sdk_protocols.py");
     let out = tokio::process::Command::new(python::python())
         .args([script, mode, &api(gw), &admin(gw), KEY])
