@@ -361,6 +361,36 @@ impl Exchange {
         Ok(())
     }
 
+    /// The drain deadline passed with this stream open (the proxy's streams
+    /// end with an error event then). A request not yet picked is answered
+    /// here: 503 in its API's shape. One picked (its request forwarded, its
+    /// response perhaps under way) is reported failed and its stream ended
+    /// with gRPC's `UNAVAILABLE`, not reset: the data plane applies its
+    /// failure mode (fail open: the response goes on without the picker).
+    pub(crate) async fn cut(&mut self) {
+        if self.picks.is_empty() && self.guard.is_some() {
+            let _ = self.reject(GatewayError::ShuttingDown).await;
+            return;
+        }
+        if let Some(mut g) = self.guard.take() {
+            g.on_cut(turn::now());
+            let e = GatewayError::ShuttingDown;
+            // No response yet: the status the proxy would have answered.
+            let status = match g.record.status {
+                0 => e.status().as_u16(),
+                s => s,
+            };
+            g.record.fail(status, e.kind());
+            // Dropped: reported now, its replica and seat released.
+        }
+        let _ = self
+            .tx
+            .send(Err(Status::unavailable(
+                "the endpoint picker is shutting down (its drain deadline passed)",
+            )))
+            .await;
+    }
+
     /// Answer the request here with `e`'s status and OpenAI-shaped body
     /// (429 for a request flow control dropped, as the protocol asks).
     async fn reject(&mut self, e: GatewayError) -> Result<(), Over> {

@@ -70,6 +70,8 @@ impl ExternalProcessor for Processor {
         // The state current when the stream opened serves it to its end,
         // as a request of the API listener keeps its snapshot.
         let state = self.live.load();
+        // Raised when the drain deadline passes (`Gateway::shutdown`).
+        let cut = state.cut.clone();
         let mut inbound = request.into_inner();
         tokio::spawn(async move {
             let mut x = exchange::Exchange::new(state, tx.clone());
@@ -78,15 +80,28 @@ impl ExternalProcessor for Processor {
                     m = inbound.message() => m,
                     // The data plane stopped reading: the stream is gone.
                     () = tx.closed() => break,
-                };
-                match msg {
-                    Ok(Some(m)) => {
-                        if x.on(m).await.is_err() {
-                            break;
-                        }
+                    () = cut.raised() => {
+                        x.cut().await;
+                        break;
                     }
+                };
+                let m = match msg {
+                    Ok(Some(m)) => m,
                     // The data plane closed or reset the stream.
                     Ok(None) | Err(_) => break,
+                };
+                // A request held by flow control (or a message waiting for
+                // room to answer) is cut too.
+                let cut_now = tokio::select! {
+                    r = x.on(m) => match r {
+                        Ok(()) => false,
+                        Err(exchange::Over) => break,
+                    },
+                    () = cut.raised() => true,
+                };
+                if cut_now {
+                    x.cut().await;
+                    break;
                 }
             }
             // `x` drops here with its request's guard: whatever was not

@@ -885,6 +885,60 @@ async fn a_full_pool_holds_the_request_until_a_seat_frees() {
 }
 
 #[tokio::test]
+async fn at_the_drain_deadline_the_pickers_streams_end_with_an_answer_not_a_reset() {
+    let sims = sims(1).await;
+    let mut c = with_epp(config_for(&urls(&sims)));
+    c.backends[0].max_concurrency = Some(1);
+    let gw = start_gateway(c, 1).await;
+    // One request picked, its streamed response under way.
+    let mut first = Stream::open(&gw).await;
+    first
+        .decide(&[], None, &chat("one", true))
+        .await
+        .endpoints();
+    let h = HttpHeaders {
+        headers: Some(HeaderMap {
+            headers: vec![
+                header(":status", "200"),
+                header("content-type", "text/event-stream"),
+            ],
+        }),
+        ..HttpHeaders::default()
+    };
+    first.send(Msg::ResponseHeaders(h), None, false).await;
+    assert!(matches!(first.next().await, Answer::ResponseHeaders(_)));
+    // A second held by flow control: the one seat is taken.
+    let mut second = Stream::open(&gw).await;
+    let held = tokio::spawn(async move { second.decide(&[], None, &chat("two", true)).await });
+    wait_until(
+        "the second request waits",
+        Duration::from_secs(10),
+        || async {
+            gateway_metric(&gw, r#"sluice_flow_waiting_requests{model="sim-model"}"#).await == 1.0
+        },
+    )
+    .await;
+
+    // The drain deadline passes with both open.
+    let stopping = tokio::spawn(gw.shutdown(Duration::from_millis(200)));
+    // The held request is answered, 503 in its API's shape.
+    let (status, body) = held.await.unwrap().immediate();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["code"], "shutdown", "{body}");
+    // The picked one's stream ends with gRPC's UNAVAILABLE, not a reset.
+    let ended = tokio::time::timeout(Duration::from_secs(20), first.rx.message())
+        .await
+        .expect("the stream ends");
+    let status = ended.expect_err("an error status ends it");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("shutting down"), "{status:?}");
+    tokio::time::timeout(Duration::from_secs(20), stopping)
+        .await
+        .expect("the shutdown ends")
+        .unwrap();
+}
+
+#[tokio::test]
 async fn the_health_services_answer() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
