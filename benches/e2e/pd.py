@@ -55,7 +55,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stream_overhead import free_port, wait_http  # noqa: E402
-from agentic import ADMINS, Procs, gateway_counts  # noqa: E402
+from agentic import ADMINS, Procs, gateway_counts, sim_counts  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, "target", "release", "sluice")
@@ -191,6 +191,14 @@ def run(name, workload, args, seed):
         }
         if killed_at is not None:
             row["prefill_killed_at_s"] = killed_at
+        # Each decode replica's share of the tokens generated (the balance
+        # of the decode pool: its busiest replica sets the inter-token p99).
+        decode = [u for u, role in sims if role == "decode"]
+        try:
+            gen = sim_counts(decode, "vllm:generation_tokens_total")
+            row["decode_generation_share"] = [round(g / max(sum(gen), 1.0), 3) for g in gen]
+        except OSError:
+            pass
         if ADMINS:
             row["decisions"] = {k.split('reason="')[1].rstrip('"}'): v for k, v in gateway_counts(
                 ADMINS, ["sluice_pd_decisions_total"]).items() if v}
