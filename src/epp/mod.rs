@@ -76,14 +76,17 @@ impl ExternalProcessor for Processor {
         tokio::spawn(async move {
             let mut x = exchange::Exchange::new(state, tx.clone());
             loop {
+                // The cut first: a seat it frees elsewhere must not let a
+                // request held here be picked after the deadline.
                 let msg = tokio::select! {
-                    m = inbound.message() => m,
-                    // The data plane stopped reading: the stream is gone.
-                    () = tx.closed() => break,
+                    biased;
                     () = cut.raised() => {
                         x.cut().await;
                         break;
                     }
+                    m = inbound.message() => m,
+                    // The data plane stopped reading: the stream is gone.
+                    () = tx.closed() => break,
                 };
                 let m = match msg {
                     Ok(Some(m)) => m,
@@ -93,11 +96,12 @@ impl ExternalProcessor for Processor {
                 // A request held by flow control (or a message waiting for
                 // room to answer) is cut too.
                 let cut_now = tokio::select! {
+                    biased;
+                    () = cut.raised() => true,
                     r = x.on(m) => match r {
                         Ok(()) => false,
                         Err(exchange::Over) => break,
                     },
-                    () = cut.raised() => true,
                 };
                 if cut_now {
                     x.cut().await;
