@@ -850,12 +850,27 @@ async fn a_dropped_stream_releases_its_replica_and_its_seat() {
     assert_eq!(ends[0], sims[0].addr.to_string(), "the seat came back");
 }
 
-#[tokio::test]
-async fn a_full_pool_holds_the_request_until_a_seat_frees() {
+/// A picker in front of one replica with one seat: flow control holds the
+/// requests after the first.
+async fn one_seat() -> (Vec<SimHandle>, Gateway) {
     let sims = sims(1).await;
     let mut c = with_epp(config_for(&urls(&sims)));
     c.backends[0].max_concurrency = Some(1);
     let gw = start_gateway(c, 1).await;
+    (sims, gw)
+}
+
+/// Until flow control holds one request.
+async fn one_waiting(gw: &Gateway) {
+    wait_until("a request waits", Duration::from_secs(10), || async {
+        gateway_metric(gw, r#"sluice_flow_waiting_requests{model="sim-model"}"#).await == 1.0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_full_pool_holds_the_request_until_a_seat_frees() {
+    let (sims, gw) = one_seat().await;
     let mut first = Stream::open(&gw).await;
     first
         .decide(&[], None, &chat("one", false))
@@ -867,15 +882,7 @@ async fn a_full_pool_holds_the_request_until_a_seat_frees() {
         s.decide(&[], None, &chat("two", false)).await
     };
     let waiting = async {
-        wait_until(
-            "the second request waits",
-            Duration::from_secs(10),
-            || async {
-                gateway_metric(&gw, r#"sluice_flow_waiting_requests{model="sim-model"}"#).await
-                    == 1.0
-            },
-        )
-        .await;
+        one_waiting(&gw).await;
         first
             .respond("application/json", &[br#"{"choices":[]}"#], None)
             .await;
@@ -886,10 +893,7 @@ async fn a_full_pool_holds_the_request_until_a_seat_frees() {
 
 #[tokio::test]
 async fn at_the_drain_deadline_the_pickers_streams_end_with_an_answer_not_a_reset() {
-    let sims = sims(1).await;
-    let mut c = with_epp(config_for(&urls(&sims)));
-    c.backends[0].max_concurrency = Some(1);
-    let gw = start_gateway(c, 1).await;
+    let (_sims, gw) = one_seat().await;
     // One request picked, its streamed response under way.
     let mut first = Stream::open(&gw).await;
     first
@@ -910,14 +914,7 @@ async fn at_the_drain_deadline_the_pickers_streams_end_with_an_answer_not_a_rese
     // A second held by flow control: the one seat is taken.
     let mut second = Stream::open(&gw).await;
     let held = tokio::spawn(async move { second.decide(&[], None, &chat("two", true)).await });
-    wait_until(
-        "the second request waits",
-        Duration::from_secs(10),
-        || async {
-            gateway_metric(&gw, r#"sluice_flow_waiting_requests{model="sim-model"}"#).await == 1.0
-        },
-    )
-    .await;
+    one_waiting(&gw).await;
 
     // The drain deadline passes with both open.
     let stopping = tokio::spawn(gw.shutdown(Duration::from_millis(200)));
