@@ -75,6 +75,19 @@ impl Decided {
         }
     }
 
+    /// The prefill replica the pick names, and whether a client's own
+    /// header naming one is removed.
+    fn prefiller(&self) -> (Option<&str>, bool) {
+        match self {
+            Decided::Picked {
+                prefiller,
+                prefiller_removed,
+                ..
+            } => (prefiller.as_deref(), *prefiller_removed),
+            Decided::Immediate { status, body } => panic!("not picked: {status} {body}"),
+        }
+    }
+
     fn immediate(&self) -> (u16, serde_json::Value) {
         match self {
             Decided::Immediate { status, body } => (*status, error_of(body)),
@@ -88,6 +101,19 @@ fn header(k: &str, v: &str) -> HeaderValue {
         key: k.into(),
         raw_value: v.as_bytes().to_vec(),
         ..HeaderValue::default()
+    }
+}
+
+/// A 200 answer's headers of `content_type`, more to come.
+fn response_head(content_type: &str) -> HttpHeaders {
+    HttpHeaders {
+        headers: Some(HeaderMap {
+            headers: vec![
+                header(":status", "200"),
+                header("content-type", content_type),
+            ],
+        }),
+        ..HttpHeaders::default()
     }
 }
 
@@ -463,19 +489,11 @@ async fn a_disaggregated_model_gets_its_prefill_replica_named_for_the_decode_sid
     // it, which prefills it itself; the client's header is removed.
     let mut s = Stream::open(&gw).await;
     let d = s.decide(&[(PREFILLER, "10.9.9.9:80")], None, &body).await;
-    let Decided::Picked {
-        prefiller,
-        prefiller_removed,
-        ..
-    } = &d
-    else {
-        unreachable!()
-    };
     assert_eq!(d.endpoints()[0], decode[0], "the decode replica holding it");
-    assert_eq!(*prefiller, None);
-    assert!(
-        prefiller_removed,
-        "a client never names the prefill replica"
+    assert_eq!(
+        d.prefiller(),
+        (None, true),
+        "none named, and a client never names the prefill replica"
     );
     s.respond("application/json", &[answer], None).await;
     assert_eq!(pd_decisions(&gw, "local_cached").await, 1.0);
@@ -495,17 +513,8 @@ async fn a_disaggregated_model_gets_its_prefill_replica_named_for_the_decode_sid
             &messages,
         )
         .await;
-    let Decided::Picked {
-        prefiller,
-        prefiller_removed,
-        ..
-    } = &d
-    else {
-        unreachable!()
-    };
     assert!(d.endpoints().iter().all(|e| *e != names[0]), "{d:?}");
-    assert_eq!(*prefiller, None);
-    assert!(prefiller_removed);
+    assert_eq!(d.prefiller(), (None, true));
     s.respond(
         "application/json",
         &[br#"{"type":"message","content":[],"usage":{"input_tokens":10,"output_tokens":2}}"#],
@@ -797,15 +806,7 @@ async fn the_served_fallback_takes_the_attempt_over() {
             .in_flight()
     };
     assert_eq!((replica(&ends[0]), replica(&ends[1])), (1, 0));
-    let h = HttpHeaders {
-        headers: Some(HeaderMap {
-            headers: vec![
-                header(":status", "200"),
-                header("content-type", "application/json"),
-            ],
-        }),
-        ..HttpHeaders::default()
-    };
+    let h = response_head("application/json");
     let mut md = strings("envoy.lb", "unused", &[]);
     md.filter_metadata
         .get_mut("envoy.lb")
@@ -850,14 +851,19 @@ async fn a_dropped_stream_releases_its_replica_and_its_seat() {
     assert_eq!(ends[0], sims[0].addr.to_string(), "the seat came back");
 }
 
-/// A picker in front of one replica with one seat: flow control holds the
-/// requests after the first.
-async fn one_seat() -> (Vec<SimHandle>, Gateway) {
+/// A picker in front of one replica with one seat, taken by a first request
+/// (`stream`ed or not) already picked: flow control holds the next ones.
+async fn one_seat_taken(stream: bool) -> (Vec<SimHandle>, Gateway, Stream) {
     let sims = sims(1).await;
     let mut c = with_epp(config_for(&urls(&sims)));
     c.backends[0].max_concurrency = Some(1);
     let gw = start_gateway(c, 1).await;
-    (sims, gw)
+    let mut first = Stream::open(&gw).await;
+    first
+        .decide(&[], None, &chat("one", stream))
+        .await
+        .endpoints();
+    (sims, gw, first)
 }
 
 /// Until flow control holds one request.
@@ -870,12 +876,7 @@ async fn one_waiting(gw: &Gateway) {
 
 #[tokio::test]
 async fn a_full_pool_holds_the_request_until_a_seat_frees() {
-    let (sims, gw) = one_seat().await;
-    let mut first = Stream::open(&gw).await;
-    first
-        .decide(&[], None, &chat("one", false))
-        .await
-        .endpoints();
+    let (sims, gw, mut first) = one_seat_taken(false).await;
     let gw2 = &gw;
     let second = async move {
         let mut s = Stream::open(gw2).await;
@@ -893,22 +894,9 @@ async fn a_full_pool_holds_the_request_until_a_seat_frees() {
 
 #[tokio::test]
 async fn at_the_drain_deadline_the_pickers_streams_end_with_an_answer_not_a_reset() {
-    let (_sims, gw) = one_seat().await;
     // One request picked, its streamed response under way.
-    let mut first = Stream::open(&gw).await;
-    first
-        .decide(&[], None, &chat("one", true))
-        .await
-        .endpoints();
-    let h = HttpHeaders {
-        headers: Some(HeaderMap {
-            headers: vec![
-                header(":status", "200"),
-                header("content-type", "text/event-stream"),
-            ],
-        }),
-        ..HttpHeaders::default()
-    };
+    let (_sims, gw, mut first) = one_seat_taken(true).await;
+    let h = response_head("text/event-stream");
     first.send(Msg::ResponseHeaders(h), None, false).await;
     assert!(matches!(first.next().await, Answer::ResponseHeaders(_)));
     // A second held by flow control: the one seat is taken.
