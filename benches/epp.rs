@@ -25,6 +25,14 @@
 //! (`/proc/PID/stat`), and in-flight counts left after the run and once the
 //! client's connections are closed (a request still counted then is a leak).
 //! The client's HTTP/2 windows are Envoy's defaults (256 MiB).
+//!
+//! `--floor` replaces the picker by the protocol's floor, served by this
+//! program itself on the picker's core: a processor that reads nothing of
+//! the request but takes its body in over gRPC and hands it back (names a
+//! fixed destination, re-emits the body in the picker's chunks, passes the
+//! response through), over tonic with the picker's HTTP/2 windows. What it
+//! spends a request is what any picker of this protocol spends before it
+//! reads a byte of the body (the picker's metrics are not scraped then).
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -35,12 +43,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result, bail};
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, HeaderValueOption};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
-    body_mutation::Mutation, external_processor_client::ExternalProcessorClient,
-    processing_request::Request as Msg, processing_response::Response as Answer,
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
+    HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+    StreamedBodyResponse,
+    body_mutation::Mutation,
+    external_processor_client::ExternalProcessorClient,
+    external_processor_server::{ExternalProcessor, ExternalProcessorServer},
+    processing_request::Request as Msg,
+    processing_response::Response as Answer,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -70,6 +83,10 @@ struct Args {
     json: Option<PathBuf>,
     /// Another build of the gateway than `target/release/sluice`.
     sluice: Option<PathBuf>,
+    /// The protocol's floor in the picker's place (see the top).
+    floor: bool,
+    /// Serve the floor on this port (what `--floor` runs this program as).
+    serve_floor: Option<u16>,
 }
 
 impl Args {
@@ -87,6 +104,8 @@ impl Args {
             client_cpu: 1,
             json: None,
             sluice: None,
+            floor: false,
+            serve_floor: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(k) = it.next() {
@@ -111,11 +130,13 @@ impl Args {
                 "--client-cpu" => a.client_cpu = v()?.parse()?,
                 "--json" => a.json = Some(v()?.into()),
                 "--sluice" => a.sluice = Some(v()?.into()),
+                "--floor" => a.floor = true,
+                "--serve-floor" => a.serve_floor = Some(v()?.parse()?),
                 "-h" | "--help" => {
                     println!(
                         "cargo bench --bench epp -- [--rate 2000] [--seconds 20] [--prompt-kb 220] \
                          [--chunk-kb 64] [--prefixes 16] [--channels 4] [--arrivals poisson|fixed] \
-                         [--picker-cpu 0] [--client-cpu 1] [--json PATH] [--sluice BIN]"
+                         [--picker-cpu 0] [--client-cpu 1] [--json PATH] [--sluice BIN] [--floor]"
                     );
                     return Ok(None);
                 }
@@ -549,7 +570,8 @@ struct Fleet {
     /// Killed when the fleet drops.
     _procs: Procs,
     picker_pid: u32,
-    admin: String,
+    /// The picker's admin listener (`None`: the floor, which has none).
+    admin: Option<String>,
     epp: String,
     health: String,
     _config: tempfile::NamedTempFile,
@@ -637,7 +659,7 @@ async fn start_fleet(bin: &Path, a: &Args, http: &reqwest::Client) -> Result<Fle
     Ok(Fleet {
         _procs: procs,
         picker_pid,
-        admin,
+        admin: Some(admin),
         epp: format!("http://127.0.0.1:{epp}"),
         health: health_url,
         _config: cfg,
@@ -771,6 +793,153 @@ fn latency(mut v: Vec<Duration>) -> serde_json::Value {
     })
 }
 
+/// The picker's metrics (empty for the floor: no metric, nothing left).
+async fn scrape(http: &reqwest::Client, fleet: &Fleet) -> Result<String> {
+    match &fleet.admin {
+        Some(admin) => get(http, &format!("{admin}/metrics")).await,
+        None => Ok(String::new()),
+    }
+}
+
+// ---------------------------------------------------------------- the floor
+
+/// The protocol's floor (`--floor`): each stream's body taken in and handed
+/// back, nothing read.
+struct Floor;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Floor {
+    type ProcessStream = ReceiverStream<Result<ProcessingResponse, tonic::Status>>;
+
+    async fn process(
+        &self,
+        request: tonic::Request<tonic::Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut body = Vec::new();
+            while let Ok(Some(m)) = inbound.message().await {
+                let answers = match m.request {
+                    Some(Msg::RequestBody(b)) => {
+                        body.extend_from_slice(&b.body);
+                        if !b.end_of_stream {
+                            continue;
+                        }
+                        let mut out = vec![Answer::RequestHeaders(HeadersResponse {
+                            response: Some(CommonResponse {
+                                header_mutation: Some(HeaderMutation {
+                                    set_headers: vec![HeaderValueOption {
+                                        header: Some(header(DEST, "127.0.0.1:8000")),
+                                        ..HeaderValueOption::default()
+                                    }],
+                                    ..HeaderMutation::default()
+                                }),
+                                ..CommonResponse::default()
+                            }),
+                        })];
+                        out.extend(echo(&std::mem::take(&mut body), Answer::RequestBody));
+                        out
+                    }
+                    Some(Msg::ResponseHeaders(_)) => {
+                        vec![Answer::ResponseHeaders(HeadersResponse::default())]
+                    }
+                    Some(Msg::ResponseBody(b)) => echo(&b.body, Answer::ResponseBody),
+                    _ => Vec::new(),
+                };
+                for a in answers {
+                    let m = ProcessingResponse {
+                        response: Some(a),
+                        ..ProcessingResponse::default()
+                    };
+                    if tx.send(Ok(m)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// `body` as the picker re-emits it: streamed chunks of at most 62,000 bytes.
+fn echo(body: &[u8], as_answer: fn(BodyResponse) -> Answer) -> Vec<Answer> {
+    let pieces: Vec<&[u8]> = body.chunks(62_000).collect();
+    let n = pieces.len().max(1);
+    (0..n)
+        .map(|i| {
+            let piece = pieces.get(i).copied().unwrap_or_default();
+            as_answer(BodyResponse {
+                response: Some(CommonResponse {
+                    body_mutation: Some(BodyMutation {
+                        mutation: Some(Mutation::StreamedResponse(StreamedBodyResponse {
+                            body: piece.to_vec(),
+                            end_of_stream: i + 1 == n,
+                            ..StreamedBodyResponse::default()
+                        })),
+                    }),
+                    ..CommonResponse::default()
+                }),
+            })
+        })
+        .collect()
+}
+
+/// Serve the floor on `port` (this program run by `--floor`, pinned to the
+/// picker's core): one runtime worker, as the picker has on one core.
+fn serve_floor(port: u16) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        tonic::transport::Server::builder()
+            // The picker's windows (`src/epp/mod.rs`).
+            .initial_stream_window_size(2 << 20)
+            .initial_connection_window_size(16 << 20)
+            .add_service(
+                ExternalProcessorServer::new(Floor)
+                    .max_decoding_message_size(64 << 20)
+                    .max_encoding_message_size(64 << 20),
+            )
+            .serve_with_incoming(incoming)
+            .await?;
+        Ok(())
+    })
+}
+
+/// The floor in the picker's place: this program, pinned to its core.
+async fn start_floor(a: &Args) -> Result<Fleet> {
+    let port = free_port()?;
+    let mut procs = Procs::default();
+    let mut c = pinned(a.picker_cpu, &std::env::current_exe()?);
+    c.args(["--serve-floor", &port.to_string()]);
+    let child = c.spawn().context("taskset the floor")?;
+    let picker_pid = child.id();
+    procs.0.push(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("the floor not listening within 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Fleet {
+        _procs: procs,
+        picker_pid,
+        admin: None,
+        epp: format!("http://127.0.0.1:{port}"),
+        health: String::new(),
+        _config: tempfile::NamedTempFile::new()?,
+    })
+}
+
 // ---------------------------------------------------------------- the run
 
 async fn drive(a: &Args, fleet: &Fleet, http: &reqwest::Client) -> Result<serde_json::Value> {
@@ -798,7 +967,7 @@ async fn drive(a: &Args, fleet: &Fleet, http: &reqwest::Client) -> Result<serde_
         one(c.clone(), body, chunk).await?;
     }
 
-    let before = get(http, &format!("{}/metrics", fleet.admin)).await?;
+    let before = scrape(http, fleet).await?;
     let cpu_before = cpu_seconds(fleet.picker_pid)?;
     let self_before = cpu_seconds(std::process::id())?;
 
@@ -868,7 +1037,7 @@ async fn drive(a: &Args, fleet: &Fleet, http: &reqwest::Client) -> Result<serde_
     }
     // Let the picker finish what it was releasing, then look for leaks.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let after = get(http, &format!("{}/metrics", fleet.admin)).await?;
+    let after = scrape(http, fleet).await?;
     // Then close the connections, as a data plane that goes away does: every
     // stream on them ends, and the picker must release each request.
     drop(clients);
@@ -876,7 +1045,7 @@ async fn drive(a: &Args, fleet: &Fleet, http: &reqwest::Client) -> Result<serde_
     let mut left = metric(&after, "sluice_requests_in_flight");
     while left > 0.0 && closed.elapsed() < RELEASE_WITHIN {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = get(http, &format!("{}/metrics", fleet.admin)).await?;
+        let now = scrape(http, fleet).await?;
         left = metric(&now, "sluice_requests_in_flight");
     }
     let released_ms = closed.elapsed().as_secs_f64() * 1e3;
@@ -927,7 +1096,11 @@ async fn drive(a: &Args, fleet: &Fleet, http: &reqwest::Client) -> Result<serde_
 /// The fleet up, the load driven; the children killed (by PID) on every
 /// path out, as `Procs` drops.
 async fn run(bin: &Path, a: &Args, http: &reqwest::Client) -> Result<serde_json::Value> {
-    let fleet = start_fleet(bin, a, http).await?;
+    let fleet = if a.floor {
+        start_floor(a).await?
+    } else {
+        start_fleet(bin, a, http).await?
+    };
     eprintln!(
         "picker pid {} on cpu {}, client on cpu {}: {} req/s for {} s, {} KB prompts, {} KiB chunks",
         fleet.picker_pid, a.picker_cpu, a.client_cpu, a.rate, a.seconds, a.prompt_kb, a.chunk_kb
@@ -969,6 +1142,9 @@ fn main() -> Result<()> {
     let Some(a) = Args::parse()? else {
         return Ok(());
     };
+    if let Some(port) = a.serve_floor {
+        return serve_floor(port);
+    }
     let bin = binary(a.sluice.as_deref())?;
     // This process (the client) on its own core, before any thread starts.
     let pid = std::process::id().to_string();
@@ -1012,6 +1188,7 @@ fn main() -> Result<()> {
             "chunk_kib": a.chunk_kb, "prefixes": a.prefixes, "channels": a.channels,
             "arrivals": if a.poisson { "poisson" } else { "fixed" },
             "picker_cpu": a.picker_cpu, "client_cpu": a.client_cpu,
+            "picker": if a.floor { "floor" } else { "sluice" },
             "replicas": REPLICAS,
         },
         "results": results,
