@@ -112,6 +112,7 @@ fn decision(c: &mut Criterion) {
             session: None,
             prompt_tokens: 4096,
             tail_tokens: 0,
+            decode_leg: false,
             now: Instant::now(),
         };
         prefix_kv.pick(&ctx, &views(&reps));
@@ -148,6 +149,7 @@ fn decision(c: &mut Criterion) {
                         session: None,
                         prompt_tokens: 4096,
                         tail_tokens: 0,
+                        decode_leg: false,
                         now: Instant::now(),
                     };
                     prefix_kv.pick(&ctx, &views(&reps))
@@ -165,6 +167,7 @@ fn decision(c: &mut Criterion) {
                         session: None,
                         prompt_tokens: 4096,
                         tail_tokens: 0,
+                        decode_leg: false,
                         now: Instant::now(),
                     };
                     rr.pick(&ctx, &views(&reps))

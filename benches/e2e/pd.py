@@ -27,7 +27,8 @@ Workloads (`--workloads`):
 Engine: steps of 8 ms + 0.1 ms a running sequence, prefill 0.1 ms a token, 64 seats,
 2,048 batched tokens, 2,048 KV blocks; KV transfers at 25 GB/s of 128 KiB a token.
 Reported per run: TTFT and inter-token p50/p99, errors, and Sluice's decisions
-(`sluice_pd_decisions_total`: remote prefills against local ones, and why).
+(`sluice_pd_decisions_total`: remote prefills against local ones, and why; and the
+decode replicas' `sluice_routing_decisions_total` by reason).
 
     cargo build --release
     python3 -m venv /tmp/routers && /tmp/routers/bin/pip install vllm-router sglang-router
@@ -202,6 +203,12 @@ def run(name, workload, args, seed):
         if ADMINS:
             row["decisions"] = {k.split('reason="')[1].rstrip('"}'): v for k, v in gateway_counts(
                 ADMINS, ["sluice_pd_decisions_total"]).items() if v}
+            # The decode replicas' routing decisions, by reason.
+            routes = {}
+            for k, v in gateway_counts(ADMINS, ["sluice_routing_decisions_total"]).items():
+                reason = k.split('reason="')[1].split('"')[0]
+                routes[reason] = routes.get(reason, 0.0) + v
+            row["routes"] = {k: v for k, v in routes.items() if v}
         return row
     finally:
         procs.stop()
@@ -245,7 +252,7 @@ def main():
                 runs[n].append(row)
                 print(f"{w:10s} seed {seed} {n:22s} TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f} ms"
                       f" | ITL p99 {row['itl_p99_ms']:6.2f} ms | ok {row['ok']}/{row['requests']} {row['errors']}"
-                      f" | {row.get('decisions', '')}", flush=True)
+                      f" | {row.get('decisions', '')} {row.get('routes', '')}", flush=True)
         summary = {n: {k: statistics.median([r[k] for r in rows]) for k in
                        ("ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms")} for n, rows in runs.items()}
         out["workloads"][w] = {"runs": runs, "summary": summary}

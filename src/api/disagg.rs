@@ -161,6 +161,7 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
             key: prefill_session(k.key),
             ..k
         }),
+        decode_leg: false,
         ..*s.ctx
     };
     Route::Pool(pool, ctx)

@@ -463,26 +463,35 @@ impl RouteInput {
             session: self.session,
             prompt_tokens: self.prompt_tokens,
             tail_tokens: self.tail_tokens,
+            decode_leg: false,
             now: turn::now_std(),
         }
     }
 }
 
 /// The policy's decision among `candidates` (`pinned`: the replica that
-/// keeps a Responses follow-up's previous response, if it is one of them).
-/// `None` only when there is no candidate.
+/// keeps a Responses follow-up's previous response, if it is one of them;
+/// `decode_leg`: the request's prefill goes to the prefill pool, see
+/// [`RouteCtx::decode_leg`]). `None` only when there is no candidate.
 pub(crate) fn pick(
     state: &AppState,
     input: &RouteInput,
     model: &str,
     candidates: &[Arc<Replica>],
     pinned: Option<Arc<str>>,
+    decode_leg: bool,
 ) -> Option<Decision> {
     let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
     let home = pinned.and_then(|name| views.iter().position(|v| v.name == name));
     match home {
         Some(index) => Some(Decision::plain(index, RouteReason::ResponseHome)),
-        None => state.policy.pick(&input.ctx(model), &views),
+        None => {
+            let ctx = RouteCtx {
+                decode_leg,
+                ..input.ctx(model)
+            };
+            state.policy.pick(&ctx, &views)
+        }
     }
 }
 
@@ -603,7 +612,8 @@ async fn forward(
         // In a block: what only the decision needs is not kept in the
         // request's future across the send (it is the size of the future
         // that each request allocates and writes).
-        let decision = pick(state, &input, &model, candidates, pinned.take());
+        let decode_leg = !prefills.is_empty();
+        let decision = pick(state, &input, &model, candidates, pinned.take(), decode_leg);
         let Some(decision) = decision else {
             // Only reachable after retries exhausted the candidates.
             return Err(GatewayError::NoHealthyBackend(model.to_string()));

@@ -256,7 +256,10 @@ impl Exchange {
         if self.endpoint == Endpoint::Responses {
             guard.remember_response(state.affinity.clone());
         }
-        let decision = proxy::pick(&state, &input, &model, &c.replicas, pinned)
+        let protocol = state.config.routing.disaggregation.protocol;
+        let leg = disagg::leg_api(protocol, self.endpoint, true);
+        let pd = !c.prefill.is_empty() && leg == Some(true);
+        let decision = proxy::pick(&state, &input, &model, &c.replicas, pinned, pd)
             .ok_or_else(|| GatewayError::NoHealthyBackend(model.to_string()))?;
         let reason = if c.fallback {
             RouteReason::Fallback
@@ -269,14 +272,12 @@ impl Exchange {
         // the proxy plans it, now that the decode replica is known; the
         // decode replica's sidecar runs it on the replica named.
         let mut prefiller = None;
-        let protocol = state.config.routing.disaggregation.protocol;
-        let leg = disagg::leg_api(protocol, self.endpoint, true);
         if !c.prefill.is_empty() && leg == Some(false) {
             // An API the sidecar runs no prefill leg for: the decode
             // replica prefills (and no client's header names a prefiller).
             prefiller = Some(None);
             guard.record.pd = Some(Box::new(PdRecord::local(PdReason::LocalApi)));
-        } else if !c.prefill.is_empty() && leg == Some(true) {
+        } else if pd {
             let ctx = input.ctx(&model);
             let side = DecodeSide {
                 state: &state,

@@ -95,6 +95,11 @@ pub struct RouteCtx<'a> {
     /// message and what follows: what the previous turn's replica lacks).
     pub prompt_tokens: u32,
     pub tail_tokens: u32,
+    /// A disaggregated request's decode leg (its model has prefill replicas
+    /// and its API a prefill leg): the prompt is prefilled in the prefill
+    /// pool, so leaving its prefix's holder costs a KV transfer, not a
+    /// prefill, while every stream a replica generates lengthens its steps.
+    pub decode_leg: bool,
     pub now: Instant,
 }
 

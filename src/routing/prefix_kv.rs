@@ -112,7 +112,8 @@ struct View {
     in_flight: f64,
     /// For placing new keys: this gateway's requests in flight there, the
     /// engine's own queue at its last fresh scrape (`least_loaded::work`),
-    /// and the requests this gateway sent there in the last 5-10 s.
+    /// and the requests this gateway sent there in the last 5-10 s (not for
+    /// a decode leg).
     work: f64,
     /// Scraped KV-cache usage (0 unknown): a tiebreak, never a stop.
     kv: f64,
@@ -299,8 +300,11 @@ impl RoutingPolicy for PrefixKv {
         // matrix's `few_keys` cell the seeds where 1-4 of the 16 prefixes'
         // first requests detoured ended 6/4/3/3 (busiest 1.22-1.52x the mean),
         // those where none did within 1.07x.
+        // Nor is a disaggregated decode leg: the prediction is of a prefill,
+        // and its prompt is prefilled in the prefill pool wherever it decodes
+        // (it would undo the decode leg's own spill to fewer streams).
         let margin = match ctx.session {
-            _ if home.reason == RouteReason::PrefixNew => 1.0,
+            _ if home.reason == RouteReason::PrefixNew || ctx.decode_leg => 1.0,
             Some(s) if s.explicit && !s.continuing => 1.0,
             Some(s) if s.explicit || s.continuing => self.cfg.session_detour_margin,
             _ => self.cfg.detour_margin,
@@ -374,8 +378,14 @@ impl PrefixKv {
             blocked,
             pressed,
             in_flight: f64::from(r.in_flight),
+            // A decode leg weighs the streams generating there now (its
+            // prompt is prefilled elsewhere), not the requests sent lately.
             work: least_loaded::work(r, ctx, self.stale_after)
-                + memory.load.routed.get(ctx.now) as f64,
+                + if ctx.decode_leg {
+                    0.0
+                } else {
+                    memory.load.routed.get(ctx.now) as f64
+                },
             kv,
             // (Read in `pick`, after `warm`.)
             matched: 0,
@@ -573,8 +583,26 @@ impl PrefixKv {
                 evicting(i) && (0..n).any(|j| open(j) && prompts(s, j) + 2.0 <= prompts(s, i))
             })
         };
+        // A decode leg leaves the holder when another open replica
+        // generates at least two streams fewer (this gateway's in flight):
+        // only then does sending it there even the batches out. The prompt
+        // is prefilled in the prefill pool wherever it decodes, so leaving
+        // costs a KV transfer and the KV it takes, not a prefill, while each
+        // stream more in a batch lengthens every step of the batch. (Decode
+        // legs by least work alone evened the steps but spread long shared
+        // documents over every decode replica's KV: retrieval's TTFT p99
+        // ratio fell from 1.90x to 1.47x; docs/benchmarks-log.md.)
+        let fewest = if ctx.decode_leg {
+            (0..n)
+                .filter(|&i| open(i))
+                .map(|i| views[i].in_flight)
+                .min_by(f64::total_cmp)
+        } else {
+            None
+        };
+        let uneven = |i: usize| fewest.is_some_and(|f| views[i].in_flight >= f + 2.0);
         if let Some(i) = place(&ranked, views, ctx.prompt_tokens, None, |i| {
-            held(i) && keeps(i) && !outgrown(i) && !crowded(i)
+            held(i) && keeps(i) && !outgrown(i) && !crowded(i) && !uneven(i)
         }) {
             return Home {
                 index: i,
@@ -609,7 +637,7 @@ impl PrefixKv {
         let held_blocks = (home_len > 0).then_some((blocks, ctx.hashes.len()));
         let prompt = ctx.prompt_tokens;
         let index = place(&ranked, views, prompt, held_blocks, |i| {
-            open(i) && within(i)
+            open(i) && within(i) && !uneven(i)
         })
         .or_else(|| place(&ranked, views, prompt, held_blocks, open))
         .unwrap_or(ranked[0]);
@@ -712,12 +740,17 @@ mod tests {
     }
 
     fn pick(p: &PrefixKv, reps: &[ReplicaView], hashes: &[u64]) -> Decision {
+        pick_leg(p, reps, hashes, false)
+    }
+
+    fn pick_leg(p: &PrefixKv, reps: &[ReplicaView], hashes: &[u64], decode_leg: bool) -> Decision {
         let ctx = RouteCtx {
             model: "m",
             hashes,
             session: None,
             prompt_tokens: 1000,
             tail_tokens: 0,
+            decode_leg,
             now: Instant::now(),
         };
         p.pick(&ctx, reps)
@@ -745,6 +778,7 @@ mod tests {
                 }),
                 prompt_tokens: 1000,
                 tail_tokens: 10,
+                decode_leg: false,
                 now,
             };
             p.pick(&ctx, &reps).unwrap()
@@ -981,6 +1015,7 @@ mod tests {
             session: None,
             prompt_tokens: 1000,
             tail_tokens: 0,
+            decode_leg: false,
             now: Instant::now(),
         };
         // Replica 0 is silent (stale) and idle; replica 1 is fresh with a queue.
@@ -1017,6 +1052,10 @@ mod tests {
         // Its home has a long backlog of prompts to prefill: this request is
         // served elsewhere, where its first token comes much sooner...
         backlog(home, 1_000_000);
+        // (A disaggregated decode leg stays: the wait predicted is for a
+        // prefill, and its prompt is prefilled in the prefill pool.)
+        let leg = pick_leg(&p, &reps, &h, true);
+        assert_eq!((leg.index, leg.reason), (home, RouteReason::Affinity));
         let d = pick(&p, &reps, &h);
         assert_eq!(d.reason, RouteReason::Detour);
         assert_ne!(d.index, home);
@@ -1164,5 +1203,36 @@ mod tests {
         let (per, spilled) = run(1000);
         assert_eq!(per.iter().max(), Some(&60), "{per:?}");
         assert_eq!(spilled, 0);
+    }
+
+    #[test]
+    fn a_decode_leg_leaves_its_holder_only_for_a_replica_two_streams_lighter() {
+        let mut reps = replicas(2);
+        let p = policy();
+        let h = [5, 6, 7];
+        let home = pick_leg(&p, &reps, &h, true).index;
+        let other = 1 - home;
+        let decode = |reps: &[ReplicaView]| {
+            let d = pick_leg(&p, reps, &h, true);
+            (d.index, d.reason)
+        };
+        // One stream more at the holder: moving would not even them out.
+        reps[home].in_flight = 1;
+        assert_eq!(decode(&reps), (home, RouteReason::Affinity));
+        // Two more: a request that prefills where it decodes keeps its
+        // prefix (leaving costs a cold prefill), a decode leg evens the
+        // streams out.
+        reps[home].in_flight = 2;
+        assert_eq!(pick(&p, &reps, &h).index, home);
+        assert_eq!(decode(&reps), (other, RouteReason::SpillLoad));
+        // The prefix now has two holders: the legs go to the one with
+        // fewer streams while they differ by two, and stay where they are
+        // otherwise.
+        reps[other].in_flight = 3;
+        assert_eq!(decode(&reps), (home, RouteReason::Affinity));
+        reps[other].in_flight = 5;
+        assert_eq!(decode(&reps), (home, RouteReason::Affinity));
+        reps[home].in_flight = 7;
+        assert_eq!(decode(&reps), (other, RouteReason::Affinity));
     }
 }

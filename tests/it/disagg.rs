@@ -377,6 +377,67 @@ async fn a_sessions_turns_keep_one_prefill_replica() {
     assert_eq!(pd_decisions(&gw, "remote").await, 24.0);
 }
 
+#[tokio::test]
+async fn decode_legs_leave_the_prefixs_holder_when_another_generates_two_streams_fewer() {
+    // One prefill and two decode replicas; every request shares one long
+    // system prompt, so the prefix policy alone would send every decode leg
+    // to its holder (and predicted TTFT would detour none away from it).
+    let p = replica(SimRole::Prefill, |_| {}).await;
+    let long = |c: &mut SimConfig| c.output_tokens = 400;
+    let d1 = replica(SimRole::Decode, long).await;
+    let d2 = replica(SimRole::Decode, long).await;
+    let mut c = config_for(&[]);
+    c.backends = vec![
+        backend(&p, Role::Prefill),
+        backend(&d1, Role::Decode),
+        backend(&d2, Role::Decode),
+    ];
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_secs(30);
+    let gw = start_routed(c, 3).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let body = |i: usize| {
+        serde_json::json!({
+            "model": "sim-model", "stream": true, "max_tokens": 400,
+            "messages": [
+                {"role": "system", "content": "Summarise the design document. ".repeat(60)},
+                {"role": "user", "content": format!("Question {i}: what changed?")},
+            ],
+        })
+    };
+    let served = || {
+        [
+            d1.state.metrics.received.get(),
+            d2.state.metrics.received.get(),
+        ]
+    };
+    // Each stream is under way (its first bytes read) before the next is
+    // sent: the next finds one more in flight on the replica serving it.
+    let mut open = Vec::new();
+    for i in 0..6 {
+        let mut resp = client().post(&url).json(&body(i)).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert!(resp.chunk().await.unwrap().is_some());
+        open.push(resp);
+    }
+    let split = served();
+    assert_eq!(split[0] + split[1], 6);
+    assert!(
+        split.iter().all(|&n| n >= 2),
+        "decode legs kept within two streams of each other: {split:?}"
+    );
+    for mut resp in open {
+        while resp.chunk().await.unwrap().is_some() {}
+    }
+    assert_eq!(pd_decisions(&gw, "remote").await, 6.0);
+    let left = gateway_metric(
+        &gw,
+        r#"sluice_routing_decisions_total{model="sim-model",reason="spill_load"}"#,
+    )
+    .await;
+    assert!(left >= 1.0, "{left} decode legs left the holder");
+}
+
 /// A slow KV path: the decode replica takes ~300 ms to pull each prompt's
 /// KV. The doctor names the model's slow transfers from the gateway's own
 /// timing of the decode legs.
