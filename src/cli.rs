@@ -205,7 +205,8 @@ pub struct SimArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub kv_ttl: Duration,
     /// The bandwidth of a KV transfer to a decode replica, in GB/s (a decode
-    /// leg waits prompt tokens x the profile's KV bytes per token over it).
+    /// leg waits the prompt tokens it pulls x the profile's KV bytes per
+    /// token over it: over vLLM's protocol, those its prefix cache lacks).
     #[arg(long, default_value_t = 25.0)]
     pub kv_bandwidth_gbps: f64,
     /// Serve HTTPS with this certificate chain (PEM), as an `https://`

@@ -26,7 +26,9 @@ Workloads (`--workloads`):
 
 Engine: steps of 8 ms + 0.1 ms a running sequence, prefill 0.1 ms a token, 64 seats,
 2,048 batched tokens, 2,048 KV blocks; KV transfers at 25 GB/s of 128 KiB a token.
-Reported per run: TTFT and inter-token p50/p99, errors, and Sluice's decisions
+Reported per run: TTFT and inter-token p50/p99, the warm TTFT p99 (of the requests
+sent after the first 5 s: the cold start over), the floor the cold start sets under any
+router's p99 on the same arrivals (`cold_floor`), errors, and Sluice's decisions
 (`sluice_pd_decisions_total`: remote prefills against local ones, and why; and the
 decode replicas' `sluice_routing_decisions_total` by reason).
 
@@ -57,6 +59,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stream_overhead import free_port, wait_http  # noqa: E402
 from agentic import ADMINS, Procs, gateway_counts, sim_counts  # noqa: E402
+# The warm p99: of the requests sent after the first 5 s (at 400 requests a
+# run's p99 is its 5th slowest, and on code generation four are each prefix's
+# first, prefilled cold whatever the router).
+from matrix import warm_p99  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, "target", "release", "sluice")
@@ -149,6 +155,32 @@ def start_sglang_pd(procs, venv, policy, sims):
     return url
 
 
+def cold_floor(path):
+    """The least p99 any router could have had on these arrivals (ms), or None.
+
+    Each prefix's first request is prefilled cold wherever it goes, and so
+    is, or waits for that prefill, any request of the same prefix sent before
+    the first could be done: its TTFT is at least the first's send time plus
+    a cold prefill's TTFT (the fastest such first request of the run) less
+    its own send time. The p99 (nearest rank, as `sluice bench` counts it) of
+    those bounds is a floor set by the arrivals alone, the same for every
+    router given the same seed. Warm requests' bounds are 0.
+    """
+    with open(path) as f:
+        rows = sorted((json.loads(line) for line in f), key=lambda r: r["sent_s"])
+    if not rows or any(r.get("prefix") is None for r in rows):
+        return None
+    first = {}
+    for r in rows:
+        first.setdefault(r["prefix"], r)
+    cold = min((r["ttft_s"] for r in first.values() if r["ttft_s"] is not None), default=None)
+    if cold is None:
+        return None
+    bounds = sorted(max(0.0, first[r["prefix"]]["sent_s"] + cold - r["sent_s"]) for r in rows)
+    rank = min(len(bounds), max(1, -(-99 * len(bounds) // 100)))
+    return round(bounds[rank - 1] * 1e3, 1)
+
+
 def run(name, workload, args, seed):
     procs = Procs()
     ADMINS.clear()
@@ -168,6 +200,14 @@ def run(name, workload, args, seed):
                "--quiet", "--json", out, *WORKLOADS[workload]]
         if workload != "agentic":
             cmd += ["--concurrency", "512", "--requests", str(args.requests)]
+        per_request = None
+        if workload != "agentic":
+            # Every request's timing, for the warm p99 and the cold start's
+            # floor: kept with `--requests-dir`.
+            d = args.requests_dir or tempfile.mkdtemp()
+            os.makedirs(d, exist_ok=True)
+            per_request = os.path.join(d, f"{workload}_{name}_seed{seed}.jsonl")
+            cmd += ["--requests-json", per_request]
         bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         killed_at = None
         if args.kill_prefill_after is not None:
@@ -190,6 +230,12 @@ def run(name, workload, args, seed):
             "itl_p50_ms": round(r["inter_token_seconds"]["p50"] * 1e3, 2),
             "itl_p99_ms": round(r["inter_token_seconds"]["p99"] * 1e3, 2),
         }
+        if per_request:
+            warm = warm_p99(per_request)
+            row["warm_ttft_p99_ms"] = round(warm * 1e3, 1) if warm is not None else None
+            row["cold_floor_p99_ms"] = cold_floor(per_request)
+            if not args.requests_dir:
+                os.unlink(per_request)
         if killed_at is not None:
             row["prefill_killed_at_s"] = killed_at
         # Each decode replica's share of the tokens generated (the balance
@@ -228,6 +274,7 @@ def main():
     ap.add_argument("--sluice-config", help="extra config for the Sluice gateways (experiments)")
     ap.add_argument("--prefill-blocks", type=int,
                     help="KV blocks of the prefill replicas (default: the engine's 2,048)")
+    ap.add_argument("--requests-dir", help="keep every request's timing here (JSON lines)")
     ap.add_argument("--json")
     args = ap.parse_args()
     global EXTRA, PREFILL_BLOCKS
@@ -250,11 +297,14 @@ def main():
             for n in names:
                 row = run(n, w, args, seed)
                 runs[n].append(row)
-                print(f"{w:10s} seed {seed} {n:22s} TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f} ms"
+                print(f"{w:10s} seed {seed} {n:22s} TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f}"
+                      f" warm {row.get('warm_ttft_p99_ms') or 0:7.1f} floor {row.get('cold_floor_p99_ms') or 0:6.1f} ms"
                       f" | ITL p99 {row['itl_p99_ms']:6.2f} ms | ok {row['ok']}/{row['requests']} {row['errors']}"
                       f" | {row.get('decisions', '')} {row.get('routes', '')}", flush=True)
         summary = {n: {k: statistics.median([r[k] for r in rows]) for k in
-                       ("ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms")} for n, rows in runs.items()}
+                       ("ttft_p50_ms", "ttft_p99_ms", "warm_ttft_p99_ms", "itl_p99_ms")
+                       if all(r.get(k) is not None for r in rows)}
+                   for n, rows in runs.items()}
         out["workloads"][w] = {"runs": runs, "summary": summary}
         print(f"== {w}: {json.dumps(summary)}", flush=True)
         if args.json:

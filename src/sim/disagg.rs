@@ -10,13 +10,15 @@
 //!   kept for `--kv-ttl`. A request that carries such parameters
 //!   (`do_remote_prefill`) pulls that KV from the named replica
 //!   (`POST /sim/kv/pull`) before it starts: its prompt is then computed but
-//!   for its last token, after a transfer time of prompt tokens x the
-//!   profile's KV bytes per token over `--kv-bandwidth`. Unknown or expired
+//!   for its last token, after a transfer time of the prompt tokens its own
+//!   prefix cache lacks (vLLM's connectors pull only those) x the profile's
+//!   KV bytes per token over `--kv-bandwidth`. Unknown or expired
 //!   parameters fail the request (500, vLLM's `kv_load_failure_policy: fail`).
 //! - **SGLang (bootstrap room).** With `--role prefill`, a request carrying
 //!   `bootstrap_room` is prefilled and answered with one token; its room is
 //!   then ready. With `--role decode`, it waits (up to `--kv-ttl`) for that
-//!   room at `bootstrap_host:bootstrap_port` and pulls it, as above.
+//!   room at `bootstrap_host:bootstrap_port` and pulls it, as above (the
+//!   whole prompt's KV).
 //!
 //! A replica's role (`--role`) only decides the SGLang side and refuses the
 //! vLLM leg it cannot play; a `mixed` one serves either vLLM leg.

@@ -45,7 +45,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::SimMetrics;
-use super::kv::BlockPool;
+use super::kv::{BlockPool, CachedPrefixes};
 use super::profile::Profile;
 use super::slot::{Request, Slot};
 
@@ -76,6 +76,11 @@ impl Seq {
 }
 
 pub(crate) struct Engine {
+    /// The prefix cache as request handlers see it.
+    prefixes: CachedPrefixes,
+    /// Its block size and whether prefix caching is on (the profile's).
+    block_size: u32,
+    prefix_caching: bool,
     intake: parking_lot::Mutex<Vec<Seq>>,
     /// Restarts asked for (`POST /sim/reset`), each answered with the
     /// number of leaked blocks it freed.
@@ -90,13 +95,29 @@ impl Engine {
         speed: f64,
         metrics: Arc<SimMetrics>,
     ) -> (Arc<Engine>, tokio::task::JoinHandle<()>) {
+        let pool = BlockPool::new(profile.num_blocks, profile.block_size);
         let engine = Arc::new(Engine {
+            prefixes: pool.cached_prefixes(),
+            block_size: profile.block_size,
+            prefix_caching: profile.prefix_caching,
             intake: parking_lot::Mutex::new(Vec::new()),
             resets: parking_lot::Mutex::new(Vec::new()),
             notify: Notify::new(),
         });
-        let task = tokio::spawn(run(engine.clone(), profile, speed, metrics));
+        let task = tokio::spawn(run(engine.clone(), profile, pool, speed, metrics));
         (engine, task)
+    }
+
+    /// The prompt tokens of `hashes` (a prompt of `prompt_tokens`) its prefix
+    /// cache holds now: what admission would take, as it would count it (at
+    /// least the last prompt token is always computed).
+    pub(crate) fn cached_tokens(&self, hashes: &[u64], prompt_tokens: u32) -> u32 {
+        if !self.prefix_caching {
+            return 0;
+        }
+        let usable = (prompt_tokens.saturating_sub(1) / self.block_size) as usize;
+        let blocks = self.prefixes.leading(&hashes[..hashes.len().min(usable)]);
+        u32::try_from(blocks).unwrap_or(u32::MAX) * self.block_size
     }
 
     pub(crate) fn submit(&self, req: Request, slot: Arc<Slot>) {
@@ -145,10 +166,16 @@ struct State {
     metrics: Arc<SimMetrics>,
 }
 
-async fn run(engine: Arc<Engine>, profile: Profile, speed: f64, metrics: Arc<SimMetrics>) {
+async fn run(
+    engine: Arc<Engine>,
+    profile: Profile,
+    pool: BlockPool,
+    speed: f64,
+    metrics: Arc<SimMetrics>,
+) {
     let mut st = State {
         profile,
-        pool: BlockPool::new(profile.num_blocks, profile.block_size),
+        pool,
         running: Vec::new(),
         waiting: VecDeque::new(),
         swapped: VecDeque::new(),

@@ -9,6 +9,9 @@
 //! O(1) (an index-linked list), a prefix lookup is O(matched blocks).
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 const NIL: u32 = u32::MAX;
 
@@ -87,8 +90,23 @@ pub(crate) struct BlockPool {
     num_blocks: u32,
     ref_cnt: Vec<u32>,
     hash_of: Vec<Option<u64>>,
-    cached: HashMap<u64, u32>,
+    /// Prefix hash -> block holding it; shared with [`CachedPrefixes`], which
+    /// request handlers read (a decode replica pulls only what it lacks).
+    cached: Arc<Mutex<HashMap<u64, u32>>>,
     free: FreeQueue,
+}
+
+/// A read-only handle on a pool's cached prefix blocks, for request
+/// handlers: how much of a prompt the engine holds when the request arrives.
+#[derive(Clone)]
+pub(crate) struct CachedPrefixes(Arc<Mutex<HashMap<u64, u32>>>);
+
+impl CachedPrefixes {
+    /// How many of `hashes`, from the first, have a cached block.
+    pub(crate) fn leading(&self, hashes: &[u64]) -> usize {
+        let cached = self.0.lock();
+        hashes.iter().take_while(|h| cached.contains_key(h)).count()
+    }
 }
 
 impl BlockPool {
@@ -98,13 +116,18 @@ impl BlockPool {
             num_blocks,
             ref_cnt: vec![0; num_blocks as usize],
             hash_of: vec![None; num_blocks as usize],
-            cached: HashMap::new(),
+            cached: Arc::new(Mutex::new(HashMap::new())),
             free: FreeQueue::with_all(num_blocks),
         }
     }
 
     pub(crate) fn num_blocks(&self) -> u32 {
         self.num_blocks
+    }
+
+    /// A handle on the cached prefix blocks, for readers outside the engine.
+    pub(crate) fn cached_prefixes(&self) -> CachedPrefixes {
+        CachedPrefixes(self.cached.clone())
     }
 
     /// Blocks an allocation can take (free, including cached-but-unused ones).
@@ -130,8 +153,9 @@ impl BlockPool {
     /// (reference counted, out of the free queue).
     pub(crate) fn take_prefix(&mut self, hashes: &[u64]) -> Vec<u32> {
         let mut out = Vec::new();
+        let cached = self.cached.lock();
         for h in hashes {
-            let Some(&b) = self.cached.get(h) else { break };
+            let Some(&b) = cached.get(h) else { break };
             if self.ref_cnt[b as usize] == 0 {
                 self.free.remove(b);
             }
@@ -151,10 +175,11 @@ impl BlockPool {
             let Some(b) = self.free.pop_front() else {
                 return false;
             };
-            if let Some(h) = self.hash_of[b as usize].take()
-                && self.cached.get(&h) == Some(&b)
-            {
-                self.cached.remove(&h);
+            if let Some(h) = self.hash_of[b as usize].take() {
+                let mut cached = self.cached.lock();
+                if cached.get(&h) == Some(&b) {
+                    cached.remove(&h);
+                }
             }
             self.ref_cnt[b as usize] = 1;
             into.push(b);
@@ -179,7 +204,7 @@ impl BlockPool {
         if self.hash_of[block as usize].is_some() {
             return;
         }
-        self.cached.entry(hash).or_insert(block);
+        self.cached.lock().entry(hash).or_insert(block);
         self.hash_of[block as usize] = Some(hash);
     }
 }

@@ -751,8 +751,17 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         s.transfers.open_room(room, s.config.kv_ttl);
     }
     // A pulled prompt's KV arrives after its transfer time, as a request
-    // held before it starts.
-    let hold = match (remote_tokens, faults.first_token) {
+    // held before it starts. Over vLLM's connectors (NIXL, Mooncake) the
+    // decode replica pulls only what its own prefix cache lacks (the prompt
+    // less the tokens it has computed); SGLang's decode side takes the
+    // whole prompt's KV from its room.
+    let pulled = match (&leg, &s.engine) {
+        (disagg::Leg::VllmDecode { .. }, Some(e)) => {
+            remote_tokens.saturating_sub(e.cached_tokens(&hashes, prompt_tokens))
+        }
+        _ => remote_tokens,
+    };
+    let hold = match (pulled, faults.first_token) {
         (0, f) => f,
         (n, f) => Some(disagg::transfer_time(&s, n) + f.unwrap_or_default()),
     };

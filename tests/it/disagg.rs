@@ -438,6 +438,51 @@ async fn decode_legs_leave_the_prefixs_holder_when_another_generates_two_streams
     assert!(left >= 1.0, "{left} decode legs left the holder");
 }
 
+/// Over vLLM's protocol a decode replica pulls only the prompt tokens its
+/// own prefix cache lacks (vLLM's NIXL and Mooncake connectors: the prompt
+/// less what it has computed): a prompt it already holds costs its new part's
+/// transfer, not the whole prompt's.
+#[tokio::test]
+async fn a_decode_replica_pulls_only_the_kv_its_cache_lacks() {
+    let p = replica(SimRole::Prefill, |_| {}).await;
+    // ~400-token prompts of 64 KiB a token at speed 10: 2 s a whole transfer.
+    let d = replica(SimRole::Decode, |c| {
+        c.kv_bandwidth = 400.0 * 65_536.0 / (2.0 * 10.0);
+    })
+    .await;
+    let mut c = config_for(&[]);
+    c.backends = vec![backend(&p, Role::Prefill), backend(&d, Role::Decode)];
+    let gw = start_routed(c, 2).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let first = chat(3, 200, false);
+    let t = std::time::Instant::now();
+    assert_eq!(post(&url, &first).await.0, 200);
+    let whole = t.elapsed();
+    // The same conversation and a short new message: the decode replica
+    // holds all but the new part.
+    let mut next = first.clone();
+    next["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"role": "user", "content": "and then?"}));
+    let t = std::time::Instant::now();
+    assert_eq!(post(&url, &next).await.0, 200);
+    let part = t.elapsed();
+    assert_eq!(
+        pd_decisions(&gw, "remote").await,
+        2.0,
+        "both prefilled remotely"
+    );
+    assert!(
+        whole >= Duration::from_millis(1500),
+        "whole prompt pulled: {whole:?}"
+    );
+    assert!(
+        part * 4 < whole,
+        "only the new part pulled: {part:?} against {whole:?}"
+    );
+}
+
 /// A slow KV path: the decode replica takes ~300 ms to pull each prompt's
 /// KV. The doctor names the model's slow transfers from the gateway's own
 /// timing of the decode legs.
