@@ -78,9 +78,7 @@ impl Seq {
 pub(crate) struct Engine {
     /// The prefix cache as request handlers see it.
     prefixes: CachedPrefixes,
-    /// Its block size and whether prefix caching is on (the profile's).
-    block_size: u32,
-    prefix_caching: bool,
+    profile: Profile,
     intake: parking_lot::Mutex<Vec<Seq>>,
     /// Restarts asked for (`POST /sim/reset`), each answered with the
     /// number of leaked blocks it freed.
@@ -98,8 +96,7 @@ impl Engine {
         let pool = BlockPool::new(profile.num_blocks, profile.block_size);
         let engine = Arc::new(Engine {
             prefixes: pool.cached_prefixes(),
-            block_size: profile.block_size,
-            prefix_caching: profile.prefix_caching,
+            profile,
             intake: parking_lot::Mutex::new(Vec::new()),
             resets: parking_lot::Mutex::new(Vec::new()),
             notify: Notify::new(),
@@ -112,12 +109,9 @@ impl Engine {
     /// cache holds now: what admission would take, as it would count it (at
     /// least the last prompt token is always computed).
     pub(crate) fn cached_tokens(&self, hashes: &[u64], prompt_tokens: u32) -> u32 {
-        if !self.prefix_caching {
-            return 0;
-        }
-        let usable = (prompt_tokens.saturating_sub(1) / self.block_size) as usize;
+        let usable = self.profile.usable_prefix_blocks(prompt_tokens);
         let blocks = self.prefixes.leading(&hashes[..hashes.len().min(usable)]);
-        u32::try_from(blocks).unwrap_or(u32::MAX) * self.block_size
+        u32::try_from(blocks).unwrap_or(u32::MAX) * self.profile.block_size
     }
 
     pub(crate) fn submit(&self, req: Request, slot: Arc<Slot>) {
@@ -356,11 +350,7 @@ impl State {
             if s.blocks.is_empty() {
                 // Prefix cache: take the cached blocks of the longest matching
                 // prefix; at least one prompt token is always computed.
-                let usable = if self.profile.prefix_caching {
-                    (s.req.prompt_tokens.saturating_sub(1) / bs) as usize
-                } else {
-                    0
-                };
+                let usable = self.profile.usable_prefix_blocks(s.req.prompt_tokens);
                 let hashes = &s.req.hashes[..s.req.hashes.len().min(usable)];
                 s.blocks = self.pool.take_prefix(hashes);
                 s.computed = s.blocks.len() as u32 * bs;

@@ -171,15 +171,15 @@ impl BlockPool {
         if self.free.len < n {
             return false;
         }
+        let mut cached = self.cached.lock();
         for _ in 0..n {
             let Some(b) = self.free.pop_front() else {
                 return false;
             };
-            if let Some(h) = self.hash_of[b as usize].take() {
-                let mut cached = self.cached.lock();
-                if cached.get(&h) == Some(&b) {
-                    cached.remove(&h);
-                }
+            if let Some(h) = self.hash_of[b as usize].take()
+                && cached.get(&h) == Some(&b)
+            {
+                cached.remove(&h);
             }
             self.ref_cnt[b as usize] = 1;
             into.push(b);

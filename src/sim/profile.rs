@@ -204,6 +204,17 @@ pub(crate) fn names() -> String {
 }
 
 impl Profile {
+    /// The prompt blocks admission may take from the prefix cache: whole
+    /// blocks short of the last prompt token, which is always computed; none
+    /// without prefix caching.
+    pub(crate) fn usable_prefix_blocks(&self, prompt_tokens: u32) -> usize {
+        if self.prefix_caching {
+            (prompt_tokens.saturating_sub(1) / self.block_size) as usize
+        } else {
+            0
+        }
+    }
+
     /// Duration of one step with `seqs` sequences and `prefill` prompt tokens.
     pub(crate) fn step_time(&self, seqs: u32, prefill: u32) -> Duration {
         self.step_base + self.per_seq * seqs + self.per_prefill_token * prefill
