@@ -34,6 +34,9 @@ pub struct AppState {
     pub telemetry: Arc<Telemetry>,
     /// What routing remembers per replica (prefix indexes).
     pub affinity: Arc<Affinity>,
+    /// The session table shared with other gateways
+    /// (`routing.sessions.store: redis`).
+    pub shared_sessions: Option<Arc<crate::routing::shared_sessions::SharedSessions>>,
     /// Cancelled when the drain deadline passes at shutdown: every stream
     /// still open then ends with an error event. Shared by every state.
     pub(crate) cut: Signal,
@@ -114,6 +117,11 @@ impl AppState {
             _ => Affinity::new(capacity, tables.0, tables.1),
         };
         let policy = routing::build(&config.routing, affinity.clone());
+        let shared_sessions = crate::routing::shared_sessions::SharedSessions::from_config(
+            &config.routing.sessions,
+            metrics.clone(),
+            previous.and_then(|p| p.shared_sessions.as_ref()),
+        )?;
         let cut = previous.map_or_else(Signal::default, |p| p.cut.clone());
         // Waiters and fairness carry over a reload, under the new rules.
         let flow = Arc::new(match previous {
@@ -143,6 +151,7 @@ impl AppState {
             metrics,
             telemetry,
             affinity,
+            shared_sessions,
             cut,
             flow,
             limiter,

@@ -29,6 +29,8 @@ Cells (`--cells`, default all):
   sessions_heavy  the same with heavy-tailed session lengths (Pareto, at most 8x)
   sessions_3gw    `sessions` through three Sluice gateways behind nginx (round robin);
                   Sluice only: the peers' runs of `sessions` (same seeds) compare
+  sessions_heavy_3gw  `sessions_heavy` through three Sluice gateways; the peers' runs
+                  of `sessions_heavy` (same seeds) compare
 
 `--engine b` runs the replicas on `engine_b.py`, a second engine model written apart
 from `sluice sim` (same API and metric names, its own tokenizer, scheduler, cache and
@@ -36,7 +38,11 @@ preemption): a decision tuned on one model must hold on the other.
 
 Routers: Sluice (defaults, no config) and, from `--routers-venv`, sglang-router
 `cache_aware` and vllm-router `cache_aware` (prefix cells) or `consistent_hash`
-(session cells, hashing `x-session-id`).
+(session cells, hashing `x-session-id`). On session cells Sluice also runs as its
+docs say to deploy it where sessions should be placed by load: `sluice-least_loaded`
+(one gateway, `routing.prefix_kv.session_placement: least_loaded`) and `sluice-shared`
+(several gateways sharing a session table in a `redis-server` started for the run,
+`routing.sessions.store: redis`).
 
     cargo build --release
     python3 -m venv /tmp/routers && /tmp/routers/bin/pip install sglang-router vllm-router
@@ -51,6 +57,7 @@ import datetime
 import json
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -94,6 +101,7 @@ CELLS = {
     "sessions": dict(kind="sessions", engine=FAST, blocks=4096),
     "sessions_heavy": dict(kind="sessions", engine=FAST, blocks=4096, heavy=True),
     "sessions_3gw": dict(kind="sessions", engine=FAST, blocks=4096, gateways=3),
+    "sessions_heavy_3gw": dict(kind="sessions", engine=FAST, blocks=4096, heavy=True, gateways=3),
 }
 
 
@@ -115,6 +123,8 @@ def start_fleet(procs, cell, n=4):
 
 def routers(cell, venv):
     out = ["sluice"]
+    if cell["kind"] == "sessions":
+        out.append("sluice-shared" if cell.get("gateways", 1) > 1 else "sluice-least_loaded")
     # Several gateways are Sluice's case only: the peers run one router (their
     # runs on the one-gateway cell, same seeds, are the comparison).
     if venv and cell.get("gateways", 1) == 1:
@@ -125,10 +135,43 @@ def routers(cell, venv):
     return out
 
 
+def start_redis(procs):
+    port = free_port()
+    procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no"])
+    deadline = time.time() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return f"redis://127.0.0.1:{port}"
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def sluice_config(procs, name):
+    """The config file of a Sluice variant (`None`: defaults)."""
+    if name == "sluice-least_loaded":
+        body = "routing:\n  prefix_kv:\n    session_placement: least_loaded\n"
+    elif name == "sluice-shared":
+        body = ("routing:\n  sessions:\n    store: redis\n"
+                f"    redis: {{url: \"{start_redis(procs)}\"}}\n")
+    else:
+        return SLUICE_CONFIG
+    if SLUICE_CONFIG:
+        raise SystemExit("--sluice-config runs with plain `sluice` only (--only sluice)")
+    f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    f.write(body)
+    f.close()
+    return f.name
+
+
 def start(procs, name, sims, cell, venv):
     ADMINS.clear()
-    if name == "sluice":
-        extra = ["--config", SLUICE_CONFIG] if SLUICE_CONFIG else []
+    if name.startswith("sluice"):
+        config = sluice_config(procs, name)
+        extra = ["--config", config] if config else []
         if cell.get("gateways", 1) > 1:
             return start_lb(procs, [start_sluice(procs, sims, extra) for _ in range(cell["gateways"])])
         return start_sluice(procs, sims, extra)
@@ -281,16 +324,17 @@ def main():
             summary[n] = {k: median([r.get(k) for r in rows]) for k in
                           ("ttft_p50_ms", "ttft_p99_ms", "warm_ttft_p99_ms", "itl_p99_ms", "busiest_over_mean",
                            "prefix_hit", "sticky")}
-        peers = [n for n in names if n != "sluice"]
+        peers = [n for n in names if not n.startswith("sluice")]
         if peers:
-            # Per seed: Sluice's p99 against the best peer's in that seed.
-            ratios = []
-            for i in range(len(seeds)):
-                best = min(runs[p][i]["ttft_p99_ms"] for p in peers)
-                ratios.append(round(best / runs["sluice"][i]["ttft_p99_ms"], 3))
-            summary["best_peer_p99_over_sluice"] = {"per_seed": ratios, "median": median(ratios),
-                                                   "worst": min(ratios)}
-            if cell["kind"] == "prefix":
+            # Per seed: each Sluice variant's p99 against the best peer's in that seed.
+            for v in [n for n in names if n.startswith("sluice")]:
+                ratios = []
+                for i in range(len(seeds)):
+                    best = min(runs[p][i]["ttft_p99_ms"] for p in peers)
+                    ratios.append(round(best / runs[v][i]["ttft_p99_ms"], 3))
+                key = "best_peer_p99_over_" + v.replace("-", "_")
+                summary[key] = {"per_seed": ratios, "median": median(ratios), "worst": min(ratios)}
+            if cell["kind"] == "prefix" and "sluice" in runs:
                 warm = []
                 for i in range(len(seeds)):
                     best = min(runs[p][i]["warm_ttft_p99_ms"] for p in peers)

@@ -209,6 +209,10 @@ pub(crate) struct RoutingView {
 #[derive(Serialize)]
 struct SessionsView {
     enabled: bool,
+    /// `memory` (this gateway's table only) or `redis` (shared).
+    store: &'static str,
+    /// Where new sessions start (`auto` resolved).
+    placement: crate::config::SessionPlacement,
     /// Sessions remembered (live and not yet evicted).
     remembered: usize,
     /// Live sessions per replica.
@@ -270,6 +274,17 @@ pub(crate) async fn routing(Current(state): Current) -> Json<RoutingView> {
         policy: state.policy.name(),
         sessions: SessionsView {
             enabled: state.config.routing.sessions.enabled,
+            store: if state.shared_sessions.is_some() {
+                "redis"
+            } else {
+                "memory"
+            },
+            placement: state
+                .config
+                .routing
+                .prefix_kv
+                .session_placement
+                .resolved(&state.config.routing.sessions),
             remembered: table.len(),
             per_replica,
             recent,

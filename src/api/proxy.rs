@@ -455,6 +455,36 @@ impl RouteInput {
         }
     }
 
+    /// With a shared session table: a session this gateway does not know,
+    /// that names itself (an id) or carries earlier turns, is looked up
+    /// there before routing. Returns the session's replica as this gateway
+    /// knows it then, for [`RouteInput::record_session`].
+    pub(crate) async fn recall_session(&self, state: &AppState) -> Option<Arc<str>> {
+        let s = self.session?;
+        let store = state.shared_sessions.as_ref()?;
+        let known = state.affinity.sessions.get(s.key, turn::now_std());
+        if known.is_some() || !(s.explicit || s.continuing) {
+            return known;
+        }
+        store.recall(&state.affinity, s.key).await;
+        state.affinity.sessions.get(s.key, turn::now_std())
+    }
+
+    /// With a shared session table: where routing left the session
+    /// (`before`: what [`RouteInput::recall_session`] returned) is written
+    /// there, in the background. Returns where it is now (the `before` of
+    /// a retry's decision).
+    pub(crate) fn record_session(
+        &self,
+        state: &AppState,
+        before: Option<Arc<str>>,
+    ) -> Option<Arc<str>> {
+        let (s, store) = (self.session?, state.shared_sessions.as_ref()?);
+        let after = state.affinity.sessions.get(s.key, turn::now_std());
+        store.record(&state.affinity, s.key, before, after.clone());
+        after
+    }
+
     /// The policy's context, now.
     pub(crate) fn ctx<'a>(&'a self, model: &'a str) -> RouteCtx<'a> {
         RouteCtx {
@@ -608,12 +638,21 @@ async fn forward(
             pinned = super::responses::locate(state, candidates, id, rid).await;
         }
     }
+    // (Boxed: only with a shared session table, kept out of every
+    // request's future otherwise.)
+    let mut session_before = match state.shared_sessions {
+        Some(_) => Box::pin(input.recall_session(state)).await,
+        None => None,
+    };
     loop {
         // In a block: what only the decision needs is not kept in the
         // request's future across the send (it is the size of the future
         // that each request allocates and writes).
         let decode_leg = !prefills.is_empty();
         let decision = pick(state, &input, &model, candidates, pinned.take(), decode_leg);
+        if state.shared_sessions.is_some() {
+            session_before = input.record_session(state, session_before.take());
+        }
         let Some(decision) = decision else {
             // Only reachable after retries exhausted the candidates.
             return Err(GatewayError::NoHealthyBackend(model.to_string()));

@@ -599,6 +599,13 @@ pub struct SessionsConfig {
     /// Sessions remembered (rounded up to a multiple of 128; in a full set of
     /// eight, the least recently seen is forgotten first). 16 bytes each.
     pub max_sessions: usize,
+    /// Where sessions are kept besides each gateway's own table: `memory`
+    /// (nowhere: gateways agree by the key's rendezvous order) or `redis`
+    /// (a table every gateway reads and writes: the first gateway to place
+    /// a session decides, and the others find it there).
+    pub store: StoreKind,
+    /// The shared table's Redis (with `store: redis`).
+    pub redis: RedisConfig,
 }
 
 impl Default for SessionsConfig {
@@ -616,6 +623,8 @@ impl Default for SessionsConfig {
             ],
             ttl: Duration::from_secs(30 * 60),
             max_sessions: 100_000,
+            store: StoreKind::Memory,
+            redis: RedisConfig::default(),
         }
     }
 }
@@ -660,10 +669,12 @@ pub struct PrefixKvConfig {
     /// prefill and KV when it is busiest. A session's first turn (with an
     /// id) never leaves its home, where every gateway will look for it.
     pub session_detour_margin: f64,
-    /// Where a new session starts: `rendezvous` (the default: the first open
-    /// replica in the session key's own order, which every gateway computes
-    /// alike) or `least_loaded` (the open replica that served the fewest
-    /// session turns lately; one gateway only: another could not find it).
+    /// Where a new session starts: `rendezvous` (the first open replica in
+    /// the session key's own order, which every gateway computes alike),
+    /// `least_loaded` (the open replica that served the fewest session turns
+    /// lately: with one gateway, or with a shared session table, where the
+    /// others find it) or `auto` (the default: `least_loaded` with
+    /// `routing.sessions.store: redis`, else `rendezvous`).
     pub session_placement: SessionPlacement,
 }
 
@@ -672,8 +683,23 @@ pub struct PrefixKvConfig {
 #[serde(rename_all = "snake_case")]
 pub enum SessionPlacement {
     #[default]
+    Auto,
     Rendezvous,
     LeastLoaded,
+}
+
+impl SessionPlacement {
+    /// What `auto` means for `sessions` (`least_loaded` where a shared
+    /// table lets every gateway find a session placed by load).
+    pub fn resolved(self, sessions: &SessionsConfig) -> Self {
+        match self {
+            SessionPlacement::Auto if sessions.store == StoreKind::Redis => {
+                SessionPlacement::LeastLoaded
+            }
+            SessionPlacement::Auto => SessionPlacement::Rendezvous,
+            other => other,
+        }
+    }
 }
 
 impl Default for PrefixKvConfig {
@@ -688,7 +714,7 @@ impl Default for PrefixKvConfig {
             index_capacity: 1 << 18,
             detour_margin: 0.5,
             session_detour_margin: 1.0,
-            session_placement: SessionPlacement::Rendezvous,
+            session_placement: SessionPlacement::Auto,
         }
     }
 }

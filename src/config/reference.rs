@@ -71,6 +71,8 @@ pub fn reference() -> Result<Vec<ConfigKey>, String> {
     // Secrets serialise as `[redacted]`; the one with a default is shown.
     full["rate_limits"]["redis"]["url"] =
         Value::from(Config::default().rate_limits.redis.url.expose());
+    full["routing"]["sessions"]["redis"]["url"] =
+        Value::from(Config::default().routing.sessions.redis.url.expose());
     let mut out = Vec::new();
     walk(&full, &mut Vec::new(), &input, &mut out);
     Ok(out)

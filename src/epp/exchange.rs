@@ -259,8 +259,15 @@ impl Exchange {
         let protocol = state.config.routing.disaggregation.protocol;
         let leg = disagg::leg_api(protocol, self.endpoint, true);
         let pd = !c.prefill.is_empty() && leg == Some(true);
-        let decision = proxy::pick(&state, &input, &model, &c.replicas, pinned, pd)
-            .ok_or_else(|| GatewayError::NoHealthyBackend(model.to_string()))?;
+        let session_before = match state.shared_sessions {
+            Some(_) => Box::pin(input.recall_session(&state)).await,
+            None => None,
+        };
+        let decision = proxy::pick(&state, &input, &model, &c.replicas, pinned, pd);
+        if state.shared_sessions.is_some() {
+            input.record_session(&state, session_before);
+        }
+        let decision = decision.ok_or_else(|| GatewayError::NoHealthyBackend(model.to_string()))?;
         let reason = if c.fallback {
             RouteReason::Fallback
         } else {

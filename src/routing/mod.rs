@@ -16,6 +16,7 @@ pub(crate) mod prefix;
 mod prefix_kv;
 mod round_robin;
 pub(crate) mod sessions;
+pub(crate) mod shared_sessions;
 
 pub use affinity::Affinity;
 pub use index::{PrefixIndex, longest_prefix};
@@ -171,7 +172,9 @@ pub(crate) fn build(cfg: &RoutingConfig, affinity: Arc<Affinity>) -> Arc<dyn Rou
         PolicyKind::RoundRobin => Arc::new(RoundRobin::default()),
         PolicyKind::LeastLoaded => Arc::new(LeastLoaded::new(stale_after)),
         PolicyKind::PrefixKv => {
-            Arc::new(PrefixKv::new(cfg.prefix_kv.clone(), stale_after, affinity))
+            let mut c = cfg.prefix_kv.clone();
+            c.session_placement = c.session_placement.resolved(&cfg.sessions);
+            Arc::new(PrefixKv::new(c, stale_after, affinity))
         }
     }
 }

@@ -260,6 +260,9 @@ pub struct Metrics {
     pub session_moves: Family<(Arc<str>, &'static str), Counter>,
     /// Sessions this gateway remembers (set when `/metrics` is rendered).
     pub sessions: Gauge,
+    /// op, outcome: the shared session table's reads and writes
+    /// (`routing.sessions.store: redis`).
+    pub session_store: Family<(&'static str, &'static str), Counter>,
     /// Flow control: model, band, outcome (`immediate`, `waited`,
     /// `shed_timeout`, `shed_overflow`).
     pub flow_requests: Family<(Arc<str>, Arc<str>, &'static str), Counter>,
@@ -533,6 +536,7 @@ impl Metrics {
             routing: Family::new(&["model", "reason"], Counter::default),
             session_moves: Family::new(&["model", "reason"], Counter::default),
             sessions: Gauge::default(),
+            session_store: Family::new(&["op", "outcome"], Counter::default),
             flow_requests: Family::new(&["model", "band", "outcome"], Counter::default),
             flow_wait: Family::new(&["model", "band"], move || {
                 Histogram::seconds(flow_queue.clone())
@@ -882,6 +886,12 @@ impl Metrics {
             "Sessions this gateway remembers (each maps a conversation to its replica).",
             Kind::Gauge,
             self.sessions.get() as f64,
+        );
+        e.counters(
+            "sluice_routing_session_store_total",
+            "The shared session table's operations (routing.sessions.store: redis), by op and outcome: find (before routing a session this gateway does not know: found, absent, error), claim (a new session: ok, taken when another gateway placed it first), move, touch (ok, error).",
+            &self.session_store,
+            |c| c,
         );
         e.counters(
             "sluice_flow_requests_total",

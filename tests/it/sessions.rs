@@ -284,3 +284,90 @@ async fn cached_tokens_counted_are_the_engines_own() {
     assert_eq!(actual, engine as f64);
     let _: &Gateway = &gw;
 }
+
+/// Three gateways sharing a session table in a real Redis
+/// (`routing.sessions.store: redis`, so `session_placement: auto` places new
+/// sessions by load): each session starts where its first gateway finds
+/// least load, and the other two find it there. Each of 12 sessions has 4
+/// turns, round robin from gateway `s % 3`, so the gateways' counts of
+/// recent turns differ (the first saw two of each session's turns, the
+/// others one): placed by each gateway's own load without the table, the
+/// later turns would go elsewhere.
+#[tokio::test]
+async fn gateways_sharing_a_session_table_place_by_load_and_agree() {
+    let redis = crate::common::redis::start().await;
+    let sims = sims(4).await;
+    let mut gws = Vec::new();
+    for _ in 0..3 {
+        let mut c = routing_config(&urls(&sims));
+        c.routing.sessions.store = sluice::config::StoreKind::Redis;
+        c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+        gws.push(start_routed(c, 4).await);
+    }
+    let urls: Vec<String> = gws.iter().map(api).collect();
+    let mut per_replica = [0usize; 4];
+    for s in 0..12 {
+        let id = format!("shared-{s}");
+        let mut homes = Vec::new();
+        for t in 0..4 {
+            homes.push(with_id(&urls[(s + t) % 3], &sims, &turn(s, t), &id).await);
+        }
+        assert!(
+            homes.iter().all(|&h| h == homes[0]),
+            "session {s}: {homes:?}"
+        );
+        per_replica[homes[0]] += 1;
+    }
+    // Placed by load: no replica is left with fewer than two of the twelve
+    // (by the key's hash alone, one is about half the time).
+    assert!(per_replica.iter().all(|&n| n >= 2), "{per_replica:?}");
+    let mut found = 0.0;
+    let mut claimed = 0.0;
+    for gw in &gws {
+        found += gateway_metric(
+            gw,
+            "sluice_routing_session_store_total{op=\"find\",outcome=\"found\"}",
+        )
+        .await;
+        claimed += gateway_metric(
+            gw,
+            "sluice_routing_session_store_total{op=\"claim\",outcome=\"ok\"}",
+        )
+        .await;
+    }
+    // Turns 1 and 2 of each session met a gateway that had not seen it.
+    assert_eq!(found, 24.0);
+    assert_eq!(claimed, 12.0);
+    let (_, text) = get_text(&format!("{}/admin/routing", admin(&gws[0]))).await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["sessions"]["store"], "redis", "{v}");
+    assert_eq!(v["sessions"]["placement"], "least_loaded", "{v}");
+}
+
+/// The shared table gone: requests are still served, placed as without it,
+/// and the failed lookups are counted.
+#[tokio::test]
+async fn sessions_are_served_while_the_shared_table_is_down() {
+    let mut redis = crate::common::redis::start().await;
+    let sims = sims(2).await;
+    let mut c = routing_config(&urls(&sims));
+    c.routing.sessions.store = sluice::config::StoreKind::Redis;
+    c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+    let gw = start_routed(c, 2).await;
+    redis.kill().await;
+    let url = api(&gw);
+    for s in 0..3 {
+        let first = with_id(&url, &sims, &turn(s, 1), &format!("down-{s}")).await;
+        // This gateway placed it: its next turn stays without the table.
+        assert_eq!(
+            with_id(&url, &sims, &turn(s, 2), &format!("down-{s}")).await,
+            first
+        );
+    }
+    let errors = gateway_metric(
+        &gw,
+        "sluice_routing_session_store_total{op=\"find\",outcome=\"error\"}",
+    )
+    .await;
+    assert_eq!(errors, 3.0);
+}

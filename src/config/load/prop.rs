@@ -75,9 +75,11 @@ proptest! {
         c.tiers.insert("free".into(), TierConfig { requests_per_minute: rpm, ..TierConfig::default() });
         let url = format!("redis://:{redis_password}@127.0.0.1:6379");
         c.rate_limits.redis.url = Secret::new(url.clone());
-        // Secrets print as `[redacted]`: put the real one back in the text.
+        c.routing.sessions.redis.url = Secret::new(url.clone());
+        // Secrets print as `[redacted]`: put the real ones back in the text.
         let mut v = serde_json::to_value(&c).unwrap();
-        v["rate_limits"]["redis"]["url"] = serde_json::Value::String(url);
+        v["rate_limits"]["redis"]["url"] = serde_json::Value::String(url.clone());
+        v["routing"]["sessions"]["redis"]["url"] = serde_json::Value::String(url);
         let text = serde_json::to_string_pretty(&v).unwrap();
         let back = parse_str(&text, "x.json");
         prop_assert!(back.is_ok(), "{:?}\n{}", back.err().map(|e| e.to_string()), text);
