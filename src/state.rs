@@ -119,6 +119,7 @@ impl AppState {
         let policy = routing::build(&config.routing, affinity.clone());
         let shared_sessions = crate::routing::shared_sessions::SharedSessions::from_config(
             &config.routing.sessions,
+            config.routing.policy == crate::config::PolicyKind::PrefixKv,
             metrics.clone(),
             previous.and_then(|p| p.shared_sessions.as_ref()),
         )?;

@@ -39,10 +39,12 @@ preemption): a decision tuned on one model must hold on the other.
 Routers: Sluice (defaults, no config) and, from `--routers-venv`, sglang-router
 `cache_aware` and vllm-router `cache_aware` (prefix cells) or `consistent_hash`
 (session cells, hashing `x-session-id`). On session cells Sluice also runs as its
-docs say to deploy it where sessions should be placed by load: `sluice-least_loaded`
-(one gateway, `routing.prefix_kv.session_placement: least_loaded`) and `sluice-shared`
-(several gateways sharing a session table in a `redis-server` started for the run,
-`routing.sessions.store: redis`).
+docs say to deploy it where new sessions should be placed by pressure: through one
+gateway `sluice-first_open` (`routing.prefix_kv.session_placement: first_open`),
+through several `sluice-shared` (the gateways share a session table in a
+`redis-server` started for the run, `routing.sessions.store: redis`, whose `auto`
+placement is `first_open`). Other variants by name (`--only`): `sluice-PLACEMENT`,
+`sluice-shared-PLACEMENT`.
 
     cargo build --release
     python3 -m venv /tmp/routers && /tmp/routers/bin/pip install sglang-router vllm-router
@@ -124,7 +126,7 @@ def start_fleet(procs, cell, n=4):
 def routers(cell, venv):
     out = ["sluice"]
     if cell["kind"] == "sessions":
-        out.append("sluice-shared" if cell.get("gateways", 1) > 1 else "sluice-least_loaded")
+        out.append("sluice-shared" if cell.get("gateways", 1) > 1 else "sluice-first_open")
     # Several gateways are Sluice's case only: the peers run one router (their
     # runs on the one-gateway cell, same seeds, are the comparison).
     if venv and cell.get("gateways", 1) == 1:
@@ -152,13 +154,16 @@ def start_redis(procs):
 
 def sluice_config(procs, name):
     """The config file of a Sluice variant (`None`: defaults)."""
-    if name == "sluice-least_loaded":
-        body = "routing:\n  prefix_kv:\n    session_placement: least_loaded\n"
-    elif name == "sluice-shared":
-        body = ("routing:\n  sessions:\n    store: redis\n"
-                f"    redis: {{url: \"{start_redis(procs)}\"}}\n")
-    else:
+    if name == "sluice":
         return SLUICE_CONFIG
+    parts = name.split("-")[1:]
+    body = "routing:\n"
+    if parts and parts[0] == "shared":
+        parts = parts[1:]
+        body += ("  sessions:\n    store: redis\n"
+                 f"    redis: {{url: \"{start_redis(procs)}\"}}\n")
+    if parts:
+        body += f"  prefix_kv:\n    session_placement: {parts[0]}\n"
     if SLUICE_CONFIG:
         raise SystemExit("--sluice-config runs with plain `sluice` only (--only sluice)")
     f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)

@@ -455,15 +455,22 @@ impl RouteInput {
         }
     }
 
-    /// With a shared session table: a session this gateway does not know,
-    /// that names itself (an id) or carries earlier turns, is looked up
-    /// there before routing. Returns the session's replica as this gateway
-    /// knows it then, for [`RouteInput::record_session`].
-    pub(crate) async fn recall_session(&self, state: &AppState) -> Option<Arc<str>> {
+    /// With a shared session table: a session this gateway does not know
+    /// (or knows on a replica no longer among `candidates`: another gateway
+    /// may have moved it already), that names itself (an id) or carries
+    /// earlier turns, is looked up there before routing. Returns the
+    /// session's replica as this gateway knows it then, for
+    /// [`RouteInput::record_session`].
+    pub(crate) async fn recall_session(
+        &self,
+        state: &AppState,
+        candidates: &[Arc<Replica>],
+    ) -> Option<Arc<str>> {
         let s = self.session?;
         let store = state.shared_sessions.as_ref()?;
         let known = state.affinity.sessions.get(s.key, turn::now_std());
-        if known.is_some() || !(s.explicit || s.continuing) {
+        let there = |name: &Arc<str>| candidates.iter().any(|c| c.name == *name);
+        if known.as_ref().is_some_and(there) || !(s.explicit || s.continuing) {
             return known;
         }
         store.recall(&state.affinity, s.key).await;
@@ -641,7 +648,7 @@ async fn forward(
     // (Boxed: only with a shared session table, kept out of every
     // request's future otherwise.)
     let mut session_before = match state.shared_sessions {
-        Some(_) => Box::pin(input.recall_session(state)).await,
+        Some(_) => Box::pin(input.recall_session(state, candidates)).await,
         None => None,
     };
     loop {

@@ -669,12 +669,14 @@ pub struct PrefixKvConfig {
     /// prefill and KV when it is busiest. A session's first turn (with an
     /// id) never leaves its home, where every gateway will look for it.
     pub session_detour_margin: f64,
-    /// Where a new session starts: `rendezvous` (the first open replica in
-    /// the session key's own order, which every gateway computes alike),
-    /// `least_loaded` (the open replica that served the fewest session turns
-    /// lately: with one gateway, or with a shared session table, where the
-    /// others find it) or `auto` (the default: `least_loaded` with
-    /// `routing.sessions.store: redis`, else `rendezvous`).
+    /// Where a new session starts: `rendezvous` (the first replica alive in
+    /// the session key's own order, whatever its pressure: every gateway
+    /// computes the same one), `first_open` (the first in that order whose
+    /// engine is not pressed) or `least_loaded` (the open replica that
+    /// served the fewest session turns lately). The last two need one
+    /// gateway or a shared session table, where the others find the
+    /// session. `auto` (the default): `first_open` with
+    /// `routing.sessions.store: redis`, else `rendezvous`.
     pub session_placement: SessionPlacement,
 }
 
@@ -685,16 +687,17 @@ pub enum SessionPlacement {
     #[default]
     Auto,
     Rendezvous,
+    FirstOpen,
     LeastLoaded,
 }
 
 impl SessionPlacement {
-    /// What `auto` means for `sessions` (`least_loaded` where a shared
-    /// table lets every gateway find a session placed by load).
+    /// What `auto` means for `sessions` (`first_open` where a shared table
+    /// lets every gateway find a session placed by pressure).
     pub fn resolved(self, sessions: &SessionsConfig) -> Self {
         match self {
             SessionPlacement::Auto if sessions.store == StoreKind::Redis => {
-                SessionPlacement::LeastLoaded
+                SessionPlacement::FirstOpen
             }
             SessionPlacement::Auto => SessionPlacement::Rendezvous,
             other => other,

@@ -260,7 +260,7 @@ impl Exchange {
         let leg = disagg::leg_api(protocol, self.endpoint, true);
         let pd = !c.prefill.is_empty() && leg == Some(true);
         let session_before = match state.shared_sessions {
-            Some(_) => Box::pin(input.recall_session(&state)).await,
+            Some(_) => Box::pin(input.recall_session(&state, &c.replicas)).await,
             None => None,
         };
         let decision = proxy::pick(&state, &input, &model, &c.replicas, pinned, pd);

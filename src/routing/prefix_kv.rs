@@ -431,7 +431,18 @@ impl PrefixKv {
         let order = order(s.key, candidates);
         let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
         let least_loaded = self.cfg.session_placement == SessionPlacement::LeastLoaded;
-        let first = if least_loaded {
+        let first_open = self.cfg.session_placement == SessionPlacement::FirstOpen;
+        let first = if first_open {
+            // New, moving, or unknown here (with a shared table, one that
+            // nobody placed yet): the first replica in the key's order whose
+            // engine is not pressed (it queues or preempts), else the first
+            // alive. Where another gateway would look for it is in the table.
+            order
+                .iter()
+                .copied()
+                .find(|&i| views[i].blocked == Blocked::No)
+                .or_else(|| order.iter().copied().find(alive))
+        } else if least_loaded {
             // New, moving, or unknown here (this one gateway restarted or
             // forgot it: no order tells where it was): the open replica that
             // served the fewest session turns lately; ties in the key's order.
@@ -466,7 +477,7 @@ impl PrefixKv {
         // A session that continues and is unknown here was placed there by
         // another gateway: its history is there too (not so when placed by
         // load: nothing says where its history is).
-        let history = if known.is_none() && !least_loaded {
+        let history = if known.is_none() && !least_loaded && !first_open {
             history
         } else {
             0
@@ -808,6 +819,53 @@ mod tests {
         let mut others: Vec<usize> = first[1..].to_vec();
         others.sort_unstable();
         assert_eq!(next, others);
+    }
+
+    #[test]
+    fn first_open_placement_starts_sessions_past_pressed_replicas_in_key_order() {
+        let mut reps = replicas(4);
+        let cfg = PrefixKvConfig {
+            session_placement: SessionPlacement::FirstOpen,
+            ..PrefixKvConfig::default()
+        };
+        let t = (64, Duration::from_secs(60));
+        let p = PrefixKv::new(cfg, Some(Duration::from_secs(5)), Affinity::new(1024, t, t));
+        let now = Instant::now();
+        let ctx = |key: u64, continuing: bool| RouteCtx {
+            model: "m",
+            hashes: &[1, 2, 3],
+            session: Some(SessionKey {
+                key,
+                explicit: true,
+                continuing,
+            }),
+            prompt_tokens: 1000,
+            tail_tokens: 10,
+            decode_leg: false,
+            now,
+        };
+        // Each key's first replica in its order queues (its engine says so
+        // across scrapes): the key's second replica takes it instead.
+        for key in 0..16u64 {
+            let o = order(key, &reps);
+            for (i, r) in reps.iter_mut().enumerate() {
+                r.load = Some(sample(0.1, if i == o[0] { 20.0 } else { 0.0 }));
+            }
+            let d = p.pick(&ctx(key, false), &reps).unwrap();
+            assert_eq!(d.index, o[1], "key {key}");
+            assert_eq!(d.reason, RouteReason::SessionNew);
+            // Its next turn stays there once the first is free again.
+            for r in reps.iter_mut() {
+                r.load = Some(sample(0.1, 0.0));
+            }
+            assert_eq!(p.pick(&ctx(key, true), &reps).unwrap().index, o[1]);
+        }
+        // Every replica queued: the first in the key's order.
+        for r in reps.iter_mut() {
+            r.load = Some(sample(0.1, 20.0));
+        }
+        let o = order(99, &reps);
+        assert_eq!(p.pick(&ctx(99, false), &reps).unwrap().index, o[0]);
     }
 
     #[test]

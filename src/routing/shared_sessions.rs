@@ -12,8 +12,9 @@
 //! Per session one Redis string, `{key_prefix}:session:{key}` -> the
 //! replica's name, expiring `routing.sessions.ttl` after its last turn:
 //!
-//! - a session this gateway does not know, that carries an id or earlier
-//!   turns, is looked up before routing ([`SharedSessions::find`], one `GET`
+//! - a session this gateway does not know (or knows on a replica that is no
+//!   longer a candidate), that carries an id or earlier turns, is looked up
+//!   before routing ([`SharedSessions::find`], one `GET`
 //!   on the request's path, bounded by `redis.timeout`); what it finds goes
 //!   into the local table, and routing takes it from there as if this
 //!   gateway had placed it;
@@ -65,12 +66,15 @@ enum Write {
 impl SharedSessions {
     /// `None` with `store: memory`. Connects lazily: a Redis unreachable at
     /// start is handled as one that goes away later.
+    /// (`keeps_sessions`: the routing policy keeps sessions; only
+    /// `prefix_kv` does.)
     pub(crate) fn from_config(
         cfg: &SessionsConfig,
+        keeps_sessions: bool,
         metrics: Arc<Metrics>,
         previous: Option<&Arc<SharedSessions>>,
     ) -> anyhow::Result<Option<Arc<Self>>> {
-        if !cfg.enabled || cfg.store != crate::config::StoreKind::Redis {
+        if !cfg.enabled || cfg.store != crate::config::StoreKind::Redis || !keeps_sessions {
             return Ok(None);
         }
         let built = (cfg.redis.clone(), cfg.ttl);

@@ -286,9 +286,9 @@ async fn cached_tokens_counted_are_the_engines_own() {
 }
 
 /// Three gateways sharing a session table in a real Redis
-/// (`routing.sessions.store: redis`, so `session_placement: auto` places new
-/// sessions by load): each session starts where its first gateway finds
-/// least load, and the other two find it there. Each of 12 sessions has 4
+/// (`routing.sessions.store: redis`) with `session_placement: least_loaded`:
+/// each session starts where its first gateway finds least load, and the
+/// other two find it there. Each of 12 sessions has 4
 /// turns, round robin from gateway `s % 3`, so the gateways' counts of
 /// recent turns differ (the first saw two of each session's turns, the
 /// others one): placed by each gateway's own load without the table, the
@@ -302,6 +302,7 @@ async fn gateways_sharing_a_session_table_place_by_load_and_agree() {
         let mut c = routing_config(&urls(&sims));
         c.routing.sessions.store = sluice::config::StoreKind::Redis;
         c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+        c.routing.prefix_kv.session_placement = sluice::config::SessionPlacement::LeastLoaded;
         gws.push(start_routed(c, 4).await);
     }
     let urls: Vec<String> = gws.iter().map(api).collect();
@@ -354,6 +355,11 @@ async fn sessions_are_served_while_the_shared_table_is_down() {
     c.routing.sessions.store = sluice::config::StoreKind::Redis;
     c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
     let gw = start_routed(c, 2).await;
+    // `auto` with a shared table: new sessions skip pressed replicas.
+    let (_, text) = get_text(&format!("{}/admin/routing", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["sessions"]["store"], "redis", "{v}");
+    assert_eq!(v["sessions"]["placement"], "first_open", "{v}");
     redis.kill().await;
     let url = api(&gw);
     for s in 0..3 {
