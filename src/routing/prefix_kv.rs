@@ -768,31 +768,40 @@ mod tests {
             .unwrap_or(Decision::plain(usize::MAX, RouteReason::Retry))
     }
 
-    #[test]
-    fn least_loaded_placement_starts_sessions_where_fewest_turns_went() {
-        let reps = replicas(4);
+    /// A policy placing new sessions by `placement`.
+    fn placing(placement: SessionPlacement) -> PrefixKv {
         let cfg = PrefixKvConfig {
-            session_placement: SessionPlacement::LeastLoaded,
+            session_placement: placement,
             ..PrefixKvConfig::default()
         };
         let t = (64, Duration::from_secs(60));
-        let p = PrefixKv::new(cfg, Some(Duration::from_secs(5)), Affinity::new(1024, t, t));
+        PrefixKv::new(cfg, Some(Duration::from_secs(5)), Affinity::new(1024, t, t))
+    }
+
+    /// A turn of session `key` with an id.
+    fn session_turn(key: u64, continuing: bool, now: Instant) -> RouteCtx<'static> {
+        RouteCtx {
+            model: "m",
+            hashes: &[1, 2, 3],
+            session: Some(SessionKey {
+                key,
+                explicit: true,
+                continuing,
+            }),
+            prompt_tokens: 1000,
+            tail_tokens: 10,
+            decode_leg: false,
+            now,
+        }
+    }
+
+    #[test]
+    fn least_loaded_placement_starts_sessions_where_fewest_turns_went() {
+        let reps = replicas(4);
+        let p = placing(SessionPlacement::LeastLoaded);
         let now = Instant::now();
         let turn = |key: u64, continuing: bool| {
-            let ctx = RouteCtx {
-                model: "m",
-                hashes: &[1, 2, 3],
-                session: Some(SessionKey {
-                    key,
-                    explicit: true,
-                    continuing,
-                }),
-                prompt_tokens: 1000,
-                tail_tokens: 10,
-                decode_leg: false,
-                now,
-            };
-            p.pick(&ctx, &reps).unwrap()
+            p.pick(&session_turn(key, continuing, now), &reps).unwrap()
         };
         // Four new sessions take the four replicas, one each.
         let first: Vec<usize> = (0..4u64).map(|k| turn(k, false).index).collect();
@@ -824,26 +833,9 @@ mod tests {
     #[test]
     fn first_open_placement_starts_sessions_past_pressed_replicas_in_key_order() {
         let mut reps = replicas(4);
-        let cfg = PrefixKvConfig {
-            session_placement: SessionPlacement::FirstOpen,
-            ..PrefixKvConfig::default()
-        };
-        let t = (64, Duration::from_secs(60));
-        let p = PrefixKv::new(cfg, Some(Duration::from_secs(5)), Affinity::new(1024, t, t));
+        let p = placing(SessionPlacement::FirstOpen);
         let now = Instant::now();
-        let ctx = |key: u64, continuing: bool| RouteCtx {
-            model: "m",
-            hashes: &[1, 2, 3],
-            session: Some(SessionKey {
-                key,
-                explicit: true,
-                continuing,
-            }),
-            prompt_tokens: 1000,
-            tail_tokens: 10,
-            decode_leg: false,
-            now,
-        };
+        let ctx = |key: u64, continuing: bool| session_turn(key, continuing, now);
         // Each key's first replica in its order queues (its engine says so
         // across scrapes): the key's second replica takes it instead.
         for key in 0..16u64 {
