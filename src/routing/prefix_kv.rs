@@ -435,27 +435,13 @@ impl PrefixKv {
         let first = if first_open {
             // New, moving, or unknown here (with a shared table, one that
             // nobody placed yet): the first replica in the key's order whose
-            // engine is not pressed (it queues or preempts); when every one
-            // is, the alive one with the least work (the engine's queue and
-            // this gateway's requests in flight), ties in the key's order.
-            // (The first alive in the key's order instead left the busiest
-            // replica 1.26-1.37x the mean on an overloaded fleet of heavy
-            // sessions; docs/benchmarks-log.md.) Where another gateway would
-            // look for it is in the table.
-            // (`pick` unblocks pressed replicas when all are: hence both.)
-            let least = |ok: &dyn Fn(usize) -> bool| {
-                order
-                    .iter()
-                    .copied()
-                    .filter(|&i| ok(i))
-                    .min_by(|&a, &b| views[a].work.total_cmp(&views[b].work))
-            };
+            // engine is not pressed (it queues or preempts), else the first
+            // alive. Where another gateway would look for it is in the table.
             order
                 .iter()
                 .copied()
-                .find(|&i| views[i].blocked == Blocked::No && views[i].pressed == Blocked::No)
-                .or_else(|| least(&|i| views[i].blocked == Blocked::No))
-                .or_else(|| least(&|i| alive(&i)))
+                .find(|&i| views[i].blocked == Blocked::No)
+                .or_else(|| order.iter().copied().find(alive))
         } else if least_loaded {
             // New, moving, or unknown here (this one gateway restarted or
             // forgot it: no order tells where it was): the open replica that
@@ -866,19 +852,12 @@ mod tests {
             }
             assert_eq!(p.pick(&ctx(key, true), &reps).unwrap().index, o[1]);
         }
-        // Every replica queued alike, seen by a gateway that sent nothing
-        // yet: the first in the key's order.
+        // Every replica queued: the first in the key's order.
         for r in reps.iter_mut() {
             r.load = Some(sample(0.1, 20.0));
         }
-        let p = placing(SessionPlacement::FirstOpen);
         let o = order(99, &reps);
         assert_eq!(p.pick(&ctx(99, false), &reps).unwrap().index, o[0]);
-        // Every replica queued, the key's last one least: that one.
-        let p = placing(SessionPlacement::FirstOpen);
-        let o = order(98, &reps);
-        reps[o[3]].load = Some(sample(0.1, 12.0));
-        assert_eq!(p.pick(&ctx(98, false), &reps).unwrap().index, o[3]);
     }
 
     #[test]
