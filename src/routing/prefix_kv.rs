@@ -437,6 +437,11 @@ impl PrefixKv {
             // nobody placed yet): the first replica in the key's order whose
             // engine is not pressed (it queues or preempts), else the first
             // alive. Where another gateway would look for it is in the table.
+            // (When all are pressed, the one with the least work instead was
+            // tried: gateways reading the same scrapes send their new
+            // sessions to the same replica until the next one; on heavy-tailed
+            // sessions through three gateways the p99 fell in one seed of
+            // three and rose in two; docs/benchmarks-log.md.)
             order
                 .iter()
                 .copied()
