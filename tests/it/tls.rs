@@ -8,6 +8,7 @@
 //! certificate refused with the reason.
 
 use std::time::Duration;
+use tokio::io::AsyncBufReadExt;
 
 use crate::common::tls::{Pki, client_trusting, request, served_name};
 use crate::common::*;
@@ -303,13 +304,10 @@ async fn the_binaries_serve_and_load_over_tls() {
     let pki = Pki::new("binaries");
     let replica = pki.issue("replica", "replica", false);
     let gateway = pki.issue("gateway", "gateway", false);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // The replica binds a port of its own and names it in its log (a port
+    // picked here and passed on could be taken by then).
     let mut sim = tokio::process::Command::new(BIN)
-        .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["sim", "--listen", "127.0.0.1:0"])
         .args(["--token-delay", "1ms", "--prefill-delay", "1ms"])
         .arg("--tls-cert")
         .arg(&replica.cert)
@@ -317,14 +315,28 @@ async fn the_binaries_serve_and_load_over_tls() {
         .arg(&replica.key)
         .arg("--tls-client-ca")
         .arg(&pki.ca)
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    let mut log = tokio::io::BufReader::new(sim.stderr.take().unwrap()).lines();
+    let port: u16 = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = log.next_line().await.unwrap() {
+            if let Some(at) = line.split("addr=127.0.0.1:").nth(1) {
+                return at.split_whitespace().next().unwrap().parse().unwrap();
+            }
+        }
+        panic!("the replica ended without serving");
+    })
+    .await
+    .expect("the replica did not start");
+    // (Its later log lines are read and dropped: a full pipe would stall it.)
+    tokio::spawn(async move { while let Ok(Some(_)) = log.next_line().await {} });
     let mut config = with_tls(&[format!("https://localhost:{port}")], &gateway);
     config.upstream.tls.ca_file = Some(pki.ca.clone());
     config.upstream.tls.cert_file = Some(gateway.cert.clone());
     config.upstream.tls.key_file = Some(gateway.key.clone());
-    // (The replica binary starts while the checks run.)
     let gw = start_gateway(config, 1).await;
     let url = format!("https://localhost:{}", gw.api_addr.port());
     let ca = pki.ca.to_str().unwrap();
