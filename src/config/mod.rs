@@ -672,8 +672,10 @@ pub struct PrefixKvConfig {
     /// Where a new session starts: `rendezvous` (the first replica alive in
     /// the session key's own order, whatever its pressure: every gateway
     /// computes the same one), `first_open` (the first in that order whose
-    /// engine is not pressed) or `least_loaded` (the open replica that
-    /// served the fewest session turns lately). The last two need one
+    /// engine is not pressed), `two_choices` (of the first two alive in
+    /// that order, the open one, else the one with less work) or
+    /// `least_loaded` (the open replica that served the fewest session
+    /// turns lately). The last three need one
     /// gateway or a shared session table, where the others find the
     /// session. `auto` (the default): `first_open` with
     /// `routing.sessions.store: redis`, else `rendezvous`.
@@ -688,6 +690,7 @@ pub enum SessionPlacement {
     Auto,
     Rendezvous,
     FirstOpen,
+    TwoChoices,
     LeastLoaded,
 }
 

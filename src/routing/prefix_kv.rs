@@ -431,8 +431,36 @@ impl PrefixKv {
         let order = order(s.key, candidates);
         let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
         let least_loaded = self.cfg.session_placement == SessionPlacement::LeastLoaded;
-        let first_open = self.cfg.session_placement == SessionPlacement::FirstOpen;
-        let first = if first_open {
+        let first_open = matches!(
+            self.cfg.session_placement,
+            SessionPlacement::FirstOpen | SessionPlacement::TwoChoices
+        );
+        let first = if self.cfg.session_placement == SessionPlacement::TwoChoices {
+            // New, moving, or unknown here (with a shared table, one that
+            // nobody placed yet): of the first two replicas alive in the
+            // key's order, the open one (its engine neither queues nor
+            // preempts); when both are open or both pressed, the one with
+            // less work (the engine's queue, this gateway's requests in
+            // flight and lately sent), ties in the key's order. Two choices
+            // per key: keys differ in their pairs, so gateways reading the
+            // same scrapes spread their new sessions over every pair instead
+            // of sending them all to the one replica that looks open or
+            // least loaded.
+            let mut two = order.iter().copied().filter(alive).take(2);
+            let a = two.next()?;
+            match two.next() {
+                Some(b) => {
+                    let pressed = |i: usize| views[i].blocked != Blocked::No;
+                    let b_first = match (pressed(a), pressed(b)) {
+                        (true, false) => true,
+                        (false, true) => false,
+                        _ => views[b].work < views[a].work,
+                    };
+                    Some(if b_first { b } else { a })
+                }
+                None => Some(a),
+            }
+        } else if first_open {
             // New, moving, or unknown here (with a shared table, one that
             // nobody placed yet): the first replica in the key's order whose
             // engine is not pressed (it queues or preempts), else the first
@@ -863,6 +891,45 @@ mod tests {
         }
         let o = order(99, &reps);
         assert_eq!(p.pick(&ctx(99, false), &reps).unwrap().index, o[0]);
+    }
+
+    #[test]
+    fn two_choices_placement_keeps_new_sessions_within_the_keys_first_two() {
+        let mut reps = replicas(4);
+        let now = Instant::now();
+        let ctx = |key: u64| session_turn(key, false, now);
+        for key in 0..16u64 {
+            let o = order(key, &reps);
+            // The key's first queues: its second takes the session.
+            for (i, r) in reps.iter_mut().enumerate() {
+                r.load = Some(sample(0.1, if i == o[0] { 20.0 } else { 0.0 }));
+            }
+            let p = placing(SessionPlacement::TwoChoices);
+            let d = p.pick(&ctx(key), &reps).unwrap();
+            assert_eq!(d.index, o[1], "key {key}");
+            assert_eq!(d.reason, RouteReason::SessionNew);
+            // Its first two queue, the other two are open: still one of its
+            // two (first_open would send it to its third), the one with the
+            // shorter queue.
+            for (i, r) in reps.iter_mut().enumerate() {
+                let waiting = if i == o[0] {
+                    30.0
+                } else if i == o[1] {
+                    20.0
+                } else {
+                    0.0
+                };
+                r.load = Some(sample(0.1, waiting));
+            }
+            let p = placing(SessionPlacement::TwoChoices);
+            assert_eq!(p.pick(&ctx(key), &reps).unwrap().index, o[1], "key {key}");
+            // Every replica queued alike: the key's first.
+            for r in reps.iter_mut() {
+                r.load = Some(sample(0.1, 20.0));
+            }
+            let p = placing(SessionPlacement::TwoChoices);
+            assert_eq!(p.pick(&ctx(key), &reps).unwrap().index, o[0], "key {key}");
+        }
     }
 
     #[test]
