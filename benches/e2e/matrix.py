@@ -309,6 +309,8 @@ def main():
         cell = CELLS[cname]
         args.cell_name = cname
         names = [r for r in routers(cell, args.routers_venv) if not args.only or r in args.only]
+        # Sluice's other variants, by name (`sluice-PLACEMENT`, `sluice-shared-PLACEMENT`).
+        names += [r for r in args.only or [] if r.startswith("sluice-") and r not in names]
         runs = {n: [] for n in names}
         for seed in seeds:
             # Routers interleaved seed by seed: whatever the shared machine does

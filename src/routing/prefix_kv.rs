@@ -430,26 +430,12 @@ impl PrefixKv {
         }
         let order = order(s.key, candidates);
         let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
-        // A disaggregated decode leg places its new sessions by two choices,
-        // whatever the placement: its prompt is prefilled in the prefill
-        // pool, so a gateway that sends a later turn elsewhere costs only the
-        // transfer of the history's KV (vLLM's connectors pull what the
-        // decode replica lacks), while a decode replica with more streams
-        // slows every step of its batch. (By the key's order alone, 100
-        // agent sessions left two decode replicas generating 57% and 43%,
-        // and the inter-token p99 2.5% above vllm-router's;
-        // docs/benchmarks-log.md.)
-        let placement = if ctx.decode_leg {
-            SessionPlacement::TwoChoices
-        } else {
-            self.cfg.session_placement
-        };
-        let least_loaded = placement == SessionPlacement::LeastLoaded;
+        let least_loaded = self.cfg.session_placement == SessionPlacement::LeastLoaded;
         let first_open = matches!(
-            placement,
+            self.cfg.session_placement,
             SessionPlacement::FirstOpen | SessionPlacement::TwoChoices
         );
-        let first = if placement == SessionPlacement::TwoChoices {
+        let first = if self.cfg.session_placement == SessionPlacement::TwoChoices {
             // New, moving, or unknown here (with a shared table, one that
             // nobody placed yet): of the first two replicas alive in the
             // key's order, the open one (its engine neither queues nor
@@ -1370,43 +1356,5 @@ mod tests {
         assert_eq!(decode(&reps), (home, RouteReason::Affinity));
         reps[home].in_flight = 7;
         assert_eq!(decode(&reps), (other, RouteReason::Affinity));
-    }
-
-    #[test]
-    fn a_decode_legs_new_session_starts_where_fewer_streams_run() {
-        let mut reps = replicas(2);
-        let p = policy();
-        let now = Instant::now();
-        let leg = |key: u64, continuing: bool| RouteCtx {
-            decode_leg: true,
-            ..session_turn(key, continuing, now)
-        };
-        for key in 0..16u64 {
-            let o = order(key, &reps);
-            // The key's first generates more streams: the session starts
-            // on its second (a request that prefills where it decodes would
-            // start on its first, where every gateway looks for it).
-            reps[o[0]].in_flight = 6;
-            reps[o[1]].in_flight = 2;
-            let d = p.pick(&leg(key, false), &reps).unwrap();
-            assert_eq!(
-                (d.index, d.reason),
-                (o[1], RouteReason::SessionNew),
-                "key {key}"
-            );
-            assert_eq!(
-                p.pick(&session_turn(key + 100, false, now), &reps)
-                    .unwrap()
-                    .index,
-                order(key + 100, &reps)[0]
-            );
-            // Its later turns stay there, whatever the streams.
-            reps[o[1]].in_flight = 9;
-            assert_eq!(
-                p.pick(&leg(key, true), &reps).unwrap().index,
-                o[1],
-                "key {key}"
-            );
-        }
     }
 }
