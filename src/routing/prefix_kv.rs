@@ -430,12 +430,8 @@ impl PrefixKv {
         }
         let order = order(s.key, candidates);
         let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
-        let least_loaded = self.cfg.session_placement == SessionPlacement::LeastLoaded;
-        let first_open = matches!(
-            self.cfg.session_placement,
-            SessionPlacement::FirstOpen | SessionPlacement::TwoChoices
-        );
-        let first = if self.cfg.session_placement == SessionPlacement::TwoChoices {
+        let placement = self.cfg.session_placement;
+        let first = if placement == SessionPlacement::TwoChoices {
             // New, moving, or unknown here (with a shared table, one that
             // nobody placed yet): of the first two replicas alive in the
             // key's order, the open one (its engine neither queues nor
@@ -446,21 +442,19 @@ impl PrefixKv {
             // same scrapes spread their new sessions over every pair instead
             // of sending them all to the one replica that looks open or
             // least loaded.
-            let mut two = order.iter().copied().filter(alive).take(2);
-            let a = two.next()?;
-            match two.next() {
-                Some(b) => {
-                    let pressed = |i: usize| views[i].blocked != Blocked::No;
-                    let b_first = match (pressed(a), pressed(b)) {
-                        (true, false) => true,
-                        (false, true) => false,
-                        _ => views[b].work < views[a].work,
-                    };
-                    Some(if b_first { b } else { a })
-                }
-                None => Some(a),
-            }
-        } else if first_open {
+            // (`min_by` keeps the first of equals: the key's order.)
+            let shut = |i: usize| views[i].blocked != Blocked::No;
+            order
+                .iter()
+                .copied()
+                .filter(alive)
+                .take(2)
+                .min_by(|&a, &b| {
+                    shut(a)
+                        .cmp(&shut(b))
+                        .then(views[a].work.total_cmp(&views[b].work))
+                })
+        } else if placement == SessionPlacement::FirstOpen {
             // New, moving, or unknown here (with a shared table, one that
             // nobody placed yet): the first replica in the key's order whose
             // engine is not pressed (it queues or preempts), else the first
@@ -475,7 +469,7 @@ impl PrefixKv {
                 .copied()
                 .find(|&i| views[i].blocked == Blocked::No)
                 .or_else(|| order.iter().copied().find(alive))
-        } else if least_loaded {
+        } else if placement == SessionPlacement::LeastLoaded {
             // New, moving, or unknown here (this one gateway restarted or
             // forgot it: no order tells where it was): the open replica that
             // served the fewest session turns lately; ties in the key's order.
@@ -510,7 +504,11 @@ impl PrefixKv {
         // A session that continues and is unknown here was placed there by
         // another gateway: its history is there too (not so when placed by
         // load: nothing says where its history is).
-        let history = if known.is_none() && !least_loaded && !first_open {
+        let by_key = matches!(
+            placement,
+            SessionPlacement::Rendezvous | SessionPlacement::Auto
+        );
+        let history = if known.is_none() && by_key {
             history
         } else {
             0
