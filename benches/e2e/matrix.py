@@ -28,9 +28,9 @@ Cells (`--cells`, default all):
                   issue's fleet with 4,096 blocks a replica
   sessions_heavy  the same with heavy-tailed session lengths (Pareto, at most 8x)
   sessions_3gw    `sessions` through three Sluice gateways behind nginx (round robin);
-                  Sluice only: the peers' runs of `sessions` (same seeds) compare
-  sessions_heavy_3gw  `sessions_heavy` through three Sluice gateways; the peers' runs
-                  of `sessions_heavy` (same seeds) compare
+                  the peers' runs of `sessions` (same seeds) compare, or a peer named
+                  in `--only` runs here (one router, the same sessions)
+  sessions_heavy_3gw  `sessions_heavy` through three Sluice gateways; likewise
 
 `--engine b` runs the replicas on `engine_b.py`, a second engine model written apart
 from `sluice sim` (same API and metric names, its own tokenizer, scheduler, cache and
@@ -123,17 +123,25 @@ def start_fleet(procs, cell, n=4):
     return urls
 
 
-def routers(cell, venv):
+def peers(cell):
+    if cell["kind"] == "prefix":
+        return ["sglang-cache_aware", "vllm-cache_aware"]
+    return ["sglang-cache_aware", "vllm-consistent_hash"]
+
+
+def routers(cell, venv, only=None):
     out = ["sluice"]
     if cell["kind"] == "sessions":
         out.append("sluice-shared" if cell.get("gateways", 1) > 1 else "sluice-first_open")
-    # Several gateways are Sluice's case only: the peers run one router (their
-    # runs on the one-gateway cell, same seeds, are the comparison).
-    if venv and cell.get("gateways", 1) == 1:
-        if cell["kind"] == "prefix":
-            out += ["sglang-cache_aware", "vllm-cache_aware"]
+    if venv:
+        if cell.get("gateways", 1) == 1:
+            out += peers(cell)
         else:
-            out += ["sglang-cache_aware", "vllm-consistent_hash"]
+            # Several gateways are Sluice's case: by default the peers' runs of the
+            # one-gateway cell (same seeds) compare. Named in --only, a peer runs
+            # here too, one router on the same sessions, interleaved with Sluice
+            # seed by seed (the same hour's machine for both).
+            out += [p for p in peers(cell) if only and p in only]
     return out
 
 
@@ -308,7 +316,7 @@ def main():
     for cname in args.cells:
         cell = CELLS[cname]
         args.cell_name = cname
-        names = [r for r in routers(cell, args.routers_venv) if not args.only or r in args.only]
+        names = [r for r in routers(cell, args.routers_venv, args.only) if not args.only or r in args.only]
         # Sluice's other variants, by name (`sluice-PLACEMENT`, `sluice-shared-PLACEMENT`).
         names += [r for r in args.only or [] if r.startswith("sluice-") and r not in names]
         runs = {n: [] for n in names}
