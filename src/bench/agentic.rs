@@ -217,7 +217,6 @@ async fn session(
     out
 }
 
-/// Tokens an engine with 16-token blocks can have cached of `prompt`.
 /// Turns of a heavy-tailed session: Pareto with shape 1.5 and scale
 /// `mean / 3` (the untruncated mean is `mean`), at most 8x the mean, at least 1.
 fn heavy_turns(rng: &mut fastrand::Rng, mean: u32) -> u32 {
@@ -228,6 +227,7 @@ fn heavy_turns(rng: &mut fastrand::Rng, mean: u32) -> u32 {
     (n.round() as u32).clamp(1, mean.saturating_mul(8).max(1))
 }
 
+/// Tokens of a `tokens`-long prompt an engine with 16-token blocks can have cached.
 fn block_floor(tokens: u64) -> u64 {
     tokens / 16 * 16
 }
