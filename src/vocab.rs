@@ -269,6 +269,9 @@ pub enum PdReason {
     /// Locally: the prefill replicas' predicted wait was longer than the
     /// local prefill.
     LocalPoolBusy,
+    /// Locally: the decode replica decoded nothing and the prefill
+    /// replicas' predicted wait was longer than the local prefill.
+    LocalIdle,
     /// Locally: no prefill replica could be used.
     LocalNoPrefill,
     /// Locally: the remote prefill failed, was refused or timed out.
@@ -289,6 +292,7 @@ impl PdReason {
             PdReason::Remote => "remote",
             PdReason::LocalCached => "local_cached",
             PdReason::LocalPoolBusy => "local_pool_busy",
+            PdReason::LocalIdle => "local_idle",
             PdReason::LocalNoPrefill => "local_no_prefill_replica",
             PdReason::LocalFallback => "local_fallback",
             PdReason::LocalNoKv => "local_no_kv",
@@ -297,10 +301,11 @@ impl PdReason {
         }
     }
 
-    pub const ALL: [PdReason; 8] = [
+    pub const ALL: [PdReason; 9] = [
         PdReason::Remote,
         PdReason::LocalCached,
         PdReason::LocalPoolBusy,
+        PdReason::LocalIdle,
         PdReason::LocalNoPrefill,
         PdReason::LocalFallback,
         PdReason::LocalNoKv,

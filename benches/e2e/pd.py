@@ -229,6 +229,7 @@ def run(name, workload, args, seed):
             "ttft_p99_ms": round(r["ttft_seconds"]["p99"] * 1e3, 1),
             "itl_p50_ms": round(r["inter_token_seconds"]["p50"] * 1e3, 2),
             "itl_p99_ms": round(r["inter_token_seconds"]["p99"] * 1e3, 2),
+            "itl_max_ms": round(r["inter_token_seconds"]["max"] * 1e3, 1),
         }
         if per_request:
             warm = warm_p99(per_request)
@@ -299,10 +300,10 @@ def main():
                 runs[n].append(row)
                 print(f"{w:10s} seed {seed} {n:22s} TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f}"
                       f" warm {row.get('warm_ttft_p99_ms') or 0:7.1f} floor {row.get('cold_floor_p99_ms') or 0:6.1f} ms"
-                      f" | ITL p99 {row['itl_p99_ms']:6.2f} ms | ok {row['ok']}/{row['requests']} {row['errors']}"
+                      f" | ITL p99 {row['itl_p99_ms']:6.2f} max {row['itl_max_ms']:6.1f} ms | ok {row['ok']}/{row['requests']} {row['errors']}"
                       f" | {row.get('decisions', '')} {row.get('routes', '')}", flush=True)
         summary = {n: {k: statistics.median([r[k] for r in rows]) for k in
-                       ("ttft_p50_ms", "ttft_p99_ms", "warm_ttft_p99_ms", "itl_p99_ms")
+                       ("ttft_p50_ms", "ttft_p99_ms", "warm_ttft_p99_ms", "itl_p99_ms", "itl_max_ms")
                        if all(r.get(k) is not None for r in rows)}
                    for n, rows in runs.items()}
         out["workloads"][w] = {"runs": runs, "summary": summary}

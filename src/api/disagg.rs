@@ -8,7 +8,10 @@
 //!    can be used (`local_no_prefill_replica`), or when the prefill
 //!    replicas' predicted wait (the prompt tokens queued ahead there, over
 //!    their calibrated rate) is longer than the local prefill would take
-//!    (`local_pool_busy`). Otherwise the prefill is remote (`remote`).
+//!    (`local_pool_busy`), the first two within `local_max_tokens`
+//!    uncached tokens, any length on a decode replica that decodes nothing
+//!    (`local_idle` when the pool is busy: no stream pays for it).
+//!    Otherwise the prefill is remote (`remote`).
 //! 2. **Which prefill replica:** the routing policy's pick among the
 //!    `prefill` and `mixed` replicas (not the decode replica): prefix
 //!    affinity and predicted wait, as for any request; a session's turns
@@ -132,10 +135,13 @@ enum Route<'a> {
 fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
     let cfg = &s.state.config.routing.disaggregation;
     let prompt = s.ctx.prompt_tokens.max(1);
-    // What a local prefill would add to the decode replica's steps.
-    let light = cfg
+    // What a local prefill would add to the decode replica's steps: little
+    // (within the bound), or nothing to anyone (it decodes no stream).
+    let bounded = cfg
         .local_max_tokens
         .is_none_or(|m| s.ctx.prompt_tokens.saturating_sub(s.decode_cached) <= m);
+    let idle = !bounded && cfg.local_when_idle && decode_idle(s);
+    let light = bounded || idle;
     if light && f64::from(s.decode_cached) >= cfg.local_share * f64::from(prompt) {
         return Route::Local(PdReason::LocalCached);
     }
@@ -148,7 +154,11 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
         return Route::Local(PdReason::LocalNoPrefill);
     }
     if light && pool_busy(s, &pool) {
-        return Route::Local(PdReason::LocalPoolBusy);
+        return Route::Local(if idle {
+            PdReason::LocalIdle
+        } else {
+            PdReason::LocalPoolBusy
+        });
     }
     // A session's prefills go to one prefill replica, where the KV of its
     // history stays cached from its last turn (only the new message and the
@@ -487,16 +497,31 @@ fn pool_busy(a: &DecodeSide<'_>, pool: &[Arc<Replica>]) -> bool {
         (m.load.rate(), m.load.ahead(waiting))
     };
     let (decode_rate, _) = rate_and_ahead(a.decode);
+    let pool: Vec<(Option<f64>, f64)> = pool.iter().map(|p| rate_and_ahead(p)).collect();
+    // A rate not learned yet is taken from the other side (a decode replica
+    // that never prefilled has none); none known: the same unit on both
+    // sides (tokens).
+    let any_pool_rate = pool.iter().find_map(|(rate, _)| *rate);
+    let local_rate = decode_rate.or(any_pool_rate).unwrap_or(1.0);
     let uncached = f64::from(a.ctx.prompt_tokens.saturating_sub(a.decode_cached));
     let wait = pool
         .iter()
-        .map(|p| {
-            let (rate, ahead) = rate_and_ahead(p);
-            // Unknown rates: the same unit on both sides (tokens).
-            rate.or(decode_rate).unwrap_or(1.0) * ahead
-        })
+        .map(|(rate, ahead)| rate.unwrap_or(local_rate) * ahead)
         .fold(f64::INFINITY, f64::min);
-    wait > decode_rate.unwrap_or(1.0) * uncached
+    wait > local_rate * uncached
+}
+
+/// The decode replica decodes nothing: none of this gateway's requests in
+/// flight there, and its engine's latest scrape (fresh) shows nothing
+/// running or waiting (another gateway's streams). A prefill there now
+/// lengthens no stream's step; a stream that arrives during it waits for
+/// its first token (TTFT), as behind any prefill.
+fn decode_idle(s: &DecodeSide<'_>) -> bool {
+    let v = (s.view)(s.decode);
+    let max_age = s.state.config.routing.metrics.stale_after;
+    v.in_flight == 0
+        && v.fresh_load(s.ctx.now, max_age)
+            .is_some_and(|l| l.running.is_some_and(|r| r < 0.5) && l.waiting.unwrap_or(0.0) < 0.5)
 }
 
 fn tokens_per_block(state: &AppState) -> u32 {

@@ -475,8 +475,16 @@ pub struct DisaggregationConfig {
     /// (`local_cached`, `local_pool_busy`): each step that carries a
     /// prefill is longer for every stream the replica decodes. The default,
     /// 0, keeps prefills off the decode replicas but as a fallback (no
-    /// prefill replica, a failed leg: not bound by it); unset, no bound.
+    /// prefill replica, a failed leg: not bound by it) and on a replica
+    /// that decodes nothing (`local_when_idle`); unset, no bound.
     pub local_max_tokens: Option<u32>,
+    /// A decode replica that decodes nothing (no stream there, by this
+    /// gateway's requests in flight and its engine's latest scrape) prefills
+    /// a prompt itself, beyond `local_max_tokens`, when the prefill pool's
+    /// predicted wait is longer than the local prefill (`local_idle`): no
+    /// stream's steps are lengthened by it. A cold start's burst of new
+    /// prompts is then prefilled by the whole fleet.
+    pub local_when_idle: bool,
 }
 
 /// `routing.disaggregation.protocol`.
@@ -496,6 +504,7 @@ impl Default for DisaggregationConfig {
             local_fallback: true,
             local_share: 0.5,
             local_max_tokens: Some(0),
+            local_when_idle: true,
         }
     }
 }

@@ -536,7 +536,7 @@ fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
                 ]),
                 p.span(),
                 "every prefill replica keeps a queue: the prompts sent to the prefill pool outrun it, and wait there",
-                "add prefill replicas; with routing.disaggregation.local_max_tokens above 0 the gateway sends fewer prompts to the pool meanwhile (local_pool_busy in sluice_pd_decisions_total)",
+                "add prefill replicas; meanwhile a decode replica that decodes nothing prefills what the pool would queue (local_idle in sluice_pd_decisions_total), and with routing.disaggregation.local_max_tokens above 0 so do the others, within that bound (local_pool_busy)",
             ));
         }
     }

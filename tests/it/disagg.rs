@@ -565,6 +565,113 @@ async fn local_max_tokens_bounds_what_a_decode_replica_prefills_by_choice() {
     assert_eq!(pd_decisions(&gw, "remote").await, 2.0);
 }
 
+/// The prefill replica holds every request 30 s, and a first prompt of ~400
+/// tokens is queued there (sent remote: the pool was idle). What happens to
+/// a second prompt of ~40 tokens while the decode replica decodes nothing.
+async fn second_prompt_with_the_pool_busy(
+    local_when_idle: bool,
+) -> (
+    SimHandle,
+    SimHandle,
+    Gateway,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let (p, d, gw) = fleet(
+        |c| c.faults = Faults::parse("first_token=30s").unwrap(),
+        |c| c.routing.disaggregation.local_when_idle = local_when_idle,
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let _ = post(&url, &chat(0, 200, true)).await;
+        }
+    });
+    wait_until(
+        "the first prefill reached the prefill replica",
+        Duration::from_secs(5),
+        || async { p.state.metrics.received.get() == 1 },
+    )
+    .await;
+    let second = tokio::spawn(async move {
+        let _ = post(&url, &chat(1, 20, false)).await;
+    });
+    (p, d, gw, vec![first, second])
+}
+
+#[tokio::test]
+async fn an_idle_decode_replica_prefills_what_the_busy_pool_would_queue() {
+    let (p, d, gw, held) = second_prompt_with_the_pool_busy(true).await;
+    wait_until(
+        "the second prompt answered by the decode replica",
+        Duration::from_secs(10),
+        || async { pd_decisions(&gw, "local_idle").await == 1.0 },
+    )
+    .await;
+    assert_eq!(
+        p.state.metrics.received.get(),
+        1,
+        "no second remote prefill"
+    );
+    assert_eq!(d.state.metrics.received.get(), 1);
+    let db = last_body(&d).await;
+    assert!(
+        db.get("kv_transfer_params").is_none(),
+        "prefilled there: {db}"
+    );
+    // A decode replica with a queue (another gateway's streams, as its
+    // scrape shows them) is not idle: the next prompt goes to the pool.
+    let mut c = d.state.control();
+    c.waiting = Some(1.0);
+    d.state.set_control(c);
+    let decode = d.url().trim_start_matches("http://").to_string();
+    let pool = gw.state().pool.clone();
+    wait_until(
+        "the decode replica's queue scraped",
+        Duration::from_secs(5),
+        || {
+            let pool = pool.clone();
+            let decode = decode.clone();
+            async move {
+                pool.replicas()
+                    .iter()
+                    .any(|r| *r.name == *decode && r.load().and_then(|l| l.waiting) == Some(1.0))
+            }
+        },
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let third = tokio::spawn(async move {
+        let _ = post(&url, &chat(2, 20, false)).await;
+    });
+    wait_until(
+        "the third prompt sent to the prefill pool",
+        Duration::from_secs(5),
+        || async { p.state.metrics.received.get() == 2 },
+    )
+    .await;
+    assert_eq!(pd_decisions(&gw, "local_idle").await, 1.0);
+    for h in held.into_iter().chain([third]) {
+        h.abort();
+    }
+}
+
+#[tokio::test]
+async fn with_local_when_idle_off_the_busy_pool_queues_it() {
+    let (p, _d, gw, held) = second_prompt_with_the_pool_busy(false).await;
+    wait_until(
+        "the second prompt sent to the prefill pool",
+        Duration::from_secs(5),
+        || async { p.state.metrics.received.get() == 2 },
+    )
+    .await;
+    assert_eq!(pd_decisions(&gw, "local_idle").await, 0.0);
+    for h in held {
+        h.abort();
+    }
+}
+
 #[tokio::test]
 async fn a_client_that_leaves_during_the_prefill_cancels_it() {
     // The prefill replica holds each request 30 s before starting it.
