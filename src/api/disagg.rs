@@ -8,9 +8,9 @@
 //!    can be used (`local_no_prefill_replica`), or when the prefill
 //!    replicas' predicted wait (the prompt tokens queued ahead there, over
 //!    their calibrated rate) is longer than the local prefill would take
-//!    (`local_pool_busy`), the first two within `local_max_tokens`
-//!    uncached tokens, any length on a decode replica that decodes nothing
-//!    (`local_idle` when the pool is busy: no stream pays for it).
+//!    (`local_pool_busy`), both within `local_max_tokens` uncached tokens;
+//!    past it, on a decode replica that decodes nothing, when the pool is
+//!    busy as above (`local_idle`: no stream pays for it).
 //!    Otherwise the prefill is remote (`remote`).
 //! 2. **Which prefill replica:** the routing policy's pick among the
 //!    `prefill` and `mixed` replicas (not the decode replica): prefix
@@ -135,13 +135,10 @@ enum Route<'a> {
 fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
     let cfg = &s.state.config.routing.disaggregation;
     let prompt = s.ctx.prompt_tokens.max(1);
-    // What a local prefill would add to the decode replica's steps: little
-    // (within the bound), or nothing to anyone (it decodes no stream).
-    let bounded = cfg
+    // What a local prefill would add to the decode replica's steps.
+    let light = cfg
         .local_max_tokens
         .is_none_or(|m| s.ctx.prompt_tokens.saturating_sub(s.decode_cached) <= m);
-    let idle = !bounded && cfg.local_when_idle && decode_idle(s);
-    let light = bounded || idle;
     if light && f64::from(s.decode_cached) >= cfg.local_share * f64::from(prompt) {
         return Route::Local(PdReason::LocalCached);
     }
@@ -154,11 +151,19 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
         return Route::Local(PdReason::LocalNoPrefill);
     }
     if light && pool_busy(s, &pool) {
-        return Route::Local(if idle {
-            PdReason::LocalIdle
-        } else {
-            PdReason::LocalPoolBusy
-        });
+        return Route::Local(PdReason::LocalPoolBusy);
+    }
+    // A decode replica that decodes nothing: a prefill there lengthens no
+    // stream's step, whatever its length, so it takes what the busy pool
+    // would queue. (Not also what it holds by routing's index, as
+    // `local_cached` past the bound: tried on retrieval, 8 documents of
+    // ~6,000 tokens over decode caches of ~32,000, 54-69 prompts a run went
+    // local so, and the slowest warm ones were prefilled whole there (~630
+    // ms, no token cached: the index still listed what the engine had
+    // evicted); warm TTFT p99 533-690 ms against 64-431 ms before;
+    // docs/benchmarks-log.md.)
+    if !light && cfg.local_when_idle && decode_idle(s) && pool_busy(s, &pool) {
+        return Route::Local(PdReason::LocalIdle);
     }
     // A session's prefills go to one prefill replica, where the KV of its
     // history stays cached from its last turn (only the new message and the
