@@ -159,8 +159,8 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
     // `local_cached` past the bound: tried on retrieval, 8 documents of
     // ~6,000 tokens over decode caches of ~32,000, 54-69 prompts a run went
     // local so, and the slowest warm ones were prefilled whole there (~630
-    // ms, no token cached: the index still listed what the engine had
-    // evicted); warm TTFT p99 533-690 ms against 64-431 ms before;
+    // ms, no token cached: most likely the index still listed what the
+    // engine had evicted); warm TTFT p99 533-690 ms against 64-431 ms before;
     // docs/benchmarks-log.md.)
     if !light && cfg.local_when_idle && decode_idle(s) && pool_busy(s, &pool) {
         return Route::Local(PdReason::LocalIdle);
