@@ -27,7 +27,8 @@ Workloads (`--workloads`):
 Engine: steps of 8 ms + 0.1 ms a running sequence, prefill 0.1 ms a token, 64 seats,
 2,048 batched tokens, 2,048 KV blocks; KV transfers at 25 GB/s of 128 KiB a token.
 Reported per run: TTFT and inter-token p50/p99, the warm TTFT p99 (of the requests
-sent after the first 5 s: the cold start over), the floor the cold start sets under any
+sent after the first 5 s: the cold start over; with Sluice, the PD decisions of the
+requests that make it, from its access log), the floor the cold start sets under any
 router's p99 on the same arrivals (`cold_floor`), errors, and Sluice's decisions
 (`sluice_pd_decisions_total`: remote prefills against local ones, and why; and the
 decode replicas' `sluice_routing_decisions_total` by reason).
@@ -62,7 +63,7 @@ from agentic import ADMINS, Procs, gateway_counts, sim_counts  # noqa: E402
 # The warm p99: of the requests sent after the first 5 s (at 400 requests a
 # run's p99 is its 5th slowest, and on code generation four are each prefix's
 # first, prefilled cold whatever the router).
-from matrix import warm_p99  # noqa: E402
+from matrix import WARM_AFTER, warm_p99  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, "target", "release", "sluice")
@@ -109,6 +110,9 @@ def start_sims(procs, roles):
 
 # `--sluice-config`: more top-level config for the Sluice gateways (experiments).
 EXTRA = ""
+# The Sluice gateway's access log of the run (a file), joined into the
+# per-request data: each request's PD decision, prefill replica and time.
+ACCESS_LOG = []
 
 
 def start_sluice(procs, sims, pd, protocol):
@@ -122,6 +126,9 @@ def start_sluice(procs, sims, pd, protocol):
             lines.append(f"    bootstrap_port: {url.rsplit(':', 1)[1]}")
     if pd and protocol == "sglang":
         lines += ["routing:", "  disaggregation:", "    protocol: sglang"]
+    log = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False).name
+    ACCESS_LOG.append(log)
+    lines += ["telemetry:", "  access_log:", "    target: file", f"    path: {log}"]
     cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     cfg.write("\n".join(lines) + "\n" + EXTRA)
     cfg.close()
@@ -181,9 +188,42 @@ def cold_floor(path):
     return round(bounds[rank - 1] * 1e3, 1)
 
 
+def join_access_log(per_request, logs, warm):
+    """Add each request's line of the gateway's access log (by the
+    `x-request-id` `sluice bench` sent) to its per-request row: the PD
+    decision (`pd`), the decode and prefill replicas, the remote prefill's
+    time. Returns the decisions of the warm requests at or above the warm
+    p99 `warm` (seconds): what the warm p99 is made of."""
+    keep = ("pd", "backend", "route_reason", "prefill_backend", "prefill_route_reason",
+            "prefill_cached_tokens", "prefill_ms")
+    by_id = {}
+    for path in logs:
+        with open(path) as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                by_id[e.get("request_id")] = {k: e.get(k) for k in keep}
+        os.unlink(path)
+    with open(per_request) as f:
+        rows = [json.loads(line) for line in f]
+    for r in rows:
+        r.update(by_id.get(r.get("request_id"), {}))
+    with open(per_request, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    tail = [r for r in rows if warm is not None and r["sent_s"] > WARM_AFTER
+            and r["ttft_s"] is not None and r["ttft_s"] >= warm]
+    out = {}
+    for r in tail:
+        out[r.get("pd") or "-"] = out.get(r.get("pd") or "-", 0) + 1
+    return out
+
+
 def run(name, workload, args, seed):
     procs = Procs()
     ADMINS.clear()
+    ACCESS_LOG.clear()
     try:
         sims = start_sims(procs, ["prefill", "prefill", "decode", "decode"])
         if name == "sluice-pd":
@@ -235,8 +275,6 @@ def run(name, workload, args, seed):
             warm = warm_p99(per_request)
             row["warm_ttft_p99_ms"] = round(warm * 1e3, 1) if warm is not None else None
             row["cold_floor_p99_ms"] = cold_floor(per_request)
-            if not args.requests_dir:
-                os.unlink(per_request)
         if killed_at is not None:
             row["prefill_killed_at_s"] = killed_at
         # Each decode replica's share of the tokens generated (the balance
@@ -256,6 +294,12 @@ def run(name, workload, args, seed):
                 reason = k.split('reason="')[1].split('"')[0]
                 routes[reason] = routes.get(reason, 0.0) + v
             row["routes"] = {k: v for k, v in routes.items() if v}
+        if per_request:
+            if ACCESS_LOG:
+                procs.stop()  # the access log is whole once the gateway is gone
+                row["warm_tail_pd"] = join_access_log(per_request, ACCESS_LOG, warm)
+            if not args.requests_dir:
+                os.unlink(per_request)
         return row
     finally:
         procs.stop()
@@ -301,7 +345,8 @@ def main():
                 print(f"{w:10s} seed {seed} {n:22s} TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f}"
                       f" warm {row.get('warm_ttft_p99_ms') or 0:7.1f} floor {row.get('cold_floor_p99_ms') or 0:6.1f} ms"
                       f" | ITL p99 {row['itl_p99_ms']:6.2f} max {row['itl_max_ms']:6.1f} ms | ok {row['ok']}/{row['requests']} {row['errors']}"
-                      f" | {row.get('decisions', '')} {row.get('routes', '')}", flush=True)
+                      f" | {row.get('decisions', '')} {row.get('routes', '')}"
+                      f"{' | warm tail ' + str(row['warm_tail_pd']) if row.get('warm_tail_pd') else ''}", flush=True)
         summary = {n: {k: statistics.median([r[k] for r in rows]) for k in
                        ("ttft_p50_ms", "ttft_p99_ms", "warm_ttft_p99_ms", "itl_p99_ms", "itl_max_ms")
                        if all(r.get(k) is not None for r in rows)}

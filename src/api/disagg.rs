@@ -69,7 +69,7 @@ use crate::telemetry::record::PdRecord;
 use crate::telemetry::tracecontext::TRACEPARENT;
 use crate::upstream::client::proxied_request;
 use crate::upstream::pool::{InFlight, Replica};
-use crate::vocab::{Endpoint, PdReason, Wire};
+use crate::vocab::{Endpoint, PdReason, RouteReason, Wire};
 
 /// Prefill replicas tried for one request before it is prefilled locally.
 const PREFILL_TRIES: usize = 2;
@@ -186,11 +186,12 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
 /// the decode replica's sidecar runs the prefill (llm-d's convention: the
 /// prefill replica named in `x-prefiller-host-port`): the prefill replica,
 /// with the accounting of the prompt there (kept until the decode replica
-/// answers), or why the decode replica prefills itself.
+/// answers) and why routing chose it, or why the decode replica prefills
+/// itself.
 pub(crate) fn choose(
     s: &DecodeSide<'_>,
     prefills: &[Arc<Replica>],
-) -> Result<(Arc<Replica>, Placement), PdReason> {
+) -> Result<(Arc<Replica>, Placement, RouteReason), PdReason> {
     let (mut pool, ctx) = match route(s, prefills) {
         Route::Local(reason) => return Err(reason),
         Route::Pool(pool, ctx) => (pool, ctx),
@@ -213,7 +214,7 @@ pub(crate) fn choose(
         pick.matched_blocks,
         tokens_per_block(s.state),
     );
-    Ok((replica, placement))
+    Ok((replica, placement, pick.reason))
 }
 
 /// Plan the prefill of `body` (the body the decode replica would get) and
@@ -239,7 +240,7 @@ pub(crate) async fn prefill(
         let Some(pick) = a.state.policy.pick(&ctx, &views) else {
             return Ok(local(PdReason::LocalNoPrefill));
         };
-        return sglang(&a, body, pool.swap_remove(pick.index));
+        return sglang(&a, body, pool.swap_remove(pick.index), pick.reason);
     }
     for _ in 0..PREFILL_TRIES {
         let views: Vec<ReplicaView> = pool.iter().map(|r| (a.view)(r)).collect();
@@ -271,6 +272,7 @@ pub(crate) async fn prefill(
                     record: PdRecord {
                         reason: PdReason::Remote,
                         prefill_backend: Some(replica.name.clone()),
+                        prefill_route: Some(pick.reason),
                         prefill_sent: Some(sent),
                         prefill: Some(took),
                         prefill_done: None,
@@ -351,7 +353,12 @@ impl Drop for SglangLeg {
 /// (the prefill replica's, `null` for the engine's default) and a random
 /// `bootstrap_room`, goes to the prefill replica now (drained and checked in
 /// a task) and to the decode replica by the caller ([`send_beside`]).
-fn sglang(a: &Attempt<'_>, body: &Bytes, replica: Arc<Replica>) -> Result<Planned, GatewayError> {
+fn sglang(
+    a: &Attempt<'_>,
+    body: &Bytes,
+    replica: Arc<Replica>,
+    why: RouteReason,
+) -> Result<Planned, GatewayError> {
     let host = url::Url::parse(&replica.base)
         .ok()
         .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_string()))
@@ -427,6 +434,7 @@ fn sglang(a: &Attempt<'_>, body: &Bytes, replica: Arc<Replica>) -> Result<Planne
         record: PdRecord {
             reason: PdReason::Remote,
             prefill_backend: Some(name),
+            prefill_route: Some(why),
             prefill_sent: Some(sent),
             prefill: None,
             prefill_done: Some(done),
@@ -565,7 +573,6 @@ async fn leg(
     };
     replica.conns.checkin(conn);
     let took = started.elapsed();
-    placement.first_token(took);
     let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
         GatewayError::UpstreamProtocol(format!("the prefill answer is not JSON: {e}").into())
     })?;
@@ -574,6 +581,9 @@ async fn leg(
         .filter(|p| p.is_object())
         .cloned();
     let (cached, prompt) = prefill_usage(a.wire, &v, &bytes);
+    // Its one token and its usage came together: the rate learns from
+    // what the engine prefilled.
+    placement.first_token_cached(took, cached, prompt);
     if let Some(c) = cached {
         placement.finished(c, prompt);
     }

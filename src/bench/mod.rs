@@ -330,11 +330,25 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
         let (index, sent) = (n, started.elapsed());
         tasks.spawn(async move {
             let body = body.to_string();
+            // Kept per request: its number as `x-request-id`, so that the
+            // gateway's access log joins the client's timing.
+            let id = format!("bench-{index}");
+            let headers: &[(&str, &str)] = if each { &[("x-request-id", &id)] } else { &[] };
             let mut s = if stream {
                 // Per request, the replica's name too (its system_fingerprint).
-                one_with(&client, &base, key.as_deref(), api, body, until, &[], each).await
+                one_with(
+                    &client,
+                    &base,
+                    key.as_deref(),
+                    api,
+                    body,
+                    until,
+                    headers,
+                    each,
+                )
+                .await
             } else {
-                whole(&client, &base, key.as_deref(), api, body).await
+                whole(&client, &base, key.as_deref(), api, body, headers).await
             };
             s.content = None;
             (s.index, s.sent, s.prefix) = (index, sent, prefix);
@@ -364,7 +378,8 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     write_json(&cfg, report)
 }
 
-/// One JSON line per request, in the order they were sent: when (seconds
+/// One JSON line per request, in the order they were sent: its
+/// `x-request-id` (as the gateway's access log has it), when (seconds
 /// from the start), its TTFT and end to end, the replica that answered
 /// where it says (`system_fingerprint`), its cached and prompt tokens,
 /// and the shared prefix its prompt opened with.
@@ -374,6 +389,7 @@ fn write_requests(path: &std::path::Path, samples: &mut [Sample]) -> anyhow::Res
     for s in samples.iter() {
         let line = serde_json::json!({
             "i": s.index,
+            "request_id": format!("bench-{}", s.index),
             "sent_s": s.sent.as_secs_f64(),
             "ttft_s": s.ttft.map(|d| d.as_secs_f64()),
             "e2e_s": s.e2e.as_secs_f64(),
@@ -467,11 +483,12 @@ async fn whole(
     key: Option<&str>,
     api: Api,
     body: String,
+    headers: &[(&str, &str)],
 ) -> Sample {
     let start = Instant::now();
     let mut s = Sample::default();
     let result = async {
-        let resp = send(client, base, key, api, body, &[]).await?;
+        let resp = send(client, base, key, api, body, headers).await?;
         let body = resp
             .into_body()
             .collect()

@@ -293,16 +293,17 @@ impl Exchange {
                 decode_cached: decision.cached_tokens,
                 view: proxy::view,
             };
-            let (reason, named) = match disagg::choose(&side, &c.prefill) {
-                Ok((replica, placement)) => {
+            let (reason, named, why) = match disagg::choose(&side, &c.prefill) {
+                Ok((replica, placement, why)) => {
                     self.prefill = Some(placement);
-                    (PdReason::Remote, Some(replica))
+                    (PdReason::Remote, Some(replica), Some(why))
                 }
-                Err(reason) => (reason, None),
+                Err(reason) => (reason, None, None),
             };
             prefiller = Some(named.as_ref().map(|r| endpoint_of(r).to_string()));
             guard.record.pd = Some(Box::new(PdRecord {
                 prefill_backend: named.map(|r| r.name.clone()),
+                prefill_route: why,
                 ..PdRecord::local(reason)
             }));
         }

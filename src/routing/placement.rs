@@ -55,14 +55,56 @@ impl Placement {
     /// The first token came `ttft` after the request was sent: its prefill
     /// is done; the rate learns from it.
     pub(crate) fn first_token(&mut self, ttft: Duration) {
+        self.first_token_over(ttft, self.ahead);
+    }
+
+    /// The same where the engine's cached tokens come with the first token
+    /// (a prefill leg's whole answer): the rate learns from the tokens the
+    /// engine prefilled for this request, not those routing predicted. A
+    /// prompt whose prefix the engine had evicted took a whole prefill over
+    /// the few tokens predicted; counted so, it multiplied the replica's
+    /// rate, and the next requests for its prefixes left it for a replica
+    /// predicted faster that held nothing (retrieval on a disaggregated
+    /// fleet: such detours were the slowest warm requests, ~640 ms cold
+    /// prefills against ~15 ms; docs/benchmarks-log.md).
+    pub(crate) fn first_token_cached(
+        &mut self,
+        ttft: Duration,
+        actual: Option<u32>,
+        engine_prompt: Option<u32>,
+    ) {
+        let ahead = match actual {
+            Some(a) => {
+                let prompt = self.uncached + u64::from(self.predicted_cached);
+                let done = prompt.saturating_sub(u64::from(self.in_ours(a, engine_prompt)));
+                (self.ahead - self.uncached) + done.max(1)
+            }
+            None => self.ahead,
+        };
+        self.first_token_over(ttft, ahead);
+    }
+
+    fn first_token_over(&mut self, ttft: Duration, ahead: u64) {
         if self.started {
             return;
         }
         self.started = true;
         self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
-        let rate = ttft.as_secs_f64() / self.ahead.max(1) as f64;
+        let rate = ttft.as_secs_f64() / ahead.max(1) as f64;
         if rate.is_finite() && rate > 0.0 {
             self.memory.load.rate.observe(rate);
+        }
+    }
+
+    /// The engine's `actual` cached tokens of the `engine_prompt` it counted,
+    /// in the gateway's tokens (see [`Placement::finished`]).
+    fn in_ours(&self, actual: u32, engine_prompt: Option<u32>) -> u32 {
+        let ours = self.uncached + u64::from(self.predicted_cached);
+        match engine_prompt {
+            Some(p) if p > 0 && actual <= p => {
+                u32::try_from(u64::from(actual) * ours / u64::from(p)).unwrap_or(u32::MAX)
+            }
+            _ => actual,
         }
     }
 
@@ -78,13 +120,7 @@ impl Placement {
     /// gateway's estimate would look, on a 1,500-token prefix, like an
     /// eviction of its last nine blocks at every request.
     pub(crate) fn finished(&self, actual: u32, engine_prompt: Option<u32>) {
-        let ours = self.uncached + u64::from(self.predicted_cached);
-        let actual = match engine_prompt {
-            Some(p) if p > 0 && actual <= p => {
-                u32::try_from(u64::from(actual) * ours / u64::from(p)).unwrap_or(u32::MAX)
-            }
-            _ => actual,
-        };
+        let actual = self.in_ours(actual, engine_prompt);
         let l = &self.memory.load;
         l.predicted_cached
             .fetch_add(u64::from(self.predicted_cached), Relaxed);
@@ -178,5 +214,23 @@ mod tests {
         assert_eq!(m.prefixes.longest_match(&h), 4, "kept");
         assert_eq!(m.load.shortfalls.load(Relaxed), 0);
         drop((leader, follower));
+    }
+
+    #[test]
+    fn the_rate_learns_from_what_the_engine_prefilled_when_it_says() {
+        // Predicted 900 of 1,000 tokens cached; the engine had none (its
+        // prefix evicted) and took 100 ms: 0.1 ms a token, not 1 ms.
+        let m = memory();
+        let mut p = placed(&m, &[1], 900);
+        p.first_token_cached(Duration::from_millis(100), Some(0), Some(1000));
+        let rate = m.load.rate().unwrap();
+        assert!((rate - 1e-4).abs() < 1e-9, "{rate}");
+        assert_eq!(m.load.backlog(), 0, "its predicted tokens were taken back");
+        // Not said: the prediction's tokens, as before.
+        let m = memory();
+        let mut p = placed(&m, &[1], 900);
+        p.first_token_cached(Duration::from_millis(100), None, None);
+        let rate = m.load.rate().unwrap();
+        assert!((rate - 1e-3).abs() < 1e-9, "{rate}");
     }
 }

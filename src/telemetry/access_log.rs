@@ -50,6 +50,11 @@ struct Line<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     prefill_backend: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    prefill_route_reason: Option<&'static str>,
+    /// Prompt tokens the prefill replica had cached (vLLM's protocol).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefill_cached_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     prefill_ms: Option<f64>,
     finish_reason: Option<&'static str>,
     prompt_tokens: Option<u32>,
@@ -131,6 +136,11 @@ impl AccessLog {
             flow_wait_ms: r.flow.map(|f| ms(f.waited)),
             pd: r.pd.as_ref().map(|p| p.reason.as_str()),
             prefill_backend: r.pd.as_ref().and_then(|p| p.prefill_backend.as_deref()),
+            prefill_route_reason: r
+                .pd
+                .as_ref()
+                .and_then(|p| p.prefill_route.map(|x| x.as_str())),
+            prefill_cached_tokens: r.pd.as_ref().and_then(|p| p.prefill_cached),
             prefill_ms: r.pd.as_ref().and_then(|p| p.prefill_time().map(ms)),
             finish_reason: r.finish_reason.map(|f| f.as_str()),
             prompt_tokens: r.usage.map(|u| u.prompt_tokens),

@@ -115,6 +115,9 @@ pub struct PdRecord {
     pub reason: crate::vocab::PdReason,
     /// The prefill replica of the leg that served (a remote prefill).
     pub prefill_backend: Option<Arc<str>>,
+    /// Why routing chose that prefill replica (its prefix, a new home, a
+    /// spill for load, ...).
+    pub prefill_route: Option<crate::vocab::RouteReason>,
     /// The remote prefill leg: when it was sent, and sent to answered.
     pub prefill_sent: Option<Instant>,
     pub prefill: Option<Duration>,
@@ -132,6 +135,7 @@ impl PdRecord {
         PdRecord {
             reason,
             prefill_backend: None,
+            prefill_route: None,
             prefill_sent: None,
             prefill: None,
             prefill_done: None,

@@ -735,6 +735,79 @@ async fn a_stream_of_a_remote_prefill_is_timed_and_its_prefill_recorded() {
     assert_eq!(metric_sum(&m, "sluice_pd_prefill_seconds_count"), 1.0);
 }
 
+#[tokio::test]
+async fn the_access_log_says_where_and_why_each_prompt_was_prefilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let log = path.clone();
+    let (p, _d, gw) = fleet(
+        |_| {},
+        move |c| {
+            c.telemetry.access_log.enabled = true;
+            c.telemetry.access_log.target = sluice::config::LogTarget::File;
+            c.telemetry.access_log.path = Some(log);
+            // Never prefilled on the decode replica by what it holds: the
+            // second prompt goes to the prefill replica that has its prefix.
+            c.routing.disaggregation.local_share = 1.0;
+        },
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let shared: String = (0..300).map(|w| format!("doc{w} ")).collect();
+    for i in 0..2 {
+        let body = serde_json::json!({
+            "model": "sim-model", "max_tokens": 5,
+            "messages": [{"role": "user", "content": format!("{shared} question {i}")}],
+        });
+        let id = format!("pd-log-{i}");
+        let (status, _, text) = post_with(&url, &body, &[("x-request-id", &id)]).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let path_ref = &path;
+    wait_until(
+        "two access log lines",
+        Duration::from_secs(5),
+        || async move {
+            std::fs::read_to_string(path_ref)
+                .unwrap_or_default()
+                .lines()
+                .count()
+                >= 2
+        },
+    )
+    .await;
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let line = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["request_id"] == id)
+            .unwrap_or_else(|| panic!("no line for {id}: {lines:?}"))
+            .clone()
+    };
+    let (first, second) = (line("pd-log-0"), line("pd-log-1"));
+    let name = format!("127.0.0.1:{}", p.addr.port());
+    for l in [&first, &second] {
+        assert_eq!(l["pd"], "remote", "{l}");
+        assert_eq!(l["prefill_backend"], name.as_str(), "{l}");
+        assert!(l["prefill_ms"].as_f64().is_some(), "{l}");
+    }
+    // Cold, then found where routing placed its prefix, with the prefix
+    // cached there.
+    assert_eq!(first["prefill_cached_tokens"], 0, "{first}");
+    assert!(first["prefill_route_reason"].is_string(), "{first}");
+    assert_eq!(second["prefill_route_reason"], "affinity", "{second}");
+    assert!(
+        second["prefill_cached_tokens"]
+            .as_u64()
+            .is_some_and(|c| c > 0),
+        "{second}"
+    );
+}
+
 /// SGLang's protocol: the prefill replica's bootstrap port is its own port
 /// (the simulator's rooms are pulled over HTTP there).
 async fn sglang_fleet(prefill: impl FnOnce(&mut SimConfig)) -> (SimHandle, SimHandle, Gateway) {
