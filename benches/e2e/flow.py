@@ -20,7 +20,8 @@ one tenant (its own key), Poisson arrivals, streamed chat, 128-token prompts,
 Reported: premium TTFT p99 against unloaded; Jain's fairness index of the two
 tenants' served rate over their max-min fair share; the light tenant's
 share of its demand served; goodput (output tokens/s of successful requests)
-against the same run without flow control; answers past the wait bound.
+against the same run without flow control; answers past the wait bound; the
+gateways' routing decisions by reason (`route REASON`).
 
     cargo build --release
     python3 benches/e2e/flow.py --json docs/bench/flow.json
@@ -150,7 +151,7 @@ def start_gateway(procs, cfg):
 
 def flow_metrics(admins):
     """The gateways' flow-control counters: outcomes per band, and per band
-    the requests that waited more than 10 ms."""
+    the requests that waited more than 10 ms; routing's decisions by reason."""
     out = {}
     for a in admins:
         with urllib.request.urlopen(a + "/metrics", timeout=10) as r:
@@ -165,6 +166,10 @@ def flow_metrics(admins):
             elif line.startswith("sluice_flow_share_syncs_total{"):
                 labels, v = line.rsplit(" ", 1)
                 key = "share syncs " + labels.split('outcome="')[1].split('"')[0]
+                out[key] = out.get(key, 0) + int(float(v))
+            elif line.startswith("sluice_routing_decisions_total{"):
+                labels, v = line.rsplit(" ", 1)
+                key = "route " + labels.split('reason="')[1].split('"')[0]
                 out[key] = out.get(key, 0) + int(float(v))
             elif line.startswith("sluice_flow_wait_seconds_bucket{") and 'le="0.01"' in line:
                 labels, v = line.rsplit(" ", 1)

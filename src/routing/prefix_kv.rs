@@ -6,8 +6,10 @@
 //! 1. **Pressure filter.** A candidate whose last scrape is older than
 //!    `stale_after` (or missing) is treated as saturated; one at or above
 //!    `kv_high` KV-cache usage, or with `queue_high` requests waiting, or with
-//!    every seat taken (`ReplicaView::full`), gets no new work. If every candidate is filtered, the one with least work is used
-//!    (`fallback`) rather than failing.
+//!    every seat taken (`ReplicaView::full`), gets no new work. If every
+//!    candidate is filtered (`fallback`), the request goes where its
+//!    predicted TTFT (step 3) is least among those with fresh metrics, else
+//!    to the one with least work, rather than failing.
 //! 2. **Home.** Where the request belongs, decided from inputs every gateway
 //!    sees alike (no shared state), by rendezvous (highest-random-weight)
 //!    hashing over the candidates' names:
@@ -179,6 +181,23 @@ fn place(
         })
 }
 
+/// The mean calibrated rate of the replicas `among` that have one (1.0
+/// when none has: then every prediction uses it and only tokens compare).
+fn mean_rate(views: &[View], among: impl Iterator<Item = usize>) -> f64 {
+    let (sum, known) = among
+        .filter_map(|i| views[i].rate)
+        .fold((0.0, 0usize), |(sum, k), r| (sum + r, k + 1));
+    if known == 0 { 1.0 } else { sum / known as f64 }
+}
+
+/// Predicted seconds to first token on a replica: its rate (else
+/// `fleet_rate`) times the tokens ahead there and the prompt's tokens it
+/// does not hold (its indexed blocks, or `history` known held beyond them).
+fn predicted_ttft(v: &View, tpb: u32, prompt_tokens: u32, history: u32, fleet_rate: f64) -> f64 {
+    let cached = (v.matched as u32 * tpb).max(history).min(prompt_tokens);
+    v.rate.unwrap_or(fleet_rate) * (v.ahead + f64::from(prompt_tokens - cached))
+}
+
 /// The prefix blocks this gateway's index lists for each replica.
 fn sizes(views: &[View]) -> Vec<f64> {
     views
@@ -233,12 +252,33 @@ impl RoutingPolicy for PrefixKv {
         // The replicas not under pressure, as an iterator (no list allocated
         // per request).
         let open = || (0..n).filter(|&i| views[i].blocked == Blocked::No);
+        let tpb = self.tokens_per_block();
         if open().next().is_none() {
-            // Everything is under pressure or unknown: least work wins.
-            let i = (0..n).min_by(|&a, &b| {
-                least_loaded::work(&candidates[a], ctx, self.stale_after)
-                    .total_cmp(&least_loaded::work(&candidates[b], ctx, self.stale_after))
-            })?;
+            // Everything is under pressure or unknown: the request waits
+            // wherever it goes. Where the replicas whose word is fresh hold
+            // different shares of its prompt, the least predicted TTFT, its
+            // cache counted, is the shortest wait. Taken by least work, a
+            // prompt whose document one full replica held went as often to
+            // one that held nothing and paid a cold prefill (retrieval on a
+            // disaggregated fleet in its cold start, both prefill replicas
+            // full: seed 3's warm TTFT p99 457 -> 66 ms). Where they hold
+            // the same, least work: it balances seats better than the
+            // predictions' noisy rates (1-2% more goodput on a seat-bound
+            // fleet without flow control; docs/benchmarks-log.md).
+            let fresh = || (0..n).filter(|&i| views[i].blocked != Blocked::Stale);
+            let held = |i: usize| views[i].matched;
+            let differ = fresh().map(held).min() != fresh().map(held).max();
+            let rate = mean_rate(&views, fresh());
+            let wait = |i: usize| predicted_ttft(&views[i], tpb, ctx.prompt_tokens, 0, rate);
+            let i = fresh()
+                .filter(|_| differ)
+                .min_by(|&a, &b| wait(a).total_cmp(&wait(b)))
+                .or_else(|| {
+                    (0..n).min_by(|&a, &b| {
+                        least_loaded::work(&candidates[a], ctx, self.stale_after)
+                            .total_cmp(&least_loaded::work(&candidates[b], ctx, self.stale_after))
+                    })
+                })?;
             return Some(self.decide(ctx, &views, i, RouteReason::Fallback, 0, false, false));
         }
         // A session's turns follow its home. A session derived from the
@@ -266,20 +306,9 @@ impl RoutingPolicy for PrefixKv {
             }
         };
         // Stay or detour, by predicted TTFT.
-        let tpb = self.tokens_per_block();
-        let (rates, known) = open()
-            .filter_map(|i| views[i].rate)
-            .fold((0.0, 0usize), |(sum, k), r| (sum + r, k + 1));
-        let fleet_rate = if known == 0 {
-            1.0
-        } else {
-            rates / known as f64
-        };
+        let fleet_rate = mean_rate(&views, open());
         let predict = |i: usize, history: u32| {
-            let v = &views[i];
-            let cached = (v.matched as u32 * tpb).max(history).min(ctx.prompt_tokens);
-            let uncached = f64::from(ctx.prompt_tokens - cached);
-            v.rate.unwrap_or(fleet_rate) * (v.ahead + uncached)
+            predicted_ttft(&views[i], tpb, ctx.prompt_tokens, history, fleet_rate)
         };
         let stay = predict(home.index, home.history);
         let best = open().min_by(|&a, &b| {
@@ -1150,6 +1179,48 @@ mod tests {
         reps[1].load = Some(old);
         reps[1].in_flight = 1;
         assert_eq!(ll.pick(&ctx, &reps).map(|d| d.index), Some(0));
+    }
+
+    #[test]
+    fn when_every_replica_is_full_the_prompt_waits_where_its_prefix_is() {
+        let mut reps = replicas(2);
+        let p = policy();
+        let h = [90, 91, 92, 93];
+        let home = pick(&p, &reps, &h).index;
+        let other = 1 - home;
+        // Every seat taken on both, and more of this gateway's requests on
+        // the home: least work would send the prompt where nothing of it is
+        // cached.
+        for r in &mut reps {
+            r.full = true;
+        }
+        reps[home].in_flight = 6;
+        let d = pick(&p, &reps, &h);
+        assert_eq!((d.index, d.reason), (home, RouteReason::Fallback));
+        // A prediction, not stickiness: a home with a long backlog to
+        // prefill loses to the other's cold prefill.
+        let now = Instant::now();
+        let backlog = |i: usize, n: u64| {
+            p.affinity
+                .of(&reps[i].name, now)
+                .load
+                .backlog
+                .store(n, Relaxed)
+        };
+        backlog(home, 1_000_000);
+        assert_eq!(pick(&p, &reps, &h).index, other);
+        backlog(home, 0);
+        // A prompt no replica holds: least work, as seats balance best.
+        let d = pick(&p, &reps, &[200, 201]);
+        assert_eq!((d.index, d.reason), (other, RouteReason::Fallback));
+        // Nothing fresh: least work.
+        let mut old = sample(0.1, 0.0);
+        old.at = Instant::now() - Duration::from_secs(60);
+        for r in &mut reps {
+            r.load = Some(old);
+        }
+        let d = pick(&p, &reps, &h);
+        assert_eq!((d.index, d.reason), (other, RouteReason::Fallback));
     }
 
     #[test]
