@@ -7,9 +7,10 @@
 //!    `stale_after` (or missing) is treated as saturated; one at or above
 //!    `kv_high` KV-cache usage, or with `queue_high` requests waiting, or with
 //!    every seat taken (`ReplicaView::full`), gets no new work. If every
-//!    candidate is filtered (`fallback`), the request goes where its
-//!    predicted TTFT (step 3) is least among those with fresh metrics, else
-//!    to the one with least work, rather than failing.
+//!    candidate is filtered (`fallback`), the request goes, where the
+//!    candidates with fresh metrics hold different shares of its prompt,
+//!    to the one among them whose predicted TTFT (step 3, no session history
+//!    counted) is least; else to the one with least work; it never fails.
 //! 2. **Home.** Where the request belongs, decided from inputs every gateway
 //!    sees alike (no shared state), by rendezvous (highest-random-weight)
 //!    hashing over the candidates' names:
@@ -194,7 +195,8 @@ fn mean_rate(views: &[View], among: impl Iterator<Item = usize>) -> f64 {
 /// `fleet_rate`) times the tokens ahead there and the prompt's tokens it
 /// does not hold (its indexed blocks, or `history` known held beyond them).
 fn predicted_ttft(v: &View, tpb: u32, prompt_tokens: u32, history: u32, fleet_rate: f64) -> f64 {
-    let cached = (v.matched as u32 * tpb).max(history).min(prompt_tokens);
+    let blocks = u32::try_from(v.matched).unwrap_or(u32::MAX);
+    let cached = blocks.saturating_mul(tpb).max(history).min(prompt_tokens);
     v.rate.unwrap_or(fleet_rate) * (v.ahead + f64::from(prompt_tokens - cached))
 }
 
@@ -261,13 +263,15 @@ impl RoutingPolicy for PrefixKv {
             // prompt whose document one full replica held went as often to
             // one that held nothing and paid a cold prefill (retrieval on a
             // disaggregated fleet in its cold start, both prefill replicas
-            // full: seed 3's warm TTFT p99 457 -> 66 ms). Where they hold
+            // full: seed 3's warm TTFT p99 457 -> 68 ms). Where they hold
             // the same, least work: it balances seats better than the
-            // predictions' noisy rates (1-2% more goodput on a seat-bound
-            // fleet without flow control; docs/benchmarks-log.md).
+            // predictions' noisy rates (0.4-1.9% more goodput on a
+            // seat-bound fleet without flow control; docs/benchmarks-log.md).
+            // A disaggregated decode leg too: the prediction is of a prefill,
+            // done in the prefill pool wherever it decodes.
             let fresh = || (0..n).filter(|&i| views[i].blocked != Blocked::Stale);
             let held = |i: usize| views[i].matched;
-            let differ = fresh().map(held).min() != fresh().map(held).max();
+            let differ = !ctx.decode_leg && fresh().map(held).min() != fresh().map(held).max();
             let rate = mean_rate(&views, fresh());
             let wait = |i: usize| predicted_ttft(&views[i], tpb, ctx.prompt_tokens, 0, rate);
             let i = fresh()
@@ -1207,21 +1211,34 @@ mod tests {
         reps[home].in_flight = 6;
         let d = pick(&p, &reps, &h);
         assert_eq!((d.index, d.reason), (home, RouteReason::Fallback));
+        // Not for a disaggregated decode leg (the prediction is of a
+        // prefill): least work.
+        let d = pick_leg(&p, &reps, &h, true);
+        assert_eq!((d.index, d.reason), (other, RouteReason::Fallback));
         // A prediction, not stickiness: a home with a long backlog to
         // prefill loses to the other's cold prefill.
         set_backlog(&p, &reps[home], 1_000_000);
         assert_eq!(pick(&p, &reps, &h).index, other);
         set_backlog(&p, &reps[home], 0);
-        // A prompt no replica holds: least work, as seats balance best.
+        // A prompt no replica holds: least work, as seats balance best
+        // (the other is predicted slower, and carries less).
+        set_backlog(&p, &reps[other], 10);
         let d = pick(&p, &reps, &[200, 201]);
         assert_eq!((d.index, d.reason), (other, RouteReason::Fallback));
-        // Nothing fresh: least work.
+        // Nothing fresh: least work, however long the other's predicted
+        // wait and whoever holds the prompt.
+        set_backlog(&p, &reps[other], 1_000_000);
+        let only_home = [300, 301, 302];
+        p.affinity
+            .of(&reps[home].name, Instant::now())
+            .prefixes
+            .insert(&only_home);
         let mut old = sample(0.1, 0.0);
         old.at = Instant::now() - Duration::from_secs(60);
         for r in &mut reps {
             r.load = Some(old);
         }
-        let d = pick(&p, &reps, &h);
+        let d = pick(&p, &reps, &only_home);
         assert_eq!((d.index, d.reason), (other, RouteReason::Fallback));
     }
 
