@@ -314,7 +314,7 @@ impl RequestGuard {
         // 3. Release the replica, with what it taught us.
         if let Some(attempt) = self.attempt.take() {
             let r = &self.record;
-            if let (Some(p), Some(actual)) = (self.placement.take(), served_cached) {
+            if let (Some(mut p), Some(actual)) = (self.placement.take(), served_cached) {
                 // Closed loop: what routing expected cached against the engine.
                 p.finished(actual, r.usage.as_ref().map(|u| u.prompt_tokens));
                 let series = &attempt.replica().series;

@@ -42,6 +42,8 @@ decode replicas' `sluice_routing_decisions_total` by reason).
 every run: the failure drill (no request may be lost or hang; `errors` counts them).
 `--prefill-blocks N` gives the prefill replicas N KV blocks (caches that hold the agentic
 sessions' histories: what placement buys when the cache is not the limit).
+`--agentic-concurrency N` runs N agentic sessions at once instead of 32 (at 32 the
+prefill pool is saturated and its queue sets every router's TTFT).
 
 Everything listens on 127.0.0.1; every process is stopped at the end of its run.
 """
@@ -320,9 +322,15 @@ def main():
     ap.add_argument("--prefill-blocks", type=int,
                     help="KV blocks of the prefill replicas (default: the engine's 2,048)")
     ap.add_argument("--requests-dir", help="keep every request's timing here (JSON lines)")
+    ap.add_argument("--agentic-concurrency", type=int,
+                    help="sessions at once in the agentic workload (default 32: the prefill pool "
+                         "saturated)")
     ap.add_argument("--json")
     args = ap.parse_args()
     global EXTRA, PREFILL_BLOCKS
+    if args.agentic_concurrency:
+        a = WORKLOADS["agentic"]
+        a[a.index("--concurrency") + 1] = str(args.agentic_concurrency)
     if args.sluice_config:
         with open(args.sluice_config) as f:
             EXTRA = f.read()

@@ -1,9 +1,9 @@
 //! A [`Placement`]: the accounting of one request on the replica it was
 //! sent to. It adds to the replica's backlog when made, takes it back at the
-//! first token (calibrating the replica's rate) or when dropped, and at the
-//! end reports the cached tokens routing predicted against those the engine
-//! reported (the closed loop: an index that promised more than the engine
-//! had is corrected).
+//! first token or when dropped, calibrates the replica's rate from the first
+//! token's wait, and at the end reports the cached tokens routing predicted
+//! against those the engine reported (the closed loop: an index that
+//! promised more than the engine had is corrected).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -26,6 +26,9 @@ pub(crate) struct Placement {
     matched_blocks: usize,
     tokens_per_block: u32,
     started: bool,
+    /// The first token's wait, kept until the engine says what it had
+    /// cached (see [`Placement::first_token`]).
+    waited: Option<Duration>,
 }
 
 impl Placement {
@@ -49,13 +52,33 @@ impl Placement {
             matched_blocks,
             tokens_per_block,
             started: false,
+            waited: None,
         }
     }
 
     /// The first token came `ttft` after the request was sent: its prefill
-    /// is done; the rate learns from it.
+    /// is done, its tokens leave the backlog.
+    ///
+    /// Where routing predicted cached tokens, the rate learns at the end
+    /// ([`Placement::finished`]), from the tokens the engine says it
+    /// prefilled: a stream's usage comes with its last event, and a prompt
+    /// whose prefix the engine had evicted took a whole prefill over the few
+    /// tokens predicted. Counted at the first token, one such answer
+    /// multiplied the replica's rate (a sample weighs a fifth of the
+    /// average: a 10x sample, 2.8x), and the prompts it held left it for
+    /// replicas predicted faster that held nothing. Where routing predicted
+    /// nothing cached the engine can only have prefilled less, and the rate
+    /// learns at once (no delay in a cold start, where rates are first
+    /// learned). An answer that never says (no usage, or cut) is counted at
+    /// the end by the prediction, as before.
     pub(crate) fn first_token(&mut self, ttft: Duration) {
-        self.first_token_over(ttft, self.ahead);
+        if self.predicted_cached == 0 {
+            self.first_token_over(ttft, self.ahead);
+        } else if !self.started {
+            self.started = true;
+            self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
+            self.waited = Some(ttft);
+        }
     }
 
     /// The same where the engine's cached tokens come with the first token
@@ -73,15 +96,22 @@ impl Placement {
         actual: Option<u32>,
         engine_prompt: Option<u32>,
     ) {
-        let ahead = match actual {
+        let ahead = self.ahead_done(actual, engine_prompt);
+        self.first_token_over(ttft, ahead);
+    }
+
+    /// The tokens that were ahead of the first token, this request's as the
+    /// engine prefilled them where it says (`actual` cached of its
+    /// `engine_prompt`), else as routing predicted.
+    fn ahead_done(&self, actual: Option<u32>, engine_prompt: Option<u32>) -> u64 {
+        match actual {
             Some(a) => {
                 let prompt = self.uncached + u64::from(self.predicted_cached);
                 let done = prompt.saturating_sub(u64::from(self.in_ours(a, engine_prompt)));
                 (self.ahead - self.uncached) + done.max(1)
             }
             None => self.ahead,
-        };
-        self.first_token_over(ttft, ahead);
+        }
     }
 
     fn first_token_over(&mut self, ttft: Duration, ahead: u64) {
@@ -90,6 +120,10 @@ impl Placement {
         }
         self.started = true;
         self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
+        self.calibrate(ttft, ahead);
+    }
+
+    fn calibrate(&self, ttft: Duration, ahead: u64) {
         let rate = ttft.as_secs_f64() / ahead.max(1) as f64;
         if rate.is_finite() && rate > 0.0 {
             self.memory.load.rate.observe(rate);
@@ -119,7 +153,13 @@ impl Placement {
     /// Compared raw, a tokenizer counting 10% fewer tokens than the
     /// gateway's estimate would look, on a 1,500-token prefix, like an
     /// eviction of its last nine blocks at every request.
-    pub(crate) fn finished(&self, actual: u32, engine_prompt: Option<u32>) {
+    ///
+    /// A first token's wait kept for the rate is counted now, over what the
+    /// engine prefilled.
+    pub(crate) fn finished(&mut self, actual: u32, engine_prompt: Option<u32>) {
+        if let Some(ttft) = self.waited.take() {
+            self.calibrate(ttft, self.ahead_done(Some(actual), engine_prompt));
+        }
         let actual = self.in_ours(actual, engine_prompt);
         let l = &self.memory.load;
         l.predicted_cached
@@ -149,6 +189,10 @@ impl Drop for Placement {
             // Failed, or cut before its first token: no longer ahead of anyone.
             self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
         }
+        if let Some(ttft) = self.waited.take() {
+            // The engine never said what it had cached: the prediction.
+            self.calibrate(ttft, self.ahead);
+        }
     }
 }
 
@@ -175,7 +219,7 @@ mod tests {
         let h = [1, 2, 3, 4];
         m.prefixes.insert(&h);
         // Nothing else pending there: the engine had evicted the prefix.
-        let p = placed(&m, &h, 64);
+        let mut p = placed(&m, &h, 64);
         p.finished(0, Some(1000));
         drop(p);
         assert_eq!(m.prefixes.longest_match(&h), 0);
@@ -209,7 +253,7 @@ mod tests {
         m.prefixes.insert(&h);
         // The request that brings the prefix is still in its prefill.
         let leader = placed(&m, &h, 0);
-        let follower = placed(&m, &h, 64);
+        let mut follower = placed(&m, &h, 64);
         follower.finished(0, Some(1000));
         assert_eq!(m.prefixes.longest_match(&h), 4, "kept");
         assert_eq!(m.load.shortfalls.load(Relaxed), 0);
@@ -232,5 +276,45 @@ mod tests {
         p.first_token_cached(Duration::from_millis(100), None, None);
         let rate = m.load.rate().unwrap();
         assert!((rate - 1e-3).abs() < 1e-9, "{rate}");
+    }
+
+    #[test]
+    fn a_streamed_answer_calibrates_from_what_the_engine_prefilled_at_its_end() {
+        // Predicted 900 of 1,000 tokens cached; the engine had evicted them
+        // and took 100 ms. At the first token only the backlog falls.
+        let m = memory();
+        let mut p = placed(&m, &[1], 900);
+        p.first_token(Duration::from_millis(100));
+        assert_eq!(m.load.backlog(), 0);
+        assert_eq!(m.load.rate(), None, "not yet: the usage comes at the end");
+        // The usage says none was cached: 0.1 ms a token, not 1 ms.
+        p.finished(0, Some(1000));
+        let rate = m.load.rate().unwrap();
+        assert!((rate - 1e-4).abs() < 1e-9, "{rate}");
+        drop(p);
+        assert!(
+            (m.load.rate().unwrap() - rate).abs() < 1e-12,
+            "counted once"
+        );
+
+        // An answer that never says: counted when dropped, by the prediction.
+        let m = memory();
+        let mut p = placed(&m, &[1], 900);
+        p.first_token(Duration::from_millis(100));
+        drop(p);
+        let rate = m.load.rate().unwrap();
+        assert!((rate - 1e-3).abs() < 1e-9, "{rate}");
+
+        // Nothing predicted cached: learned at the first token.
+        let m = memory();
+        let mut p = placed(&m, &[1], 0);
+        p.first_token(Duration::from_millis(100));
+        let rate = m.load.rate().unwrap();
+        assert!((rate - 1e-4).abs() < 1e-9, "{rate}");
+        p.finished(0, Some(1000));
+        assert!(
+            (m.load.rate().unwrap() - rate).abs() < 1e-12,
+            "counted once"
+        );
     }
 }
