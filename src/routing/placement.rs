@@ -70,7 +70,7 @@ impl Placement {
     /// nothing cached the engine can only have prefilled less, and the rate
     /// learns at once (no delay in a cold start, where rates are first
     /// learned). An answer that never says (no usage, or cut) is counted at
-    /// the end by the prediction, as before.
+    /// the end by the prediction.
     pub(crate) fn first_token(&mut self, ttft: Duration) {
         if self.predicted_cached == 0 {
             self.first_token_over(ttft, self.ahead);
@@ -155,10 +155,15 @@ impl Placement {
     /// eviction of its last nine blocks at every request.
     ///
     /// A first token's wait kept for the rate is counted now, over what the
-    /// engine prefilled.
+    /// engine prefilled where it had less cached than predicted, never over
+    /// fewer tokens than predicted: an engine that reports more cached than
+    /// routing knew (a disaggregated decode leg counts the KV it pulled, so
+    /// its whole prompt) prefilled little or nothing, and its wait over a
+    /// token or two would read as a replica thousands of times slower.
     pub(crate) fn finished(&mut self, actual: u32, engine_prompt: Option<u32>) {
         if let Some(ttft) = self.waited.take() {
-            self.calibrate(ttft, self.ahead_done(Some(actual), engine_prompt));
+            let done = self.ahead_done(Some(actual), engine_prompt);
+            self.calibrate(ttft, done.max(self.ahead));
         }
         let actual = self.in_ours(actual, engine_prompt);
         let l = &self.memory.load;
@@ -311,10 +316,20 @@ mod tests {
         p.first_token(Duration::from_millis(100));
         let rate = m.load.rate().unwrap();
         assert!((rate - 1e-4).abs() < 1e-9, "{rate}");
-        p.finished(0, Some(1000));
+        p.finished(500, Some(1000));
         assert!(
             (m.load.rate().unwrap() - rate).abs() < 1e-12,
             "counted once"
         );
+
+        // The engine had more cached than predicted (a decode leg counts the
+        // KV it pulled: the whole prompt): never over fewer tokens than
+        // predicted, so not 100 ms over one token.
+        let m = memory();
+        let mut p = placed(&m, &[1], 900);
+        p.first_token(Duration::from_millis(100));
+        p.finished(1000, Some(1000));
+        let rate = m.load.rate().unwrap();
+        assert!((rate - 1e-3).abs() < 1e-9, "{rate}");
     }
 }
