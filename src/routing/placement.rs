@@ -283,53 +283,51 @@ mod tests {
         assert!((rate - 1e-3).abs() < 1e-9, "{rate}");
     }
 
+    /// A placement predicting `cached` of 1,000 tokens whose first token
+    /// came after 100 ms.
+    fn streamed(cached: u32) -> (Arc<ReplicaMemory>, Placement) {
+        let m = memory();
+        let mut p = placed(&m, &[1], cached);
+        p.first_token(Duration::from_millis(100));
+        (m, p)
+    }
+
+    /// The replica's rate, checked against `want` seconds a token.
+    fn rate_is(m: &ReplicaMemory, want: f64) -> f64 {
+        let rate = m.load.rate().unwrap();
+        assert!((rate - want).abs() < 1e-9, "{rate} != {want}");
+        rate
+    }
+
     #[test]
     fn a_streamed_answer_calibrates_from_what_the_engine_prefilled_at_its_end() {
-        // Predicted 900 of 1,000 tokens cached; the engine had evicted them
-        // and took 100 ms. At the first token only the backlog falls.
-        let m = memory();
-        let mut p = placed(&m, &[1], 900);
-        p.first_token(Duration::from_millis(100));
+        // Predicted 900 cached; the engine had evicted them. At the first
+        // token only the backlog falls.
+        let (m, mut p) = streamed(900);
         assert_eq!(m.load.backlog(), 0);
         assert_eq!(m.load.rate(), None, "not yet: the usage comes at the end");
         // The usage says none was cached: 0.1 ms a token, not 1 ms.
         p.finished(0, Some(1000));
-        let rate = m.load.rate().unwrap();
-        assert!((rate - 1e-4).abs() < 1e-9, "{rate}");
+        let rate = rate_is(&m, 1e-4);
         drop(p);
-        assert!(
-            (m.load.rate().unwrap() - rate).abs() < 1e-12,
-            "counted once"
-        );
+        assert!((m.load.rate().unwrap() - rate).abs() < 1e-12, "once");
 
         // An answer that never says: counted when dropped, by the prediction.
-        let m = memory();
-        let mut p = placed(&m, &[1], 900);
-        p.first_token(Duration::from_millis(100));
+        let (m, p) = streamed(900);
         drop(p);
-        let rate = m.load.rate().unwrap();
-        assert!((rate - 1e-3).abs() < 1e-9, "{rate}");
+        rate_is(&m, 1e-3);
 
         // Nothing predicted cached: learned at the first token.
-        let m = memory();
-        let mut p = placed(&m, &[1], 0);
-        p.first_token(Duration::from_millis(100));
-        let rate = m.load.rate().unwrap();
-        assert!((rate - 1e-4).abs() < 1e-9, "{rate}");
+        let (m, mut p) = streamed(0);
+        let rate = rate_is(&m, 1e-4);
         p.finished(500, Some(1000));
-        assert!(
-            (m.load.rate().unwrap() - rate).abs() < 1e-12,
-            "counted once"
-        );
+        assert!((m.load.rate().unwrap() - rate).abs() < 1e-12, "once");
 
         // The engine had more cached than predicted (a decode leg counts the
         // KV it pulled: the whole prompt): never over fewer tokens than
         // predicted, so not 100 ms over one token.
-        let m = memory();
-        let mut p = placed(&m, &[1], 900);
-        p.first_token(Duration::from_millis(100));
+        let (m, mut p) = streamed(900);
         p.finished(1000, Some(1000));
-        let rate = m.load.rate().unwrap();
-        assert!((rate - 1e-3).abs() < 1e-9, "{rate}");
+        rate_is(&m, 1e-3);
     }
 }
