@@ -113,6 +113,7 @@ fn decision(c: &mut Criterion) {
             prompt_tokens: 4096,
             tail_tokens: 0,
             decode_leg: false,
+            session_placement: None,
             now: Instant::now(),
         };
         prefix_kv.pick(&ctx, &views(&reps));
@@ -150,6 +151,7 @@ fn decision(c: &mut Criterion) {
                         prompt_tokens: 4096,
                         tail_tokens: 0,
                         decode_leg: false,
+                        session_placement: None,
                         now: Instant::now(),
                     };
                     prefix_kv.pick(&ctx, &views(&reps))
@@ -168,6 +170,7 @@ fn decision(c: &mut Criterion) {
                         prompt_tokens: 4096,
                         tail_tokens: 0,
                         decode_leg: false,
+                        session_placement: None,
                         now: Instant::now(),
                     };
                     rr.pick(&ctx, &views(&reps))

@@ -307,8 +307,9 @@ pub struct BenchArgs {
     pub json: Option<PathBuf>,
     /// Write every request's timing to this file, one JSON line each (when
     /// sent, TTFT, end to end, the replica that answered where it says,
-    /// cached tokens, the shared prefix of a `shared-prefix` prompt). Not
-    /// with agentic.
+    /// cached tokens, the shared prefix of a `shared-prefix` prompt; with
+    /// `--workload agentic`, each turn's session, number and whether it
+    /// answers a tool result).
     #[arg(long, value_name = "FILE")]
     pub requests_json: Option<PathBuf>,
     /// No progress lines.

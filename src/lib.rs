@@ -207,10 +207,6 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 "--workload agentic speaks chat only (--api chat)"
             );
             anyhow::ensure!(
-                args.requests_json.is_none() || args.workload != bench::workload::Workload::Agentic,
-                "--requests-json is for the open and closed loops, not --workload agentic"
-            );
-            anyhow::ensure!(
                 !args.no_stream || args.workload != bench::workload::Workload::Agentic,
                 "--workload agentic streams (no --no-stream)"
             );

@@ -43,7 +43,12 @@ every run: the failure drill (no request may be lost or hang; `errors` counts th
 `--prefill-blocks N` gives the prefill replicas N KV blocks (caches that hold the agentic
 sessions' histories: what placement buys when the cache is not the limit).
 `--agentic-concurrency N` runs N agentic sessions at once instead of 32 (at 32 the
-prefill pool is saturated and its queue sets every router's TTFT).
+prefill pool is saturated and its queue sets every router's TTFT). On the agentic
+sessions each run also reports which turns make the TTFT p99 (`tail_turns`: a
+session's first turn, one answering a tool result, any other; through Sluice with its
+PD decision) and, through Sluice, how evenly the sessions sat on the prefill replicas
+(`prefill_sessions`). `--requests-dir DIR` keeps every request's (every turn's) timing,
+joined with Sluice's access log.
 
 Everything listens on 127.0.0.1; every process is stopped at the end of its run.
 """
@@ -222,6 +227,54 @@ def join_access_log(per_request, logs, warm):
     return out
 
 
+def agentic_tail(per_request, p99):
+    """What the agentic p99 is made of: the turns at or above it (seconds),
+    counted by kind (a session's first turn, a turn answering a tool
+    result, any other) and, through Sluice, the PD decision."""
+    out = {}
+    with open(per_request) as f:
+        for line in f:
+            r = json.loads(line)
+            if r["ttft_s"] is None or r["ttft_s"] < p99:
+                continue
+            kind = "first" if r.get("turn") == 0 else "tool" if r.get("tool") else "other"
+            key = kind + (f"/{r['pd']}" if r.get("pd") else "")
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def prefill_sessions(per_request):
+    """How evenly the agentic sessions sat on the prefill replicas (through
+    Sluice: its access log names each turn's prefill replica): every 5 s, the
+    sessions under way (between their first and last turn) per prefill
+    replica, by the replica most of their turns were prefilled on. Returns
+    the largest gap between the busiest and the least busy replica, and the
+    busiest's mean share of the sessions under way."""
+    spans = {}
+    with open(per_request) as f:
+        for line in f:
+            r = json.loads(line)
+            s = spans.setdefault(r.get("session"), {"t": [], "on": {}})
+            s["t"].append(r["sent_s"])
+            if r.get("prefill_backend"):
+                s["on"][r["prefill_backend"]] = s["on"].get(r["prefill_backend"], 0) + 1
+    spans = {k: (min(v["t"]), max(v["t"]), max(v["on"], key=v["on"].get))
+             for k, v in spans.items() if v["on"]}
+    names = sorted({home for _, _, home in spans.values()})
+    if len(names) < 2:
+        return None
+    gap, shares = 0, []
+    end = max(b for _, b, _ in spans.values())
+    t = 5.0
+    while t < end:
+        n = [sum(1 for a, b, h in spans.values() if a <= t <= b and h == name) for name in names]
+        gap = max(gap, max(n) - min(n))
+        if sum(n):
+            shares.append(max(n) / sum(n))
+        t += 5.0
+    return {"most_apart": gap, "busiest_share": round(statistics.mean(shares), 3) if shares else None}
+
+
 def run(name, workload, args, seed):
     procs = Procs()
     ADMINS.clear()
@@ -242,14 +295,12 @@ def run(name, workload, args, seed):
                "--quiet", "--json", out, *WORKLOADS[workload]]
         if workload != "agentic":
             cmd += ["--concurrency", "512", "--requests", str(args.requests)]
-        per_request = None
-        if workload != "agentic":
-            # Every request's timing, for the warm p99 and the cold start's
-            # floor: kept with `--requests-dir`.
-            d = args.requests_dir or tempfile.mkdtemp()
-            os.makedirs(d, exist_ok=True)
-            per_request = os.path.join(d, f"{workload}_{name}_seed{seed}.jsonl")
-            cmd += ["--requests-json", per_request]
+        # Every request's timing, for the warm p99, the cold start's floor
+        # and (agentic) which turns make the tail: kept with `--requests-dir`.
+        d = args.requests_dir or tempfile.mkdtemp()
+        os.makedirs(d, exist_ok=True)
+        per_request = os.path.join(d, f"{workload}_{name}_seed{seed}.jsonl")
+        cmd += ["--requests-json", per_request]
         bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         killed_at = None
         if args.kill_prefill_after is not None:
@@ -273,7 +324,9 @@ def run(name, workload, args, seed):
             "itl_p99_ms": round(r["inter_token_seconds"]["p99"] * 1e3, 2),
             "itl_max_ms": round(r["inter_token_seconds"]["max"] * 1e3, 1),
         }
-        if per_request:
+        if workload == "agentic":
+            warm = None
+        else:
             warm = warm_p99(per_request)
             row["warm_ttft_p99_ms"] = round(warm * 1e3, 1) if warm is not None else None
             row["cold_floor_p99_ms"] = cold_floor(per_request)
@@ -296,12 +349,17 @@ def run(name, workload, args, seed):
                 reason = k.split('reason="')[1].split('"')[0]
                 routes[reason] = routes.get(reason, 0.0) + v
             row["routes"] = {k: v for k, v in routes.items() if v}
-        if per_request:
+        if ACCESS_LOG:
+            procs.stop()  # the access log is whole once the gateway is gone
+            tail = join_access_log(per_request, ACCESS_LOG, warm)
+            if workload != "agentic":
+                row["warm_tail_pd"] = tail
+        if workload == "agentic":
+            row["tail_turns"] = agentic_tail(per_request, r["ttft_seconds"]["p99"])
             if ACCESS_LOG:
-                procs.stop()  # the access log is whole once the gateway is gone
-                row["warm_tail_pd"] = join_access_log(per_request, ACCESS_LOG, warm)
-            if not args.requests_dir:
-                os.unlink(per_request)
+                row["prefill_sessions"] = prefill_sessions(per_request)
+        if not args.requests_dir:
+            os.unlink(per_request)
         return row
     finally:
         procs.stop()
@@ -354,7 +412,9 @@ def main():
                       f" warm {row.get('warm_ttft_p99_ms') or 0:7.1f} floor {row.get('cold_floor_p99_ms') or 0:6.1f} ms"
                       f" | ITL p99 {row['itl_p99_ms']:6.2f} max {row['itl_max_ms']:6.1f} ms | ok {row['ok']}/{row['requests']} {row['errors']}"
                       f" | {row.get('decisions', '')} {row.get('routes', '')}"
-                      f"{' | warm tail ' + str(row['warm_tail_pd']) if row.get('warm_tail_pd') else ''}", flush=True)
+                      f"{' | warm tail ' + str(row['warm_tail_pd']) if row.get('warm_tail_pd') else ''}"
+                      f"{' | tail ' + str(row['tail_turns']) if row.get('tail_turns') else ''}"
+                      f"{' | prefill sessions ' + str(row['prefill_sessions']) if row.get('prefill_sessions') else ''}", flush=True)
         summary = {n: {k: statistics.median([r[k] for r in rows]) for k in
                        ("ttft_p50_ms", "ttft_p99_ms", "warm_ttft_p99_ms", "itl_p99_ms", "itl_max_ms")
                        if all(r.get(k) is not None for r in rows)}

@@ -16,7 +16,8 @@
 //!    `prefill` and `mixed` replicas (not the decode replica): prefix
 //!    affinity and predicted wait, as for any request; a session's turns
 //!    keep one prefill replica (its history's KV is cached there), under a
-//!    session key of their own.
+//!    session key of their own, placed by load
+//!    (`routing.disaggregation.session_placement`).
 //! 3. **vLLM's protocol** (NIXL, Mooncake; vLLM's own disaggregation proxy
 //!    and vllm-router do the same): the client's body with `stream: false`,
 //!    `max_tokens` (and `max_completion_tokens`, where sent) 1, no
@@ -169,14 +170,24 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
     // history stays cached from its last turn (only the new message and the
     // last answer are prefilled), as its turns go to one decode replica. It
     // has a key of its own in the session table (the session's key is its
-    // decode home), so it is found, and placed alike by every gateway, in
-    // the prefill pool's own order.
+    // decode home). A new one starts where the fewest sessions went
+    // lately (`routing.disaggregation.session_placement: least_loaded`, the
+    // default), not by its key's order: a prefill replica does nothing but
+    // prefill, so its share of the sessions is its queue, and with a dozen
+    // sessions at once hashing left one replica 9-11 of them for tens of
+    // seconds (their histories evicted from its cache, re-prefilled whole
+    // behind each other) while the other had 0-2: agentic sessions' TTFT p99
+    // 0.55-0.90x vllm-router's by key, 0.68-1.49x by load (median 1.02x;
+    // docs/BENCHMARKS.md).
+    // The cost: each gateway places its own (without a shared table, a
+    // session sent through several may prefill on one replica per gateway).
     let ctx = RouteCtx {
         session: s.ctx.session.map(|k| SessionKey {
             key: prefill_session(k.key),
             ..k
         }),
         decode_leg: false,
+        session_placement: Some(cfg.prefill_session_placement(&s.state.config.routing)),
         ..*s.ctx
     };
     Route::Pool(pool, ctx)

@@ -501,6 +501,7 @@ impl RouteInput {
             prompt_tokens: self.prompt_tokens,
             tail_tokens: self.tail_tokens,
             decode_leg: false,
+            session_placement: None,
             now: turn::now_std(),
         }
     }

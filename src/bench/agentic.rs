@@ -71,6 +71,16 @@ pub(crate) struct SessionStats {
     pub busiest_over_mean: f64,
 }
 
+/// Which turn a request was (for `--requests-json`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TurnOf {
+    pub session: u32,
+    /// Its number in the session, from 0.
+    pub turn: u32,
+    /// It answers a tool result (its new message is `tool_tokens` long).
+    pub tool: bool,
+}
+
 /// One turn: its sample and what it taught about routing.
 struct Turn {
     session: u32,
@@ -99,6 +109,20 @@ pub(crate) async fn run(
     let shared = Arc::new(tokens_of_text(shape.shared_tokens, TOOLS));
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency));
     let until = cfg.duration.map(|d| started + d);
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        base: base.to_string(),
+        model: model.to_string(),
+        key: cfg.api_key.clone(),
+        shape: shape.clone(),
+        shared,
+        seed: cfg.seed,
+        until,
+        started,
+        done,
+        sent: std::sync::atomic::AtomicU64::new(0),
+        ids: cfg.requests_out.is_some(),
+    });
     let mut tasks = tokio::task::JoinSet::new();
     for s in 0..shape.sessions {
         if until.is_some_and(|u| Instant::now() >= u) {
@@ -107,24 +131,9 @@ pub(crate) async fn run(
         let Ok(permit) = slots.clone().acquire_owned().await else {
             break;
         };
-        let (client, base, model) = (client.clone(), base.to_string(), model.to_string());
-        let (shape, shared, key) = (shape.clone(), shared.clone(), cfg.api_key.clone());
-        let seed = cfg.seed;
-        let done = done.clone();
+        let ctx = ctx.clone();
         tasks.spawn(async move {
-            let turns = session(
-                &client,
-                &base,
-                &model,
-                key.as_deref(),
-                &shape,
-                &shared,
-                s,
-                seed,
-                until,
-                &done,
-            )
-            .await;
+            let turns = session(&ctx, s).await;
             drop(permit);
             turns
         });
@@ -137,52 +146,66 @@ pub(crate) async fn run(
     (turns.into_iter().map(|t| t.sample).collect(), stats)
 }
 
-#[expect(clippy::too_many_arguments, reason = "one call site")]
-async fn session(
-    client: &BenchClient,
-    base: &str,
-    model: &str,
-    key: Option<&str>,
-    shape: &AgenticShape,
-    shared: &str,
-    s: u32,
+/// What every session of a run shares.
+struct Ctx {
+    client: BenchClient,
+    base: String,
+    model: String,
+    key: Option<String>,
+    shape: AgenticShape,
+    shared: Arc<String>,
     seed: u64,
     until: Option<Instant>,
-    done: &std::sync::atomic::AtomicU64,
-) -> Vec<Turn> {
-    let mut rng = fastrand::Rng::with_seed(seed ^ (u64::from(s) << 20) ^ 0xa9e7);
+    started: Instant,
+    done: Arc<std::sync::atomic::AtomicU64>,
+    /// Turns sent so far, over all sessions (each turn's number).
+    sent: std::sync::atomic::AtomicU64,
+    /// Send each turn's number as `x-request-id` (`--requests-json`), so
+    /// that the gateway's access log joins the client's timing.
+    ids: bool,
+}
+
+async fn session(ctx: &Ctx, s: u32) -> Vec<Turn> {
+    let (shape, until) = (&ctx.shape, ctx.until);
+    let mut rng = fastrand::Rng::with_seed(ctx.seed ^ (u64::from(s) << 20) ^ 0xa9e7);
     let n = if shape.heavy_sessions {
         heavy_turns(&mut rng, shape.turns)
     } else {
         rng.u32(shape.turns / 2..=shape.turns * 3 / 2).max(1)
     };
     let mut messages = vec![
-        serde_json::json!({"role": "system", "content": shared}),
+        serde_json::json!({"role": "system", "content": *ctx.shared}),
         serde_json::json!({"role": "user", "content": tokens_of_text(shape.message_tokens, &format!("#session {s} task: "))}),
     ];
-    let id = format!("bench-session-{seed}-{s}");
+    let id = format!("bench-session-{}-{s}", ctx.seed);
     let mut out = Vec::new();
     let mut previous_prompt = 0;
+    let mut tool = false;
     for i in 0..n {
         if until.is_some_and(|u| Instant::now() >= u) {
             break;
         }
         let body = serde_json::json!({
-            "model": model,
+            "model": ctx.model,
             "messages": messages,
             "max_tokens": shape.max_tokens,
             "stream": true,
             "stream_options": {"include_usage": true},
         });
-        let headers: Vec<(&str, &str)> = if shape.session_header {
-            vec![("x-session-id", &id)]
-        } else {
-            vec![]
-        };
-        let sample = one_with(
-            client,
-            base,
-            key,
+        let index = ctx.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let request_id = format!("bench-{index}");
+        let mut headers: Vec<(&str, &str)> = Vec::new();
+        if shape.session_header {
+            headers.push(("x-session-id", &id));
+        }
+        if ctx.ids {
+            headers.push(("x-request-id", &request_id));
+        }
+        let sent = ctx.started.elapsed();
+        let mut sample = one_with(
+            &ctx.client,
+            &ctx.base,
+            ctx.key.as_deref(),
             super::Api::Chat,
             body.to_string(),
             until,
@@ -190,7 +213,13 @@ async fn session(
             true,
         )
         .await;
-        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (sample.index, sample.sent) = (index, sent);
+        sample.turn = Some(TurnOf {
+            session: s,
+            turn: i,
+            tool,
+        });
+        ctx.done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let failed = sample.error.is_some();
         let answer = sample.content.clone().unwrap_or_default();
         let prompt = sample.prompt_tokens;
@@ -205,7 +234,8 @@ async fn session(
         }
         previous_prompt = prompt;
         messages.push(serde_json::json!({"role": "assistant", "content": answer}));
-        let next = if rng.f64() < shape.tool_share {
+        tool = rng.f64() < shape.tool_share;
+        let next = if tool {
             tokens_of_text(shape.tool_tokens, &format!("Tool result {s}.{i}:\n"))
         } else {
             tokens_of_text(shape.message_tokens, &format!("#session {s} turn {i}: "))

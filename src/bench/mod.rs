@@ -158,6 +158,8 @@ pub(crate) struct Sample {
     sent: Duration,
     /// The shared prefix its prompt opened with (`shared-prefix`).
     prefix: Option<usize>,
+    /// The agentic turn it was (`--workload agentic`).
+    turn: Option<agentic::TurnOf>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -278,6 +280,10 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
             p.abort();
         }
         let elapsed = started.elapsed().as_secs_f64();
+        let mut samples = samples;
+        if let Some(path) = &cfg.requests_out {
+            write_requests(path, &mut samples)?;
+        }
         let mut report = summarise(&cfg, &model, samples, elapsed);
         report.sessions = Some(stats);
         return write_json(&cfg, report);
@@ -382,12 +388,13 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
 /// `x-request-id` (as the gateway's access log has it), when (seconds
 /// from the start), its TTFT and end to end, the replica that answered
 /// where it says (`system_fingerprint`), its cached and prompt tokens,
-/// and the shared prefix its prompt opened with.
+/// and the shared prefix its prompt opened with (or the agentic turn it
+/// was: its session, its number in it, whether it answers a tool result).
 fn write_requests(path: &std::path::Path, samples: &mut [Sample]) -> anyhow::Result<()> {
     samples.sort_by_key(|s| s.index);
     let mut out = String::new();
     for s in samples.iter() {
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "i": s.index,
             "request_id": format!("bench-{}", s.index),
             "sent_s": s.sent.as_secs_f64(),
@@ -399,6 +406,11 @@ fn write_requests(path: &std::path::Path, samples: &mut [Sample]) -> anyhow::Res
             "prefix": s.prefix,
             "error": s.error,
         });
+        if let Some(t) = &s.turn {
+            line["session"] = t.session.into();
+            line["turn"] = t.turn.into();
+            line["tool"] = t.tool.into();
+        }
         out.push_str(&line.to_string());
         out.push('\n');
     }

@@ -485,6 +485,24 @@ pub struct DisaggregationConfig {
     /// stream's steps are lengthened by it. A cold start's burst of new
     /// prompts is then prefilled by the whole fleet.
     pub local_when_idle: bool,
+    /// Where a session's prefills start (its prefill home, apart from its
+    /// decode home): `least_loaded` (the default: the prefill replica with
+    /// the fewest sessions lately), or any value of
+    /// `routing.prefix_kv.session_placement`; `auto` follows that setting.
+    pub session_placement: SessionPlacement,
+}
+
+impl DisaggregationConfig {
+    /// The prefill legs' session placement, `auto` resolved.
+    pub fn prefill_session_placement(&self, routing: &RoutingConfig) -> SessionPlacement {
+        match self.session_placement {
+            SessionPlacement::Auto => routing
+                .prefix_kv
+                .session_placement
+                .resolved(&routing.sessions),
+            other => other,
+        }
+    }
 }
 
 /// `routing.disaggregation.protocol`.
@@ -505,6 +523,7 @@ impl Default for DisaggregationConfig {
             local_share: 0.5,
             local_max_tokens: Some(0),
             local_when_idle: true,
+            session_placement: SessionPlacement::LeastLoaded,
         }
     }
 }

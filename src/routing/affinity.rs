@@ -29,14 +29,16 @@ pub(crate) struct ReplicaMemory {
     pub(crate) prefixes: PrefixIndex,
     /// Work sent there and the rates learned from it.
     pub(crate) load: Load,
-    /// Session turns sent here lately (`session_placement: least_loaded`).
+    /// Sessions served here lately, each by how recently
+    /// (`session_placement: least_loaded`, see [`Decayed::renew`]).
     pub(crate) session_turns: Mutex<Decayed>,
     /// Nanoseconds since `epoch()` of the last decision that looked here.
     used: AtomicU64,
 }
 
-/// A count that fades: each event adds one, and the sum decays by `e` every
-/// [`TURNS_DECAY`]: about the events of the last ten seconds.
+/// A count that fades: each new event adds one (a renewed one what it lost,
+/// [`Decayed::renew`]), and the sum decays by `e` every [`TURNS_DECAY`]:
+/// about the events of the last ten seconds.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Decayed {
     value: f64,
@@ -60,9 +62,24 @@ impl Decayed {
         })
     }
 
-    pub(crate) fn add(&mut self, now: Instant) {
-        self.value = self.get(now) + 1.0;
+    fn add_weight(&mut self, now: Instant, w: f64) {
+        self.value = self.get(now) + w;
         self.at = Some(now.max(self.at.unwrap_or(now)));
+    }
+
+    /// A turn of one of the sessions counted, whose last turn here was
+    /// `since` ago (`None`: new here, counted 1). The sum is then, over the
+    /// sessions served here, `e^(-age / 10 s)` of each one's last turn: its
+    /// term back to 1, whatever its pace. Counted per turn instead, a
+    /// replica whose turns slowed down (overloaded: each waits seconds)
+    /// read as less loaded than one whose few sessions turned fast, and took
+    /// the new sessions: with a dozen agent sessions on two prefill replicas
+    /// one held 9 of them while the other had 2 (docs/benchmarks-log.md).
+    pub(crate) fn renew(&mut self, now: Instant, since: Option<Duration>) {
+        let faded = since.map_or(0.0, |d| {
+            (-d.as_secs_f64() / TURNS_DECAY.as_secs_f64()).exp()
+        });
+        self.add_weight(now, 1.0 - faded);
     }
 }
 
@@ -187,12 +204,43 @@ mod tests {
         let t0 = Instant::now();
         let mut d = Decayed::new();
         assert_eq!(d.get(t0), 0.0);
-        d.add(t0);
-        d.add(t0);
+        d.renew(t0, None);
+        d.renew(t0, None);
         assert!((d.get(t0) - 2.0).abs() < 1e-9);
         let later = t0 + TURNS_DECAY;
         assert!((d.get(later) - 2.0 / std::f64::consts::E).abs() < 1e-9);
-        d.add(later);
+        d.renew(later, None);
         assert!((d.get(later) - (1.0 + 2.0 / std::f64::consts::E)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_renewed_session_counts_once_however_fast_it_turns() {
+        let t0 = Instant::now();
+        let (mut fast, mut slow) = (Decayed::new(), Decayed::new());
+        // One session turning every second, against three every five.
+        fast.renew(t0, None);
+        for s in 0..3 {
+            slow.renew(t0 + Duration::from_millis(s), None);
+        }
+        for i in 1..=20u32 {
+            fast.renew(
+                t0 + Duration::from_secs(i.into()),
+                Some(Duration::from_secs(1)),
+            );
+            if i % 5 == 0 {
+                for _ in 0..3 {
+                    slow.renew(
+                        t0 + Duration::from_secs(i.into()),
+                        Some(Duration::from_secs(5)),
+                    );
+                }
+            }
+        }
+        let end = t0 + Duration::from_secs(20);
+        assert!((fast.get(end) - 1.0).abs() < 1e-6, "{}", fast.get(end));
+        assert!((slow.get(end) - 3.0).abs() < 1e-2, "{}", slow.get(end));
+        // Five seconds on, unrenewed, they fade alike.
+        let later = end + Duration::from_secs(5);
+        assert!((slow.get(later) / fast.get(later) - 3.0).abs() < 1e-2);
     }
 }

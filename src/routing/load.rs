@@ -15,7 +15,7 @@
 //! replica is full (its predicted wait) for flow control.
 //! (`routing::placement` does the accounting per request.)
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crate::telemetry::ewma::Ewma;
@@ -82,6 +82,10 @@ pub(crate) struct Load {
     /// reported for the same requests.
     pub(crate) predicted_cached: AtomicU64,
     pub(crate) actual_cached: AtomicU64,
+    /// The engine has said what it had cached for a request (vLLM does with
+    /// `--enable-prompt-tokens-details`, SGLang and llama.cpp always): its
+    /// answers' rate samples wait for that word ([`super::placement`]).
+    pub(crate) reports_cached: AtomicBool,
     /// Requests whose cached tokens fell short of the prediction (the index
     /// was corrected for them).
     pub(crate) shortfalls: AtomicU64,
@@ -101,6 +105,10 @@ impl Load {
     /// The calibrated rate (seconds per token), once learned.
     pub(crate) fn rate(&self) -> Option<f64> {
         self.rate.get()
+    }
+
+    pub(crate) fn reports_cached(&self) -> bool {
+        self.reports_cached.load(Relaxed)
     }
 
     /// Tokens ahead of a new request: the larger of this gateway's backlog

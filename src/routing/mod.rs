@@ -101,6 +101,10 @@ pub struct RouteCtx<'a> {
     /// pool, so leaving its prefix's holder costs a KV transfer, not a
     /// prefill, while every stream a replica generates lengthens its steps.
     pub decode_leg: bool,
+    /// Where a new session starts, when not where the policy's own setting
+    /// says (`routing.prefix_kv.session_placement`): a disaggregated
+    /// prefill leg's (`routing.disaggregation.session_placement`).
+    pub session_placement: Option<crate::config::SessionPlacement>,
     pub now: Instant,
 }
 

@@ -70,9 +70,13 @@ impl Placement {
     /// nothing cached the engine can only have prefilled less, and the rate
     /// learns at once (no delay in a cold start, where rates are first
     /// learned). An answer that never says (no usage, or cut) is counted at
-    /// the end by the prediction.
+    /// the end by the prediction. So is one on a replica whose engine has
+    /// never said what it had cached (vLLM without
+    /// `--enable-prompt-tokens-details`): there nothing better would come at
+    /// the end, so the prediction is counted at once, as before, not a
+    /// generation later.
     pub(crate) fn first_token(&mut self, ttft: Duration) {
-        if self.predicted_cached == 0 {
+        if self.predicted_cached == 0 || !self.memory.load.reports_cached() {
             self.first_token_over(ttft, self.ahead);
         } else if !self.started {
             self.started = true;
@@ -167,6 +171,7 @@ impl Placement {
         }
         let actual = self.in_ours(actual, engine_prompt);
         let l = &self.memory.load;
+        l.reports_cached.store(true, Relaxed);
         l.predicted_cached
             .fetch_add(u64::from(self.predicted_cached), Relaxed);
         l.actual_cached.fetch_add(u64::from(actual), Relaxed);
@@ -284,9 +289,10 @@ mod tests {
     }
 
     /// A placement predicting `cached` of 1,000 tokens whose first token
-    /// came after 100 ms.
+    /// came after 100 ms, on a replica whose engine reports cached tokens.
     fn streamed(cached: u32) -> (Arc<ReplicaMemory>, Placement) {
         let m = memory();
+        m.load.reports_cached.store(true, Relaxed);
         let mut p = placed(&m, &[1], cached);
         p.first_token(Duration::from_millis(100));
         (m, p)
@@ -329,5 +335,27 @@ mod tests {
         let (m, mut p) = streamed(900);
         p.finished(1000, Some(1000));
         rate_is(&m, 1e-3);
+    }
+
+    #[test]
+    fn an_engine_that_never_says_what_it_had_cached_calibrates_at_the_first_token() {
+        // Nothing better would come at the end: the prediction, at once.
+        let m = memory();
+        let mut p = placed(&m, &[1], 900);
+        p.first_token(Duration::from_millis(100));
+        let rate = rate_is(&m, 1e-3);
+        drop(p);
+        assert!((m.load.rate().unwrap() - rate).abs() < 1e-12, "once");
+        // Once it has said, the next answers wait for its word.
+        placed(&m, &[1], 900).finished(900, Some(1000));
+        assert!(m.load.reports_cached());
+        let mut p = placed(&m, &[1], 900);
+        p.first_token(Duration::from_millis(100));
+        assert!((m.load.rate().unwrap() - rate).abs() < 1e-12, "deferred");
+        p.finished(0, Some(1000));
+        assert!(
+            m.load.rate().unwrap() < rate,
+            "learned from 1,000 tokens prefilled"
+        );
     }
 }

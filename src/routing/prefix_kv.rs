@@ -25,7 +25,7 @@
 //!      where another gateway put it. Its history counts as cached there.
 //!      With `session_placement: least_loaded` (one gateway), a new session
 //!      (or one unknown here) goes instead to the open replica that served
-//!      the fewest session turns lately (`affinity::Decayed`);
+//!      the fewest sessions lately (`affinity::Decayed::renew`);
 //!    - without: the prompt's home by its first `home_blocks` block hashes
 //!      with bounded loads (the first in that order whose in-flight count is
 //!      within `load_factor` x the mean), so requests that share a prefix
@@ -301,12 +301,16 @@ impl RoutingPolicy for PrefixKv {
                 // An explicit session's home is where every gateway looks for
                 // it; a derived one's is where it was served.
                 let at = if s.explicit { home.index } else { index };
-                self.affinity
-                    .sessions
-                    .place(s.key, &candidates[at].name, ctx.now);
-                if self.cfg.session_placement == SessionPlacement::LeastLoaded {
-                    views[index].memory.session_turns.lock().add(ctx.now);
+                let table = &self.affinity.sessions;
+                if self.placement(ctx) == SessionPlacement::LeastLoaded {
+                    let since = table.since_on(s.key, &candidates[index].name, ctx.now);
+                    views[index]
+                        .memory
+                        .session_turns
+                        .lock()
+                        .renew(ctx.now, since);
                 }
+                table.place(s.key, &candidates[at].name, ctx.now);
             }
         };
         // Stay or detour, by predicted TTFT.
@@ -380,6 +384,12 @@ impl RoutingPolicy for PrefixKv {
 }
 
 impl PrefixKv {
+    /// Where a new session starts: the request's own placement (a
+    /// disaggregated prefill leg's) or the policy's.
+    fn placement(&self, ctx: &RouteCtx<'_>) -> SessionPlacement {
+        ctx.session_placement.unwrap_or(self.cfg.session_placement)
+    }
+
     fn tokens_per_block(&self) -> u32 {
         u32::try_from(self.cfg.block_chars / crate::tokens::CHARS_PER_TOKEN)
             .unwrap_or(1)
@@ -463,7 +473,7 @@ impl PrefixKv {
         }
         let order = order(s.key, candidates);
         let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
-        let placement = self.cfg.session_placement;
+        let placement = self.placement(ctx);
         let first = if placement == SessionPlacement::TwoChoices {
             // New, moving, or unknown here (with a shared table, one that
             // nobody placed yet): of the first two replicas alive in the
@@ -504,8 +514,9 @@ impl PrefixKv {
                 .or_else(|| order.iter().copied().find(alive))
         } else if placement == SessionPlacement::LeastLoaded {
             // New, moving, or unknown here (this one gateway restarted or
-            // forgot it: no order tells where it was): the open replica that
-            // served the fewest session turns lately; ties in the key's order.
+            // forgot it: no order tells where it was): the open replica with
+            // the fewest sessions lately, each weighed by how recent its last
+            // turn there is (`Decayed::renew`); ties in the key's order.
             let turns: Vec<f64> = views
                 .iter()
                 .map(|v| v.memory.session_turns.lock().get(ctx.now))
@@ -826,6 +837,7 @@ mod tests {
             prompt_tokens: 1000,
             tail_tokens: 0,
             decode_leg,
+            session_placement: None,
             now: Instant::now(),
         };
         p.pick(&ctx, reps)
@@ -865,36 +877,52 @@ mod tests {
             prompt_tokens: 1000,
             tail_tokens: 10,
             decode_leg: false,
+            session_placement: None,
             now,
         }
     }
 
+    /// `reps` with their scrapes taken at `at`.
+    fn scraped_at(reps: &[ReplicaView], at: Instant) -> Vec<ReplicaView> {
+        let mut reps = reps.to_vec();
+        for l in reps.iter_mut().filter_map(|r| r.load.as_mut()) {
+            l.at = at;
+        }
+        reps
+    }
+
     #[test]
-    fn least_loaded_placement_starts_sessions_where_fewest_turns_went() {
+    fn least_loaded_placement_starts_sessions_where_fewest_went() {
         let reps = replicas(4);
         let p = placing(SessionPlacement::LeastLoaded);
-        let now = Instant::now();
-        let turn = |key: u64, continuing: bool| {
-            p.pick(&session_turn(key, continuing, now), &reps).unwrap()
+        let t0 = Instant::now();
+        let turn = |key: u64, continuing: bool, at: Duration| {
+            p.pick(
+                &session_turn(key, continuing, t0 + at),
+                &scraped_at(&reps, t0 + at),
+            )
+            .unwrap()
         };
         // Four new sessions take the four replicas, one each.
-        let first: Vec<usize> = (0..4u64).map(|k| turn(k, false).index).collect();
+        let first: Vec<usize> = (0..4u64)
+            .map(|k| turn(k, false, Duration::ZERO).index)
+            .collect();
         let mut seen = first.clone();
         seen.sort_unstable();
         assert_eq!(seen, [0, 1, 2, 3], "{first:?}");
-        // Session 0 takes three more turns (on its replica): the next new
-        // session avoids it, whatever its key's rendezvous order says.
-        for _ in 0..3 {
-            assert_eq!(turn(0, true).index, first[0]);
+        // Session 0 keeps turning, every second, on its replica; the others
+        // went quiet. Ten seconds on, the next three new sessions (two turns
+        // each) avoid session 0's replica, whatever their keys' order says.
+        for s in 1..=10 {
+            assert_eq!(turn(0, true, Duration::from_secs(s)).index, first[0]);
         }
-        // Turns [4, 1, 1, 1]: the next three new sessions (two turns each)
-        // go to the three others.
+        let at = Duration::from_secs(10);
         let mut next: Vec<usize> = (100..103u64)
             .map(|key| {
-                let d = turn(key, false);
+                let d = turn(key, false, at);
                 assert_eq!(d.reason, RouteReason::SessionNew);
                 // Its own next turn stays on it.
-                assert_eq!(turn(key, true).index, d.index);
+                assert_eq!(turn(key, true, at).index, d.index);
                 d.index
             })
             .collect();
@@ -902,6 +930,62 @@ mod tests {
         let mut others: Vec<usize> = first[1..].to_vec();
         others.sort_unstable();
         assert_eq!(next, others);
+        // One session counts once however fast it turns: replica A with
+        // three sessions turning slowly is busier than B with one turning
+        // fast (counted by turns, A would look the less loaded).
+        let p = placing(SessionPlacement::LeastLoaded);
+        let reps = replicas(2);
+        let turn = |key: u64, continuing: bool, at: Duration| {
+            p.pick(
+                &session_turn(key, continuing, t0 + at),
+                &scraped_at(&reps, t0 + at),
+            )
+            .unwrap()
+        };
+        let mut on: [Vec<u64>; 2] = [vec![], vec![]];
+        for key in 0..4u64 {
+            on[turn(key, false, Duration::ZERO).index].push(key);
+        }
+        // Two each; replica 0's turn every second, replica 1's every 5 s,
+        // and replica 0 loses a session.
+        for s in 1..=10u64 {
+            turn(on[0][0], true, Duration::from_secs(s));
+            if s % 5 == 0 {
+                for &k in &on[1] {
+                    turn(k, true, Duration::from_secs(s));
+                }
+            }
+        }
+        assert_eq!(turn(1000, false, Duration::from_secs(10)).index, 0);
+    }
+
+    #[test]
+    fn a_requests_own_placement_overrides_the_policys() {
+        // The policy places by key; a disaggregated prefill leg says least
+        // loaded: its new sessions spread one a replica whatever their keys.
+        let reps = replicas(4);
+        let p = placing(SessionPlacement::Rendezvous);
+        let now = Instant::now();
+        let leg = |key: u64| RouteCtx {
+            session_placement: Some(SessionPlacement::LeastLoaded),
+            ..session_turn(key, false, now)
+        };
+        // Keys whose rendezvous order starts on one replica: by key, all there.
+        let same: Vec<u64> = (0..1000u64)
+            .filter(|&k| order(k, &reps)[0] == 0)
+            .take(4)
+            .collect();
+        assert!(
+            same.iter()
+                .all(|&k| p.pick(&session_turn(k, false, now), &reps).unwrap().index == 0)
+        );
+        let p = placing(SessionPlacement::Rendezvous);
+        let mut spread: Vec<usize> = same
+            .iter()
+            .map(|&k| p.pick(&leg(k), &reps).unwrap().index)
+            .collect();
+        spread.sort_unstable();
+        assert_eq!(spread, [0, 1, 2, 3]);
     }
 
     #[test]
@@ -1179,6 +1263,7 @@ mod tests {
             prompt_tokens: 1000,
             tail_tokens: 0,
             decode_leg: false,
+            session_placement: None,
             now: Instant::now(),
         };
         // Replica 0 is silent (stale) and idle; replica 1 is fresh with a queue.

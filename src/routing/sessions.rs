@@ -220,6 +220,18 @@ impl Sessions {
         })
     }
 
+    /// How long ago session `key`'s last turn went to `replica`, if that is
+    /// where it is remembered (to the table's tick, 62.5 ms).
+    pub(crate) fn since_on(&self, key: u64, replica: &str, now: Instant) -> Option<Duration> {
+        let ticks = self.ticks(now);
+        self.find(key, now, |shard, s| {
+            (*shard.names[usize::from(s.name)] == *replica).then(|| {
+                Duration::from_nanos(u64::from(age(ticks, s.seen)) * u64::from(TICK_NANOS))
+            })
+        })
+        .flatten()
+    }
+
     /// Whether session `key` is remembered (`get` without the name).
     pub(crate) fn contains(&self, key: u64, now: Instant) -> bool {
         self.find(key, now, |_, _| ()).is_some()

@@ -88,7 +88,7 @@ async fn session_ids_keep_a_conversation_on_one_replica_and_spread_sessions() {
 #[tokio::test]
 async fn least_loaded_placement_spreads_new_sessions_evenly() {
     // `session_placement: least_loaded`: each new session starts on the
-    // replica that served the fewest session turns lately: of 8 sessions of
+    // replica with the fewest sessions lately: of 8 sessions of
     // 4 turns each, the first 4 take the 4 replicas one each, and so do the
     // next 4 (hashing 4 keys onto 4 replicas without a collision happens
     // 9% of the time), and every turn stays.
