@@ -274,13 +274,12 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
         .as_ref()
         .filter(|_| cfg.shape.workload == workload::Workload::Agentic)
     {
-        let (samples, stats) =
+        let (mut samples, stats) =
             agentic::run(&cfg, shape, &client, &base, &model, started, done.clone()).await;
         if let Some(p) = progress {
             p.abort();
         }
         let elapsed = started.elapsed().as_secs_f64();
-        let mut samples = samples;
         if let Some(path) = &cfg.requests_out {
             write_requests(path, &mut samples)?;
         }

@@ -70,7 +70,10 @@ impl Decayed {
     /// A turn of one of the sessions counted, whose last turn here was
     /// `since` ago (`None`: new here, counted 1). The sum is then, over the
     /// sessions served here, `e^(-age / 10 s)` of each one's last turn: its
-    /// term back to 1, whatever its pace. Counted per turn instead, a
+    /// term back to 1 at each turn, so a session whose turns come within a
+    /// few seconds of each other counts about once, whatever its pace (one
+    /// that waits tens of seconds between turns fades in between, as an
+    /// idle one should). Counted per turn instead, a
     /// replica whose turns slowed down (overloaded: each waits seconds)
     /// read as less loaded than one whose few sessions turned fast, and took
     /// the new sessions: with a dozen agent sessions on two prefill replicas

@@ -303,12 +303,10 @@ impl RoutingPolicy for PrefixKv {
                 let at = if s.explicit { home.index } else { index };
                 let table = &self.affinity.sessions;
                 if self.placement(ctx) == SessionPlacement::LeastLoaded {
-                    let since = table.since_on(s.key, &candidates[index].name, ctx.now);
-                    views[index]
-                        .memory
-                        .session_turns
-                        .lock()
-                        .renew(ctx.now, since);
+                    // Counted where it lives (a detoured turn's session stays
+                    // at home), before the table says this turn was now.
+                    let since = table.since_on(s.key, &candidates[at].name, ctx.now);
+                    views[at].memory.session_turns.lock().renew(ctx.now, since);
                 }
                 table.place(s.key, &candidates[at].name, ctx.now);
             }
@@ -930,9 +928,10 @@ mod tests {
         let mut others: Vec<usize> = first[1..].to_vec();
         others.sort_unstable();
         assert_eq!(next, others);
-        // One session counts once however fast it turns: replica A with
-        // three sessions turning slowly is busier than B with one turning
-        // fast (counted by turns, A would look the less loaded).
+        // One session counts once however fast it turns: replica 1 with two
+        // sessions turning every 5 s is busier than replica 0 with one
+        // turning every second and one gone quiet (counted by turns, 10
+        // against 4, replica 1 would look the less loaded).
         let p = placing(SessionPlacement::LeastLoaded);
         let reps = replicas(2);
         let turn = |key: u64, continuing: bool, at: Duration| {

@@ -477,6 +477,33 @@ mod tests {
     }
 
     #[test]
+    fn since_on_tells_how_long_ago_a_session_was_last_on_a_replica() {
+        let s = Sessions::new(32, Duration::from_secs(60));
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let t0 = Instant::now();
+        assert_eq!(s.since_on(1, "a", t0), None, "unknown");
+        s.place(1, &a, t0);
+        let t = s.since_on(1, "a", t0 + Duration::from_secs(3)).unwrap();
+        // To the table's tick (62.5 ms).
+        assert!(
+            t.abs_diff(Duration::from_secs(3)) <= Duration::from_millis(63),
+            "{t:?}"
+        );
+        assert_eq!(s.since_on(1, "b", t0), None, "on another replica");
+        s.place(1, &b, t0 + Duration::from_secs(4));
+        assert_eq!(
+            s.since_on(1, "a", t0 + Duration::from_secs(4)),
+            None,
+            "moved"
+        );
+        assert_eq!(
+            s.since_on(1, "b", t0 + Duration::from_secs(65)),
+            None,
+            "forgotten"
+        );
+    }
+
+    #[test]
     fn sessions_are_remembered_moved_forgotten_and_bounded() {
         let s = Sessions::new(32, Duration::from_secs(60));
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));

@@ -375,7 +375,7 @@ async fn a_sessions_turns_keep_one_prefill_replica_and_new_ones_go_where_fewest_
     }
     // Placed by load (`routing.disaggregation.session_placement:
     // least_loaded`, the default): each new session where the fewest
-    // session turns went, so four each whatever the keys' order.
+    // sessions are, so four each whatever the keys' order.
     assert_eq!(homes, [4, 4], "sessions per prefill replica");
     assert_eq!(pd_decisions(&gw, "remote").await, 24.0);
 }
