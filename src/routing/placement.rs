@@ -70,11 +70,10 @@ impl Placement {
     /// nothing cached the engine can only have prefilled less, and the rate
     /// learns at once (no delay in a cold start, where rates are first
     /// learned). An answer that never says (no usage, or cut) is counted at
-    /// the end by the prediction. So is one on a replica whose engine has
-    /// never said what it had cached (vLLM without
-    /// `--enable-prompt-tokens-details`): there nothing better would come at
-    /// the end, so the prediction is counted at once, as before, not a
-    /// generation later.
+    /// the end by the prediction. On a replica whose engine has never said
+    /// what it had cached (vLLM without `--enable-prompt-tokens-details`)
+    /// nothing better would come at the end, so the prediction is counted at
+    /// once, as before, not a generation later.
     pub(crate) fn first_token(&mut self, ttft: Duration) {
         if self.predicted_cached == 0 || !self.memory.load.reports_cached() {
             self.first_token_over(ttft, self.ahead);
