@@ -293,17 +293,37 @@ async fn prefill_starvation_is_named_on_the_replica_without_chunked_prefill() {
     // (short prompts), the same load on two replicas alike but for chunked
     // prefill. A document takes the step's whole token budget but 4 tokens:
     // without chunked prefill it starts only once at most 4 decodes run.
+    // Each replica serves a model of its own, so each gets the same mix
+    // (sent round robin, closed-loop clients once fell into a phase where
+    // the replica without chunked prefill got nearly no documents).
+    let models = ["whole-prefill", "chunked-prefill"];
+    let to = |model: &str, mut body: serde_json::Value| {
+        body["model"] = model.into();
+        body
+    };
     let document = |i: usize| prompt(1000 + i, 240, 4);
     let budget = prompt_tokens(&document(0)).await + 4;
+    // A quarter of the tiny engine's speed: its steps (~13 ms) then outweigh
+    // the gateway's and the simulator's own CPU per token, so the full
+    // suite's load on 2 cores slows the streams little (at full speed the
+    // 24 streams carried ~7,500 tokens a second through debug builds, and
+    // under the suite first tokens came too seldom for the doctor's window).
     let engine = |chunked: bool| {
-        let mut cfg = SimConfig::engine("tiny", 1.0).unwrap();
+        let mut cfg = SimConfig::engine("tiny", 0.25).unwrap();
         if let Some(p) = cfg.profile.as_mut() {
             p.num_blocks = 4096;
             p.max_num_seqs = 32;
             p.max_num_batched_tokens = budget;
             p.chunked_prefill = chunked;
+            // Each client sends its document again and again: cached, a
+            // document would take one token of the budget from its second
+            // time on, and the starvation would last only until every
+            // document ran once (a few seconds, over before the doctor saw
+            // it when the suite's load slowed everything).
+            p.prefix_caching = false;
         }
         cfg.output_tokens = 2000;
+        cfg.model = models[usize::from(chunked)].into();
         cfg
     };
     let sims = [
@@ -312,7 +332,6 @@ async fn prefill_starvation_is_named_on_the_replica_without_chunked_prefill() {
     ];
     let urls: Vec<String> = sims.iter().map(|s| s.url()).collect();
     let mut c = doctor_config(&urls);
-    c.routing.policy = PolicyKind::RoundRobin;
     c.flow_control.enabled = false;
     // The articles' thresholds scaled to this engine: first tokens over 1 s,
     // 5 waiting; "decode normal" at tokens under 250 ms apart (a few ms on
@@ -321,10 +340,13 @@ async fn prefill_starvation_is_named_on_the_replica_without_chunked_prefill() {
     c.doctor.starvation_itl = Duration::from_millis(250);
     c.doctor.starvation_queue = 5.0;
     let gw = start_routed(c, 2).await;
-    // 24 clients of long generations (~4 s each) and 16 of documents, sent
-    // round robin.
-    let mut clients = load(&gw, 24, |i| prompt(i, 4, 1000));
-    clients.extend(load(&gw, 16, document));
+    // On each replica, 12 clients of long generations (~3 s each) and 8 of
+    // documents.
+    let mut clients = Vec::new();
+    for model in models {
+        clients.extend(load(&gw, 12, |i| to(model, prompt(i, 4, 250))));
+        clients.extend(load(&gw, 8, |i| to(model, document(i))));
+    }
     let (a, b) = (label(&sims[0]), label(&sims[1]));
     // Named within seconds on an idle machine; the limit is for a loaded one
     // (the whole suite on 2 cores once took more than 60 s here).
