@@ -255,9 +255,35 @@ impl RoutingPolicy for PrefixKv {
         // per request).
         let open = || (0..n).filter(|&i| views[i].blocked == Blocked::No);
         let tpb = self.tokens_per_block();
+        // A session's turns follow its home. A session derived from the
+        // prompt (no id sent) starts where its prefix leads, and is
+        // remembered there for its next turns.
+        let by_session = ctx.session.filter(|s| {
+            s.explicit || s.continuing || self.affinity.sessions.contains(s.key, ctx.now)
+        });
         if open().next().is_none() {
             // Everything is under pressure or unknown: the request waits
-            // wherever it goes. Where the replicas whose word is fresh hold
+            // wherever it goes. A session waits where its history is (or, new,
+            // where its placement puts it), and is remembered there: taken
+            // by the shortest predicted wait like any request, its turns
+            // scattered, each re-prefilling its history (32 agentic sessions
+            // on 2 full prefill replicas: 68 of 100 sessions prefilled on
+            // both; docs/benchmarks-log.md).
+            if by_session.is_some()
+                && let Some(home) = self.session_home(ctx, candidates, &views)
+            {
+                self.remember(ctx, candidates, &views, home.index);
+                return Some(self.decide(
+                    ctx,
+                    &views,
+                    home.index,
+                    home.reason,
+                    home.history,
+                    home.moved,
+                    false,
+                ));
+            }
+            // Where the replicas whose word is fresh hold
             // different shares of its prompt, the least predicted TTFT, its
             // cache counted, is the shortest wait. Taken by least work, a
             // prompt whose document one full replica held went as often to
@@ -285,31 +311,19 @@ impl RoutingPolicy for PrefixKv {
                 })?;
             return Some(self.decide(ctx, &views, i, RouteReason::Fallback, 0, false, false));
         }
-        // A session's turns follow its home. A session derived from the
-        // prompt (no id sent) starts where its prefix leads, and is
-        // remembered there for its next turns.
-        let by_session = ctx.session.filter(|s| {
-            s.explicit || s.continuing || self.affinity.sessions.contains(s.key, ctx.now)
-        });
         let home = match by_session {
             Some(_) => self.session_home(ctx, candidates, &views),
             None => None,
         }
         .unwrap_or_else(|| self.prefix_home(ctx, candidates, &views));
         let remember = |index: usize| {
-            if let Some(s) = ctx.session {
-                // An explicit session's home is where every gateway looks for
-                // it; a derived one's is where it was served.
-                let at = if s.explicit { home.index } else { index };
-                let table = &self.affinity.sessions;
-                if self.placement(ctx) == SessionPlacement::LeastLoaded {
-                    // Counted where it lives (a detoured turn's session stays
-                    // at home), before the table says this turn was now.
-                    let since = table.since_on(s.key, &candidates[at].name, ctx.now);
-                    views[at].memory.session_turns.lock().renew(ctx.now, since);
-                }
-                table.place(s.key, &candidates[at].name, ctx.now);
-            }
+            // An explicit session's home is where every gateway looks for
+            // it; a derived one's is where it was served.
+            let at = match ctx.session {
+                Some(s) if s.explicit => home.index,
+                _ => index,
+            };
+            self.remember(ctx, candidates, &views, at);
         };
         // Stay or detour, by predicted TTFT.
         let fleet_rate = mean_rate(&views, open());
@@ -382,6 +396,19 @@ impl RoutingPolicy for PrefixKv {
 }
 
 impl PrefixKv {
+    /// The request's session (if any) lives on replica `at` from now.
+    fn remember(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView], views: &[View], at: usize) {
+        let Some(s) = ctx.session else { return };
+        let table = &self.affinity.sessions;
+        if self.placement(ctx) == SessionPlacement::LeastLoaded {
+            // Counted where it lives (a detoured turn's session stays at
+            // home), before the table says this turn was now.
+            let since = table.since_on(s.key, &candidates[at].name, ctx.now);
+            views[at].memory.session_turns.lock().renew(ctx.now, since);
+        }
+        table.place(s.key, &candidates[at].name, ctx.now);
+    }
+
     /// Where a new session starts: the request's own placement (a
     /// disaggregated prefill leg's) or the policy's.
     fn placement(&self, ctx: &RouteCtx<'_>) -> SessionPlacement {
@@ -514,17 +541,21 @@ impl PrefixKv {
             // New, moving, or unknown here (this one gateway restarted or
             // forgot it: no order tells where it was): the open replica with
             // the fewest sessions lately, each weighed by how recent its last
-            // turn there is (`Decayed::renew`); ties in the key's order.
-            let turns: Vec<f64> = views
+            // turn there is (`Decayed::renew`); when none is open, the alive
+            // one with the fewest; ties in the key's order. (Falling back to
+            // the key's order when all were shut piled sessions up by the
+            // draw of their keys on a saturated pool: at 32 agentic sessions
+            // on 2 prefill replicas, 8-10 apart; docs/benchmarks-log.md.)
+            let sessions: Vec<f64> = views
                 .iter()
                 .map(|v| v.memory.session_turns.lock().get(ctx.now))
                 .collect();
-            order
-                .iter()
-                .copied()
-                .filter(|&i| views[i].blocked == Blocked::No)
-                .min_by(|&a, &b| turns[a].total_cmp(&turns[b]))
-                .or_else(|| order.iter().copied().find(alive))
+            let shut = |i: usize| views[i].blocked != Blocked::No;
+            order.iter().copied().filter(alive).min_by(|&a, &b| {
+                shut(a)
+                    .cmp(&shut(b))
+                    .then(sessions[a].total_cmp(&sessions[b]))
+            })
         } else {
             // New, moving, or placed by another gateway: the first replica
             // alive in the key's order, whatever its pressure. Every gateway
@@ -956,6 +987,39 @@ mod tests {
             }
         }
         assert_eq!(turn(1000, false, Duration::from_secs(10)).index, 0);
+    }
+
+    #[test]
+    fn least_loaded_placement_spreads_sessions_when_every_replica_is_shut() {
+        // Every engine full: new sessions still go where fewest went, not
+        // where their keys' order starts (eight keys that all start on
+        // replica 0 take the four replicas two each), and their next turns
+        // wait there, where their histories are.
+        let mut reps = replicas(4);
+        for r in &mut reps {
+            r.full = true;
+        }
+        let p = placing(SessionPlacement::LeastLoaded);
+        let now = Instant::now();
+        let keys: Vec<u64> = (0..10_000u64)
+            .filter(|&k| order(k, &reps)[0] == 0)
+            .take(8)
+            .collect();
+        let mut on = [0; 4];
+        let homes: Vec<usize> = keys
+            .iter()
+            .map(|&k| {
+                let d = p.pick(&session_turn(k, false, now), &reps).unwrap();
+                assert_eq!(d.reason, RouteReason::SessionNew);
+                on[d.index] += 1;
+                d.index
+            })
+            .collect();
+        assert_eq!(on, [2, 2, 2, 2]);
+        for (&k, &home) in keys.iter().zip(&homes) {
+            let d = p.pick(&session_turn(k, true, now), &reps).unwrap();
+            assert_eq!((d.index, d.reason), (home, RouteReason::Session));
+        }
     }
 
     #[test]
