@@ -224,7 +224,8 @@ pub(crate) fn choose(
         Arc::from(ctx.hashes),
         pick.matched_blocks,
         tokens_per_block(s.state),
-    );
+    )
+    .counting_session(pick.counted_session);
     Ok((replica, placement, pick.reason))
 }
 
@@ -266,7 +267,8 @@ pub(crate) async fn prefill(
             Arc::from(ctx.hashes),
             pick.matched_blocks,
             tokens_per_block(a.state),
-        );
+        )
+        .counting_session(pick.counted_session);
         match leg(&a, &replica, body, placement).await {
             Ok((params, cached, sent, took)) => {
                 a.state

@@ -580,14 +580,17 @@ pub(crate) fn start_attempt(
         replica.series.prefix_elsewhere.inc();
     }
     guard.start_attempt(replica.clone(), reason, sent);
-    guard.placed(Placement::new(
-        state.affinity.of(&replica.name, sent.into_std()),
-        input.prompt_tokens.saturating_sub(decision.cached_tokens),
-        decision.cached_tokens,
-        input.hashes.clone(),
-        decision.matched_blocks,
-        input.tokens_per_block,
-    ));
+    guard.placed(
+        Placement::new(
+            state.affinity.of(&replica.name, sent.into_std()),
+            input.prompt_tokens.saturating_sub(decision.cached_tokens),
+            decision.cached_tokens,
+            input.hashes.clone(),
+            decision.matched_blocks,
+            input.tokens_per_block,
+        )
+        .counting_session(decision.counted_session),
+    );
 }
 
 async fn forward(

@@ -702,9 +702,9 @@ pub struct PrefixKvConfig {
     /// computes the same one), `first_open` (the first in that order whose
     /// engine is not pressed), `two_choices` (of the first two alive in
     /// that order, the open one, else the one with less work) or
-    /// `least_loaded` (the open replica with the fewest sessions lately,
-    /// each weighed by how recent its last turn there is). The last three
-    /// need one
+    /// `least_loaded` (the open replica with the fewest sessions lately:
+    /// one with a turn under way there counts whole, an idle one fades from
+    /// its last turn's end). The last three need one
     /// gateway or a shared session table, where the others find the
     /// session. `auto` (the default): `first_open` with
     /// `routing.sessions.store: redis`, else `rendezvous`.

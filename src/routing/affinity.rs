@@ -29,60 +29,101 @@ pub(crate) struct ReplicaMemory {
     pub(crate) prefixes: PrefixIndex,
     /// Work sent there and the rates learned from it.
     pub(crate) load: Load,
-    /// Sessions served here lately, each by how recently
-    /// (`session_placement: least_loaded`, see [`Decayed::renew`]).
-    pub(crate) session_turns: Mutex<Decayed>,
+    /// Sessions served here lately (`session_placement: least_loaded`,
+    /// see [`SessionsHere`]).
+    pub(crate) sessions: Mutex<SessionsHere>,
     /// Nanoseconds since `epoch()` of the last decision that looked here.
     used: AtomicU64,
 }
 
-/// A count that fades: each new event adds one (a renewed one what it lost,
-/// [`Decayed::renew`]), and the sum decays by `e` every [`TURNS_DECAY`]:
-/// about the events of the last ten seconds.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Decayed {
-    value: f64,
-    at: Option<Instant>,
+/// How long an idle session's weight takes to fade by `e`.
+pub(crate) const SESSION_FADE: Duration = Duration::from_secs(10);
+
+/// The sessions this gateway served on one replica lately, for placing new
+/// ones where fewest are. A session counts 1 while a turn of it is under way
+/// here (however many), then `e^(-idle / 10 s)` from that turn's end (or,
+/// routed without a placement to end it, from its routing): a session whose
+/// turns come within seconds counts about once, whatever its pace, and one
+/// that ended fades out.
+///
+/// Counted per turn, a replica whose turns slowed down (overloaded: each
+/// waits seconds) read as less loaded than one whose few sessions turned
+/// fast and took the new sessions (a dozen agent sessions on two prefill
+/// replicas: 9 on one, 2 on the other). Faded from a turn's start, a
+/// session of a saturated replica, whose turns wait seconds, faded during
+/// its own turn and the busiest replica read light (32 sessions: 8-13
+/// apart); docs/benchmarks-log.md.
+#[derive(Debug, Default)]
+pub(crate) struct SessionsHere {
+    seen: HashMap<u64, Seen>,
+    /// Idle entries are dropped once the map reaches this size.
+    prune_at: usize,
 }
 
-pub(crate) const TURNS_DECAY: Duration = Duration::from_secs(10);
+#[derive(Debug, Clone, Copy)]
+enum Seen {
+    /// Turns under way here.
+    Turns(u32),
+    /// Idle since.
+    Since(Instant),
+}
 
-impl Decayed {
-    pub(crate) const fn new() -> Self {
-        Self {
-            value: 0.0,
-            at: None,
+impl SessionsHere {
+    /// Session `key` was routed here at `now` (its turn begins with its
+    /// placement, if any).
+    pub(crate) fn touch(&mut self, key: u64, now: Instant) {
+        if !matches!(self.seen.get(&key), Some(Seen::Turns(_))) {
+            self.seen.insert(key, Seen::Since(now));
+            self.prune(now);
         }
     }
 
-    pub(crate) fn get(&self, now: Instant) -> f64 {
-        self.at.map_or(0.0, |at| {
-            let dt = now.saturating_duration_since(at).as_secs_f64();
-            self.value * (-dt / TURNS_DECAY.as_secs_f64()).exp()
-        })
+    /// A turn of session `key` is under way here.
+    pub(crate) fn begin(&mut self, key: u64) {
+        let n = match self.seen.get(&key) {
+            Some(Seen::Turns(n)) => n + 1,
+            _ => 1,
+        };
+        self.seen.insert(key, Seen::Turns(n));
     }
 
-    fn add_weight(&mut self, now: Instant, w: f64) {
-        self.value = self.get(now) + w;
-        self.at = Some(now.max(self.at.unwrap_or(now)));
+    /// A turn of session `key` ended here at `now`.
+    pub(crate) fn end(&mut self, key: u64, now: Instant) {
+        match self.seen.get(&key) {
+            Some(&Seen::Turns(n)) if n > 1 => {
+                self.seen.insert(key, Seen::Turns(n - 1));
+            }
+            Some(Seen::Turns(_)) => {
+                self.seen.insert(key, Seen::Since(now));
+            }
+            _ => {}
+        }
     }
 
-    /// A turn of one of the sessions counted, whose last turn here was
-    /// `since` ago (`None`: new here, counted 1). The sum is then, over the
-    /// sessions served here, `e^(-age / 10 s)` of each one's last turn: its
-    /// term back to 1 at each turn, so a session whose turns come within a
-    /// few seconds of each other counts about once, whatever its pace (one
-    /// that waits tens of seconds between turns fades in between, as an
-    /// idle one should). Counted per turn instead, a
-    /// replica whose turns slowed down (overloaded: each waits seconds)
-    /// read as less loaded than one whose few sessions turned fast, and took
-    /// the new sessions: with a dozen agent sessions on two prefill replicas
-    /// one held 9 of them while the other had 2 (docs/benchmarks-log.md).
-    pub(crate) fn renew(&mut self, now: Instant, since: Option<Duration>) {
-        let faded = since.map_or(0.0, |d| {
-            (-d.as_secs_f64() / TURNS_DECAY.as_secs_f64()).exp()
-        });
-        self.add_weight(now, 1.0 - faded);
+    /// The sessions here, each weighed as above.
+    pub(crate) fn weight(&self, now: Instant) -> f64 {
+        self.seen.values().map(|s| seen_weight(*s, now)).sum()
+    }
+
+    /// Drops the idle entries that weigh nothing any more (bounded memory:
+    /// each prune at least halves the map or doubles the size that starts
+    /// the next).
+    fn prune(&mut self, now: Instant) {
+        if self.seen.len() < self.prune_at.max(64) {
+            return;
+        }
+        self.seen.retain(|_, s| seen_weight(*s, now) > 1e-3);
+        self.prune_at = 2 * self.seen.len();
+    }
+}
+
+fn seen_weight(s: Seen, now: Instant) -> f64 {
+    match s {
+        Seen::Turns(_) => 1.0,
+        Seen::Since(at) => {
+            let idle = now.saturating_duration_since(at).as_secs_f64();
+            (-idle / SESSION_FADE.as_secs_f64()).exp()
+        }
     }
 }
 
@@ -156,7 +197,7 @@ impl Affinity {
         let fresh = Arc::new(ReplicaMemory {
             prefixes: PrefixIndex::new(self.capacity),
             load: Load::default(),
-            session_turns: Mutex::new(Decayed::new()),
+            sessions: Mutex::new(SessionsHere::default()),
             used: AtomicU64::new(0),
         });
         fresh.touch(now);
@@ -203,47 +244,58 @@ mod tests {
     }
 
     #[test]
-    fn a_decayed_count_fades_by_e_every_ten_seconds() {
+    fn an_idle_session_fades_by_e_every_ten_seconds() {
         let t0 = Instant::now();
-        let mut d = Decayed::new();
-        assert_eq!(d.get(t0), 0.0);
-        d.renew(t0, None);
-        d.renew(t0, None);
-        assert!((d.get(t0) - 2.0).abs() < 1e-9);
-        let later = t0 + TURNS_DECAY;
-        assert!((d.get(later) - 2.0 / std::f64::consts::E).abs() < 1e-9);
-        d.renew(later, None);
-        assert!((d.get(later) - (1.0 + 2.0 / std::f64::consts::E)).abs() < 1e-9);
+        let mut h = SessionsHere::default();
+        assert_eq!(h.weight(t0), 0.0);
+        h.touch(1, t0);
+        h.touch(2, t0);
+        assert!((h.weight(t0) - 2.0).abs() < 1e-9);
+        let later = t0 + SESSION_FADE;
+        assert!((h.weight(later) - 2.0 / std::f64::consts::E).abs() < 1e-9);
+        // Routed again: back to 1.
+        h.touch(1, later);
+        assert!((h.weight(later) - (1.0 + 1.0 / std::f64::consts::E)).abs() < 1e-9);
     }
 
     #[test]
-    fn a_renewed_session_counts_once_however_fast_it_turns() {
+    fn a_session_counts_once_while_its_turns_run_and_fades_from_their_end() {
         let t0 = Instant::now();
-        let (mut fast, mut slow) = (Decayed::new(), Decayed::new());
-        // One session turning every second, against three every five.
-        fast.renew(t0, None);
-        for s in 0..3 {
-            slow.renew(t0 + Duration::from_millis(s), None);
+        let mut h = SessionsHere::default();
+        // Two turns of one session at once, and a turn that runs 30 s: one
+        // session, whole, all along.
+        h.touch(7, t0);
+        h.begin(7);
+        h.begin(7);
+        assert!((h.weight(t0 + Duration::from_secs(30)) - 1.0).abs() < 1e-9);
+        h.end(7, t0 + Duration::from_secs(30));
+        assert!((h.weight(t0 + Duration::from_secs(30)) - 1.0).abs() < 1e-9);
+        // A touch while a turn is under way does not end it.
+        h.touch(7, t0 + Duration::from_secs(30));
+        h.end(7, t0 + Duration::from_secs(31));
+        // Ended at 31 s: fades from there.
+        let at = t0 + Duration::from_secs(41);
+        assert!((h.weight(at) - 1.0 / std::f64::consts::E).abs() < 1e-9);
+        // An end without a turn under way changes nothing.
+        h.end(8, at);
+        assert!((h.weight(at) - 1.0 / std::f64::consts::E).abs() < 1e-9);
+    }
+
+    #[test]
+    fn idle_sessions_that_weigh_nothing_are_dropped() {
+        let t0 = Instant::now();
+        let mut h = SessionsHere::default();
+        for k in 0..100 {
+            h.touch(k, t0);
         }
-        for i in 1..=20u32 {
-            fast.renew(
-                t0 + Duration::from_secs(i.into()),
-                Some(Duration::from_secs(1)),
-            );
-            if i % 5 == 0 {
-                for _ in 0..3 {
-                    slow.renew(
-                        t0 + Duration::from_secs(i.into()),
-                        Some(Duration::from_secs(5)),
-                    );
-                }
-            }
+        h.begin(0);
+        // Long after: the next touches prune all but the turn under way and
+        // themselves.
+        let later = t0 + SESSION_FADE * 100;
+        for k in 1000..1064 {
+            h.touch(k, later);
         }
-        let end = t0 + Duration::from_secs(20);
-        assert!((fast.get(end) - 1.0).abs() < 1e-6, "{}", fast.get(end));
-        assert!((slow.get(end) - 3.0).abs() < 1e-2, "{}", slow.get(end));
-        // Five seconds on, unrenewed, they fade alike.
-        let later = end + Duration::from_secs(5);
-        assert!((slow.get(later) / fast.get(later) - 3.0).abs() < 1e-2);
+        assert!(h.seen.len() < 100, "{}", h.seen.len());
+        assert!((h.weight(later) - 65.0).abs() < 1e-9);
     }
 }

@@ -119,6 +119,9 @@ pub struct Decision {
     /// Prompt tokens expected cached there, and the index blocks that say so.
     pub cached_tokens: u32,
     pub matched_blocks: usize,
+    /// The request's session, counted on this replica while the request
+    /// runs there (`Placement::counting_session`).
+    pub counted_session: Option<u64>,
 }
 
 impl Decision {
@@ -130,6 +133,7 @@ impl Decision {
             moved: false,
             cached_tokens: 0,
             matched_blocks: 0,
+            counted_session: None,
         }
     }
 }

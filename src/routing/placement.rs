@@ -29,6 +29,9 @@ pub(crate) struct Placement {
     /// The first token's wait, kept until the engine says what it had
     /// cached (see [`Placement::first_token`]).
     waited: Option<Duration>,
+    /// The session whose turn this is, counted on the replica until the
+    /// placement ends ([`super::affinity::SessionsHere`]).
+    session: Option<u64>,
 }
 
 impl Placement {
@@ -53,7 +56,18 @@ impl Placement {
             tokens_per_block,
             started: false,
             waited: None,
+            session: None,
         }
+    }
+
+    /// Counts session `key` (the decision's `counted_session`) on the
+    /// replica while this request runs there.
+    pub(crate) fn counting_session(mut self, key: Option<u64>) -> Self {
+        if let Some(k) = key {
+            self.memory.sessions.lock().begin(k);
+        }
+        self.session = key;
+        self
     }
 
     /// The first token came `ttft` after the request was sent: its prefill
@@ -194,6 +208,9 @@ impl Placement {
 
 impl Drop for Placement {
     fn drop(&mut self) {
+        if let Some(k) = self.session {
+            self.memory.sessions.lock().end(k, crate::turn::now_std());
+        }
         if !self.started {
             // Failed, or cut before its first token: no longer ahead of anyone.
             self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
@@ -215,6 +232,24 @@ mod tests {
     fn memory() -> Arc<ReplicaMemory> {
         let t = (64, Duration::from_secs(60));
         Affinity::new(1024, t, t).of(&Arc::from("r"), Instant::now())
+    }
+
+    #[test]
+    fn a_placement_counts_its_session_whole_until_it_ends() {
+        let m = memory();
+        let t0 = Instant::now();
+        let turn = placed(&m, &[1, 2], 0).counting_session(Some(9));
+        // However long the turn runs, its session counts 1.
+        let long_after = t0 + Duration::from_secs(600);
+        assert!((m.sessions.lock().weight(long_after) - 1.0).abs() < 1e-9);
+        drop(turn);
+        // Ended: it fades from now (600 s on, nothing left).
+        let ended = crate::turn::now_std();
+        assert!(m.sessions.lock().weight(ended) > 0.99);
+        assert!(m.sessions.lock().weight(ended + Duration::from_secs(600)) < 1e-9);
+        // A placement without a session counts none.
+        drop(placed(&m, &[3], 0).counting_session(None));
+        assert!(m.sessions.lock().weight(ended + Duration::from_secs(600)) < 1e-9);
     }
 
     fn placed(m: &Arc<ReplicaMemory>, hashes: &[u64], cached: u32) -> Placement {

@@ -25,7 +25,7 @@
 //!      where another gateway put it. Its history counts as cached there.
 //!      With `session_placement: least_loaded` (one gateway), a new session
 //!      (or one unknown here) goes instead to the open replica that served
-//!      the fewest sessions lately (`affinity::Decayed::renew`);
+//!      the fewest sessions lately (`affinity::SessionsHere`);
 //!    - without: the prompt's home by its first `home_blocks` block hashes
 //!      with bounded loads (the first in that order whose in-flight count is
 //!      within `load_factor` x the mean), so requests that share a prefix
@@ -399,14 +399,14 @@ impl PrefixKv {
     /// The request's session (if any) lives on replica `at` from now.
     fn remember(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView], views: &[View], at: usize) {
         let Some(s) = ctx.session else { return };
-        let table = &self.affinity.sessions;
         if self.placement(ctx) == SessionPlacement::LeastLoaded {
             // Counted where it lives (a detoured turn's session stays at
-            // home), before the table says this turn was now.
-            let since = table.since_on(s.key, &candidates[at].name, ctx.now);
-            views[at].memory.session_turns.lock().renew(ctx.now, since);
+            // home).
+            views[at].memory.sessions.lock().touch(s.key, ctx.now);
         }
-        table.place(s.key, &candidates[at].name, ctx.now);
+        self.affinity
+            .sessions
+            .place(s.key, &candidates[at].name, ctx.now);
     }
 
     /// Where a new session starts: the request's own placement (a
@@ -540,15 +540,15 @@ impl PrefixKv {
         } else if placement == SessionPlacement::LeastLoaded {
             // New, moving, or unknown here (this one gateway restarted or
             // forgot it: no order tells where it was): the open replica with
-            // the fewest sessions lately, each weighed by how recent its last
-            // turn there is (`Decayed::renew`); when none is open, the alive
+            // the fewest sessions lately (a turn under way counts 1, an idle
+            // session fades: `SessionsHere`); when none is open, the alive
             // one with the fewest; ties in the key's order. (Falling back to
             // the key's order when all were shut piled sessions up by the
             // draw of their keys on a saturated pool: at 32 agentic sessions
             // on 2 prefill replicas, 8-10 apart; docs/benchmarks-log.md.)
             let sessions: Vec<f64> = views
                 .iter()
-                .map(|v| v.memory.session_turns.lock().get(ctx.now))
+                .map(|v| v.memory.sessions.lock().weight(ctx.now))
                 .collect();
             let shut = |i: usize| views[i].blocked != Blocked::No;
             order.iter().copied().filter(alive).min_by(|&a, &b| {
@@ -800,12 +800,19 @@ impl PrefixKv {
             v.memory.prefixes.insert(ctx.hashes);
         }
         v.memory.load.routed.add(ctx.now);
+        // A session counted here by `least_loaded` counts whole while its
+        // turn runs (not after a detour: it is counted at its home).
+        let counted_session = ctx
+            .session
+            .filter(|_| !detoured && self.placement(ctx) == SessionPlacement::LeastLoaded)
+            .map(|s| s.key);
         Decision {
             index,
             reason,
             moved,
             cached_tokens: cached,
             matched_blocks: v.matched,
+            counted_session,
         }
     }
 }

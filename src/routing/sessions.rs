@@ -220,18 +220,6 @@ impl Sessions {
         })
     }
 
-    /// How long ago session `key`'s last turn went to `replica`, if that is
-    /// where it is remembered (to the table's tick, 62.5 ms).
-    pub(crate) fn since_on(&self, key: u64, replica: &str, now: Instant) -> Option<Duration> {
-        let ticks = self.ticks(now);
-        self.find(key, now, |shard, s| {
-            (*shard.names[usize::from(s.name)] == *replica).then(|| {
-                Duration::from_nanos(u64::from(age(ticks, s.seen)) * u64::from(TICK_NANOS))
-            })
-        })
-        .flatten()
-    }
-
     /// Whether session `key` is remembered (`get` without the name).
     pub(crate) fn contains(&self, key: u64, now: Instant) -> bool {
         self.find(key, now, |_, _| ()).is_some()
@@ -474,33 +462,6 @@ mod tests {
     /// `n` ticks of the table's clock.
     fn tick(n: u64) -> Duration {
         Duration::from_nanos(n * u64::from(TICK_NANOS))
-    }
-
-    #[test]
-    fn since_on_tells_how_long_ago_a_session_was_last_on_a_replica() {
-        let s = Sessions::new(32, Duration::from_secs(60));
-        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
-        let t0 = Instant::now();
-        assert_eq!(s.since_on(1, "a", t0), None, "unknown");
-        s.place(1, &a, t0);
-        let t = s.since_on(1, "a", t0 + Duration::from_secs(3)).unwrap();
-        // To the table's tick (62.5 ms).
-        assert!(
-            t.abs_diff(Duration::from_secs(3)) <= Duration::from_millis(63),
-            "{t:?}"
-        );
-        assert_eq!(s.since_on(1, "b", t0), None, "on another replica");
-        s.place(1, &b, t0 + Duration::from_secs(4));
-        assert_eq!(
-            s.since_on(1, "a", t0 + Duration::from_secs(4)),
-            None,
-            "moved"
-        );
-        assert_eq!(
-            s.since_on(1, "b", t0 + Duration::from_secs(65)),
-            None,
-            "forgotten"
-        );
     }
 
     #[test]
