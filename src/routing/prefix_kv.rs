@@ -273,19 +273,11 @@ impl RoutingPolicy for PrefixKv {
                 && let Some(home) = self.session_home(ctx, candidates, &views)
             {
                 self.remember(ctx, candidates, &views, home.index);
-                return Some(self.decide(
-                    ctx,
-                    &views,
-                    home.index,
-                    home.reason,
-                    home.history,
-                    home.moved,
-                    false,
-                ));
+                return Some(self.at_home(ctx, &views, &home));
             }
-            // Where the replicas whose word is fresh hold
-            // different shares of its prompt, the least predicted TTFT, its
-            // cache counted, is the shortest wait. Taken by least work, a
+            // Where the replicas whose word is fresh hold different shares
+            // of its prompt, the least predicted TTFT, its cache counted, is
+            // the shortest wait. Taken by least work, a
             // prompt whose document one full replica held went as often to
             // one that held nothing and paid a cold prefill (retrieval on a
             // disaggregated fleet in its cold start, both prefill replicas
@@ -383,19 +375,24 @@ impl RoutingPolicy for PrefixKv {
             return Some(self.decide(ctx, &views, best, reason, 0, home.moved, stranger));
         }
         remember(home.index);
-        Some(self.decide(
+        Some(self.at_home(ctx, &views, &home))
+    }
+}
+
+impl PrefixKv {
+    /// The request served at its home.
+    fn at_home(&self, ctx: &RouteCtx<'_>, views: &[View], home: &Home) -> Decision {
+        self.decide(
             ctx,
-            &views,
+            views,
             home.index,
             home.reason,
             home.history,
             home.moved,
             false,
-        ))
+        )
     }
-}
 
-impl PrefixKv {
     /// The request's session (if any) lives on replica `at` from now.
     fn remember(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView], views: &[View], at: usize) {
         let Some(s) = ctx.session else { return };
