@@ -209,7 +209,10 @@ pub enum RouteReason {
     Detour,
     /// The prefix's home kept evicting what it was sent (cached tokens fell
     /// short lately) while it held at least two prompts more than the open
-    /// replica holding the fewest: the prefix moved to a new home.
+    /// replica holding the fewest: the prefix moved to a new home. Or a
+    /// disaggregated prefill leg's prefill replica queued and kept evicting
+    /// (its session's history there probably gone): the session was placed
+    /// anew by load.
     Rehome,
     /// Every candidate was filtered out (pressure, stale metrics, ejection):
     /// the least loaded of them was used rather than failing.

@@ -225,7 +225,8 @@ pub(crate) fn choose(
         pick.matched_blocks,
         tokens_per_block(s.state),
     )
-    .counting_session(pick.counted_session);
+    .counting_session(pick.counted_session)
+    .continuing(pick.continuing);
     Ok((replica, placement, pick.reason))
 }
 
@@ -268,7 +269,8 @@ pub(crate) async fn prefill(
             pick.matched_blocks,
             tokens_per_block(a.state),
         )
-        .counting_session(pick.counted_session);
+        .counting_session(pick.counted_session)
+        .continuing(pick.continuing);
         match leg(&a, &replica, body, placement).await {
             Ok((params, cached, sent, took)) => {
                 a.state

@@ -589,7 +589,8 @@ pub(crate) fn start_attempt(
             decision.matched_blocks,
             input.tokens_per_block,
         )
-        .counting_session(decision.counted_session),
+        .counting_session(decision.counted_session)
+        .continuing(decision.continuing),
     );
 }
 

@@ -122,6 +122,9 @@ pub struct Decision {
     /// The request's session, counted on this replica while the request
     /// runs there (`Placement::counting_session`).
     pub counted_session: Option<u64>,
+    /// A turn of a session under way: the history it re-sends was computed
+    /// by its earlier turns (`Placement::continuing`).
+    pub continuing: bool,
 }
 
 impl Decision {
@@ -134,6 +137,7 @@ impl Decision {
             cached_tokens: 0,
             matched_blocks: 0,
             counted_session: None,
+            continuing: false,
         }
     }
 }

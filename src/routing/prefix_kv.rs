@@ -480,11 +480,44 @@ impl PrefixKv {
         } else {
             0
         };
+        let placement = self.placement(ctx);
         // A session stays on its replica while that replica is there and its
         // metrics are fresh, under KV or queue pressure too: its history is
         // there (a pressed replica only takes no new sessions).
+        //
+        // A disaggregated prefill leg's session, though, leaves a prefill
+        // replica that by the engine's own word has probably lost its
+        // history: its engine queues and keeps evicting what it was sent (its
+        // cached tokens fell short of this gateway's index lately). There a
+        // turn most likely re-prefills the whole history behind other such
+        // prefills; anywhere else it costs the same prefill without the
+        // queue. So while another replica is open the session is placed
+        // anew, as a new one would be (by load only: by its key's order it
+        // would land where it is). (12 agentic sessions on 2 prefill
+        // replicas: one replica's cache lost its sessions' histories and took
+        // 36,000 uncached tokens in 2 s, turns waiting 3-5 s, while the other
+        // took 1,300: TTFT p99 0.45x vllm-router's in that seed, 1.26x with
+        // this.) Not on a mixed fleet, where the session's decode and KV
+        // move with it: on heavy-tailed sessions through three gateways every
+        // replica queued and evicted by turns, and 700 of 2,477 turns moved
+        // (58.7% sticky); docs/benchmarks-log.md.
+        // (A prefill leg is the one request that brings its own placement.)
+        let prefill_leg = ctx.session_placement.is_some();
+        let by_load = !matches!(
+            placement,
+            SessionPlacement::Rendezvous | SessionPlacement::Auto
+        );
+        let lost = |i: usize| {
+            prefill_leg
+                && by_load
+                && s.continuing
+                && views[i].blocked == Blocked::Queue
+                && views[i].memory.load.evicting.get(ctx.now) > 0
+                && views.iter().any(|v| v.blocked == Blocked::No)
+        };
         if let Some(i) = here
             && views[i].blocked != Blocked::Stale
+            && !lost(i)
         {
             return Some(Home {
                 index: i,
@@ -495,7 +528,6 @@ impl PrefixKv {
         }
         let order = order(s.key, candidates);
         let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
-        let placement = self.placement(ctx);
         let first = if placement == SessionPlacement::TwoChoices {
             // New, moving, or unknown here (with a shared table, one that
             // nobody placed yet): of the first two replicas alive in the
@@ -566,11 +598,22 @@ impl PrefixKv {
             // history; docs/benchmarks-log.md.)
             order.iter().copied().find(alive)
         }?;
-        let moved = known.is_some();
-        let reason = match here.map(|i| views[i].blocked) {
-            Some(b) if b != Blocked::No => b.spill(),
+        let reason = match here {
+            // Placed where it was after all (no open replica in its
+            // placement's reach): its history may be there yet.
+            Some(i) if i == first && views[i].blocked != Blocked::Stale => {
+                return Some(Home {
+                    index: i,
+                    reason: RouteReason::Session,
+                    history,
+                    moved: false,
+                });
+            }
+            Some(i) if views[i].blocked != Blocked::Stale && lost(i) => RouteReason::Rehome,
+            Some(i) if views[i].blocked != Blocked::No => views[i].blocked.spill(),
             _ => RouteReason::SessionNew,
         };
+        let moved = known.is_some();
         // A session that continues and is unknown here was placed there by
         // another gateway: its history is there too (not so when placed by
         // load: nothing says where its history is).
@@ -810,6 +853,7 @@ impl PrefixKv {
             cached_tokens: cached,
             matched_blocks: v.matched,
             counted_session,
+            continuing: ctx.session.is_some_and(|s| s.continuing),
         }
     }
 }
@@ -1023,6 +1067,76 @@ mod tests {
         for (&k, &home) in keys.iter().zip(&homes) {
             let d = p.pick(&session_turn(k, true, now), &reps).unwrap();
             assert_eq!((d.index, d.reason), (home, RouteReason::Session));
+        }
+    }
+
+    #[test]
+    fn a_prefill_legs_session_leaves_a_replica_that_queues_and_keeps_evicting_for_an_open_one() {
+        // A disaggregated prefill leg: it brings its own placement.
+        let leg = |key: u64, continuing: bool, now: Instant| RouteCtx {
+            session_placement: Some(SessionPlacement::LeastLoaded),
+            ..session_turn(key, continuing, now)
+        };
+        let evicting = |p: &PrefixKv, r: &ReplicaView, now: Instant| {
+            p.affinity.of(&r.name, now).load.evicting.add(now);
+        };
+        let p = placing(SessionPlacement::Rendezvous);
+        let now = Instant::now();
+        let mut reps = replicas(2);
+        let home = p.pick(&leg(7, false, now), &reps).unwrap().index;
+        let other = 1 - home;
+        let turn = |reps: &[ReplicaView]| p.pick(&leg(7, true, now), reps).unwrap();
+        // Its engine queues: the session waits there, its history is there.
+        reps[home].load = Some(sample(0.5, 4.0));
+        let d = turn(&reps);
+        assert_eq!((d.index, d.reason), (home, RouteReason::Session));
+        // It also evicted what it was sent lately: placed anew, on the open
+        // replica, and its next turns follow it there.
+        evicting(&p, &reps[home], now);
+        let d = turn(&reps);
+        assert_eq!(
+            (d.index, d.reason, d.moved),
+            (other, RouteReason::Rehome, true)
+        );
+        let d = turn(&replicas(2));
+        assert_eq!((d.index, d.reason), (other, RouteReason::Session));
+        // Evicting but not queued, or queued with nowhere open: it stays.
+        let q = placing(SessionPlacement::Rendezvous);
+        let mut reps = replicas(2);
+        let home = q.pick(&leg(7, false, now), &reps).unwrap().index;
+        evicting(&q, &reps[home], now);
+        let d = q.pick(&leg(7, true, now), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (home, RouteReason::Session));
+        reps[home].load = Some(sample(0.5, 4.0));
+        reps[1 - home].load = Some(sample(0.5, 4.0));
+        let d = q.pick(&leg(7, true, now), &reps).unwrap();
+        assert_eq!(d.index, home);
+        // A request of a mixed fleet stays, whatever its placement (its
+        // decode and KV would move with it); so does a leg placed by its
+        // key's order, which would put it back.
+        for (placement, own) in [
+            (SessionPlacement::LeastLoaded, None),
+            (SessionPlacement::FirstOpen, None),
+            (
+                SessionPlacement::Rendezvous,
+                Some(SessionPlacement::Rendezvous),
+            ),
+        ] {
+            let r = placing(placement);
+            let turn = |continuing: bool| RouteCtx {
+                session_placement: own,
+                ..session_turn(7, continuing, now)
+            };
+            let mut reps = replicas(2);
+            let home = r.pick(&turn(false), &reps).unwrap().index;
+            evicting(&r, &reps[home], now);
+            reps[home].load = Some(sample(0.5, 4.0));
+            let d = r.pick(&turn(true), &reps).unwrap();
+            assert_eq!(
+                (d.index, d.reason),
+                (home, RouteReason::Session),
+                "{placement:?}"
+            );
         }
     }
 
