@@ -513,7 +513,9 @@ impl PrefixKv {
                 && s.continuing
                 && views[i].blocked == Blocked::Queue
                 && views[i].memory.load.evicting.get(ctx.now) > 0
-                && views.iter().any(|v| v.blocked == Blocked::No)
+                && views
+                    .iter()
+                    .any(|v| v.blocked == Blocked::No && v.pressed == Blocked::No)
         };
         if let Some(i) = here
             && views[i].blocked != Blocked::Stale
@@ -609,7 +611,7 @@ impl PrefixKv {
                     moved: false,
                 });
             }
-            Some(i) if views[i].blocked != Blocked::Stale && lost(i) => RouteReason::Rehome,
+            Some(i) if lost(i) => RouteReason::Rehome,
             Some(i) if views[i].blocked != Blocked::No => views[i].blocked.spill(),
             _ => RouteReason::SessionNew,
         };
@@ -853,7 +855,9 @@ impl PrefixKv {
             cached_tokens: cached,
             matched_blocks: v.matched,
             counted_session,
-            continuing: ctx.session.is_some_and(|s| s.continuing),
+            // Served where its history is credited (not a detour, a move or
+            // a new placement, where its blocks were just sent).
+            continuing: history > 0 && !detoured,
         }
     }
 }
@@ -1098,6 +1102,8 @@ mod tests {
             (d.index, d.reason, d.moved),
             (other, RouteReason::Rehome, true)
         );
+        // Nothing of its history is credited where it lands.
+        assert_eq!(d.cached_tokens, 0);
         let d = turn(&replicas(2));
         assert_eq!((d.index, d.reason), (other, RouteReason::Session));
         // Evicting but not queued, or queued with nowhere open: it stays.
@@ -1107,10 +1113,17 @@ mod tests {
         evicting(&q, &reps[home], now);
         let d = q.pick(&leg(7, true, now), &reps).unwrap();
         assert_eq!((d.index, d.reason), (home, RouteReason::Session));
-        reps[home].load = Some(sample(0.5, 4.0));
+        for r in &mut reps {
+            r.full = true;
+        }
+        let d = q.pick(&leg(7, true, now), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (home, RouteReason::Session));
+        // Nor for a replica open only by this gateway's seats: its engine
+        // queues too.
+        reps[1 - home].full = false;
         reps[1 - home].load = Some(sample(0.5, 4.0));
         let d = q.pick(&leg(7, true, now), &reps).unwrap();
-        assert_eq!(d.index, home);
+        assert_eq!((d.index, d.reason), (home, RouteReason::Session));
         // A request of a mixed fleet stays, whatever its placement (its
         // decode and KV would move with it); so does a leg placed by its
         // key's order, which would put it back.
