@@ -330,8 +330,12 @@ async fn a_sessions_turns_keep_one_prefill_replica_and_new_ones_go_where_fewest_
         backend(&p2, Role::Prefill),
         backend(&d, Role::Decode),
     ];
-    c.routing.metrics.interval = Duration::from_millis(100);
-    c.routing.metrics.stale_after = Duration::from_secs(30);
+    // The startup scrape alone (idle engines): what decides here is this
+    // gateway's own count of what it sent. Later scrapes under a loaded CI
+    // machine could catch a request waiting two scrapes in a row, call
+    // that replica full and make the outcome depend on timing.
+    c.routing.metrics.interval = Duration::from_secs(600);
+    c.routing.metrics.stale_after = Duration::from_secs(1200);
     let gw = start_routed(c, 3).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let system = "You are a coding agent working in a large repository. ".repeat(40);
@@ -395,8 +399,12 @@ async fn decode_legs_leave_the_prefixs_holder_when_another_generates_two_streams
         backend(&d1, Role::Decode),
         backend(&d2, Role::Decode),
     ];
-    c.routing.metrics.interval = Duration::from_millis(100);
-    c.routing.metrics.stale_after = Duration::from_secs(30);
+    // The startup scrape alone (idle engines): what decides here is this
+    // gateway's own count of what it sent. Later scrapes under a loaded CI
+    // machine could catch a request waiting two scrapes in a row, call
+    // that replica full and make the outcome depend on timing.
+    c.routing.metrics.interval = Duration::from_secs(600);
+    c.routing.metrics.stale_after = Duration::from_secs(1200);
     let gw = start_routed(c, 3).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let body = |i: usize| {
