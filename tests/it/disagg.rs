@@ -384,6 +384,155 @@ async fn a_sessions_turns_keep_one_prefill_replica_and_new_ones_go_where_fewest_
     assert_eq!(pd_decisions(&gw, "remote").await, 24.0);
 }
 
+/// A session's prefill leaves a prefill replica whose engine queues and
+/// lately lost what it was sent (the cached tokens it reported fell short of
+/// the session's history) for a replica that does neither, and is placed
+/// anew there (`rehome` in the access log); it stays while the replica only
+/// evicted, and stays where it moved.
+#[tokio::test]
+async fn a_sessions_prefill_leaves_a_replica_that_queues_and_lost_its_history() {
+    // Caches of 1,536 tokens: one long prompt sent straight to a replica
+    // evicts a session's history there.
+    let small = |c: &mut SimConfig| {
+        if let Some(p) = c.profile.as_mut() {
+            p.num_blocks = 96;
+        }
+    };
+    let p1 = replica(SimRole::Prefill, small).await;
+    let p2 = replica(SimRole::Prefill, small).await;
+    let d = replica(SimRole::Decode, |_| {}).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let mut c = config_for(&[]);
+    c.backends = vec![
+        backend(&p1, Role::Prefill),
+        backend(&p2, Role::Prefill),
+        backend(&d, Role::Decode),
+    ];
+    c.routing.metrics.interval = Duration::from_millis(100);
+    c.routing.metrics.stale_after = Duration::from_secs(30);
+    // Every prompt prefilled remotely, whatever the decode replica holds
+    // or however busy the prefill pool looks.
+    c.routing.disaggregation.local_share = 1.0;
+    c.routing.disaggregation.local_when_idle = false;
+    c.telemetry.access_log.enabled = true;
+    c.telemetry.access_log.target = sluice::config::LogTarget::File;
+    c.telemetry.access_log.path = Some(path.clone());
+    let gw = start_routed(c, 3).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let sims = [&p1, &p2];
+    let served = || sims.map(|s| s.state.metrics.received.get());
+    let mut messages = vec![serde_json::json!({
+        "role": "system",
+        "content": "You are a coding agent working in a large repository. ".repeat(36),
+    })];
+    // One turn of the session: the prefill replica it went to.
+    let mut turn = async |n: usize| {
+        messages.push(
+            serde_json::json!({"role": "user", "content": format!("Step {n}: run the tests.")}),
+        );
+        let body = serde_json::json!({"model": "sim-model", "max_tokens": 5, "messages": messages});
+        let before = served();
+        let id = format!("rehome-{n}");
+        let (status, _, text) = post_with(
+            &url,
+            &body,
+            &[("x-session-id", "agent-1"), ("x-request-id", id.as_str())],
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        let after = served();
+        let went: Vec<usize> = (0..2).filter(|&i| after[i] > before[i]).collect();
+        assert_eq!(went.len(), 1, "one prefill a turn: {before:?} -> {after:?}");
+        let answer = serde_json::from_str::<serde_json::Value>(&text).unwrap()["choices"][0]
+            ["message"]["content"]
+            .clone();
+        messages.push(serde_json::json!({"role": "assistant", "content": answer}));
+        went[0]
+    };
+    let home = turn(0).await;
+    let other = 1 - home;
+    // Another prompt, sent straight to the session's replica, evicts its
+    // history there.
+    let long: String = (0..1_100).map(|w| format!("w{w} ")).collect();
+    let (status, _, text) = post_with(
+        &format!("{}/v1/chat/completions", sims[home].url()),
+        &serde_json::json!({"model": "sim-model", "max_tokens": 1, "messages": [{"role": "user", "content": long}]}),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    // Evicted but not queueing: the session stays (and the engine's answer
+    // tells the gateway its history is gone).
+    assert_eq!(turn(1).await, home, "stays while its replica only evicted");
+    // Now its engine keeps a queue, scrape after scrape.
+    let mut queued = sims[home].state.control();
+    queued.waiting = Some(4.0);
+    sims[home].state.set_control(queued.clone());
+    let backends = format!("{}/admin/backends", admin(&gw));
+    let name = |i: usize| format!("127.0.0.1:{}", sims[i].addr.port());
+    let home_name = name(home);
+    wait_until(
+        "the session's replica seen queueing",
+        Duration::from_secs(10),
+        || {
+            let (backends, home_name) = (&backends, &home_name);
+            async move {
+                let (_, text) = get_text(backends).await;
+                serde_json::from_str::<serde_json::Value>(&text)
+                    .unwrap()
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|b| b["name"] == home_name.as_str() && b["engine_queued"] == true)
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        turn(2).await,
+        other,
+        "left the replica that queues and lost it"
+    );
+    queued.waiting = None;
+    sims[home].state.set_control(queued);
+    assert_eq!(turn(3).await, other, "stays where it moved");
+    let path_ref = &path;
+    wait_until(
+        "four access log lines",
+        Duration::from_secs(5),
+        || async move {
+            std::fs::read_to_string(path_ref)
+                .unwrap_or_default()
+                .lines()
+                .count()
+                >= 4
+        },
+    )
+    .await;
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let line = |n: usize| {
+        let id = format!("rehome-{n}");
+        lines
+            .iter()
+            .find(|l| l["request_id"] == id.as_str())
+            .unwrap_or_else(|| panic!("no line for {id}: {lines:?}"))
+            .clone()
+    };
+    let (first, second, third, fourth) = (line(0), line(1), line(2), line(3));
+    assert_eq!(second["prefill_route_reason"], "session", "{second}");
+    assert_eq!(third["prefill_route_reason"], "rehome", "{third}");
+    assert_eq!(third["prefill_backend"], name(other).as_str(), "{third}");
+    assert_eq!(fourth["prefill_route_reason"], "session", "{fourth}");
+    for l in [&first, &second, &third, &fourth] {
+        assert_eq!(l["pd"], "remote", "{l}");
+    }
+}
+
 #[tokio::test]
 async fn decode_legs_leave_the_prefixs_holder_when_another_generates_two_streams_fewer() {
     // One prefill and two decode replicas; every request shares one long

@@ -1,0 +1,26 @@
+import gzip, json, os
+BASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+RUNS = {"landed": "rows_landed_c12", "lost": "rows_lost_c12", "active": "rows_active_c12_seeds1-5"}
+ROUTERS = ["sluice-pd", "vllm-pd-cache_aware"]
+SHORT = {"sluice-pd": "sluice", "vllm-pd-cache_aware": "vllm"}
+GAPS = 47  # 48 tokens out (--max-tokens 48), 47 inter-token gaps per turn
+
+def load(run, router, seed):
+    p = os.path.join(BASE, RUNS[run], f"agentic_{router}_seed{seed}.jsonl.gz")
+    return [json.loads(l) for l in gzip.open(p)]
+
+def ok(rows):
+    return [r for r in rows if r.get("error") is None and r.get("ttft_s") is not None]
+
+def pct(xs, q):
+    # nearest rank, as sluice bench
+    xs = sorted(xs)
+    if not xs: return float("nan")
+    k = min(len(xs), max(1, -(-round(q * 100) * len(xs) // 100)))
+    return xs[k - 1]
+
+def summary(run):
+    with open(os.path.join(BASE, {"landed": "landed_c12_174b475.json", "lost": "lost_c12.json",
+                                  "active": "active_c12_seeds1-5.json"}[run])) as f:
+        j = json.load(f)
+    return {n: {r["seed"]: r for r in rs} for n, rs in j["workloads"]["agentic"]["runs"].items()}
