@@ -74,6 +74,9 @@ from matrix import WARM_AFTER, warm_p99  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, "target", "release", "sluice")
+# The gateway's binary (`--gateway-bin`: another build, for A/B runs of a
+# routing change; the simulated replicas and the client stay BIN's).
+GATEWAY_BIN = BIN
 ENGINE = ["--profile", "h100-llama3-8b", "--output-tokens", "4096", "--num-blocks", "2048",
           "--step-base", "8ms", "--step-per-seq", "100us", "--prefill-per-token", "100us",
           "--max-num-seqs", "64", "--max-num-batched-tokens", "2048"]
@@ -139,7 +142,7 @@ def start_sluice(procs, sims, pd, protocol):
     cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     cfg.write("\n".join(lines) + "\n" + EXTRA)
     cfg.close()
-    procs.start([BIN, "serve", "--config", cfg.name, "--listen", f"127.0.0.1:{api}",
+    procs.start([GATEWAY_BIN, "serve", "--config", cfg.name, "--listen", f"127.0.0.1:{api}",
                  "--admin-listen", f"127.0.0.1:{admin}"], env={**os.environ, "RUST_LOG": "warn"})
     wait_http(f"http://127.0.0.1:{admin}/readyz")
     return f"http://127.0.0.1:{api}"
@@ -383,9 +386,14 @@ def main():
     ap.add_argument("--agentic-concurrency", type=int,
                     help="sessions at once in the agentic workload (default 32: the prefill pool "
                          "saturated)")
+    ap.add_argument("--gateway-bin",
+                    help="run the Sluice gateways from this build (A/B runs of a routing change; "
+                         "the replicas and the client stay target/release/sluice)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    global EXTRA, PREFILL_BLOCKS
+    global EXTRA, PREFILL_BLOCKS, GATEWAY_BIN
+    if args.gateway_bin:
+        GATEWAY_BIN = os.path.abspath(args.gateway_bin)
     if args.agentic_concurrency:
         a = WORKLOADS["agentic"]
         a[a.index("--concurrency") + 1] = str(args.agentic_concurrency)

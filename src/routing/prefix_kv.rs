@@ -501,6 +501,12 @@ impl PrefixKv {
         // move with it: on heavy-tailed sessions through three gateways every
         // replica queued and evicted by turns, and 700 of 2,477 turns moved
         // (58.7% sticky); docs/benchmarks-log.md.
+        // It leaves only for a replica with fewer prompt tokens ahead (its
+        // engine's queue, or this gateway's prefills pending there): there
+        // the turn's whole prompt waits less than here. Without it, four
+        // sessions left one replica within a second, 40,000 tokens of
+        // histories that evicted two sessions there (seed 5 of 12 agentic
+        // sessions, 31 moves, 8 sessions moved twice or more).
         // (A prefill leg is the one request that brings its own placement.)
         let prefill_leg = ctx.session_placement.is_some();
         let by_load = !matches!(
@@ -513,9 +519,9 @@ impl PrefixKv {
                 && s.continuing
                 && views[i].blocked == Blocked::Queue
                 && views[i].memory.load.evicting.get(ctx.now) > 0
-                && views
-                    .iter()
-                    .any(|v| v.blocked == Blocked::No && v.pressed == Blocked::No)
+                && views.iter().any(|v| {
+                    v.blocked == Blocked::No && v.pressed == Blocked::No && v.ahead < views[i].ahead
+                })
         };
         if let Some(i) = here
             && views[i].blocked != Blocked::Stale
@@ -1084,6 +1090,14 @@ mod tests {
         let evicting = |p: &PrefixKv, r: &ReplicaView, now: Instant| {
             p.affinity.of(&r.name, now).load.evicting.add(now);
         };
+        // Prompt tokens this gateway sent there whose prefill is pending.
+        let ahead = |p: &PrefixKv, r: &ReplicaView, tokens: u64| {
+            p.affinity
+                .of(&r.name, Instant::now())
+                .load
+                .backlog
+                .fetch_add(tokens, Relaxed);
+        };
         let p = placing(SessionPlacement::Rendezvous);
         let now = Instant::now();
         let mut reps = replicas(2);
@@ -1095,8 +1109,10 @@ mod tests {
         let d = turn(&reps);
         assert_eq!((d.index, d.reason), (home, RouteReason::Session));
         // It also evicted what it was sent lately: placed anew, on the open
-        // replica, and its next turns follow it there.
+        // replica (fewer prompt tokens ahead there), and its next turns
+        // follow it there.
         evicting(&p, &reps[home], now);
+        ahead(&p, &reps[home], 20_000);
         let d = turn(&reps);
         assert_eq!(
             (d.index, d.reason, d.moved),
@@ -1106,6 +1122,17 @@ mod tests {
         assert_eq!(d.cached_tokens, 0);
         let d = turn(&replicas(2));
         assert_eq!((d.index, d.reason), (other, RouteReason::Session));
+        // Nor for an open replica with more ahead of it (sessions that
+        // left before this one): there the whole prompt waits longer.
+        let q = placing(SessionPlacement::Rendezvous);
+        let mut reps = replicas(2);
+        let home = q.pick(&leg(7, false, now), &reps).unwrap().index;
+        reps[home].load = Some(sample(0.5, 4.0));
+        evicting(&q, &reps[home], now);
+        ahead(&q, &reps[home], 20_000);
+        ahead(&q, &reps[1 - home], 30_000);
+        let d = q.pick(&leg(7, true, now), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (home, RouteReason::Session));
         // Evicting but not queued, or queued with nowhere open: it stays.
         let q = placing(SessionPlacement::Rendezvous);
         let mut reps = replicas(2);
