@@ -28,7 +28,7 @@ def corr(x, y):
 if __name__ == "__main__":
     pts = []
     print("run    seed router  ITLp99 | tok_conc pred_p99(model 8+0.1n) | same-replica arrivals hit % of gaps | fleet sends hit %")
-    for run in RUNS:
+    for run in ("landed", "lost", "active"):
         sm = summary(run)
         for seed in range(1, 6):
             for n in ROUTERS:
@@ -48,6 +48,6 @@ if __name__ == "__main__":
     print("paired sluice-vllm ITL p99 diffs (ms):", [round(x, 2) for x in d])
     print(f"mean {st.mean(d):+.3f} sd {st.stdev(d):.3f} sluice higher in {sum(x > 0 for x in d)}/{len(d)}")
     v = {}
-    for run in RUNS:
+    for run in ("landed", "lost", "active"):
         for seed in range(1, 6): v.setdefault(seed, []).append(summary(run)[ROUTERS[1]][seed]["itl_p99_ms"])
     print("vllm-router alone, same seed over the 3 run sets (ms):", {s: x for s, x in v.items()})
