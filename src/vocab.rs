@@ -212,7 +212,8 @@ pub enum RouteReason {
     /// replica holding the fewest: the prefix moved to a new home. Or a
     /// disaggregated prefill leg's prefill replica queued and kept evicting
     /// (its session's history there probably gone) while another was open
-    /// with fewer prompt tokens ahead: the session was placed anew by load.
+    /// with fewer prompt tokens ahead: the session was placed anew by load
+    /// among such replicas.
     Rehome,
     /// Every candidate was filtered out (pressure, stale metrics, ejection):
     /// the least loaded of them was used rather than failing.

@@ -173,8 +173,8 @@ impl Placement {
 
     /// The engine reported `actual` cached tokens of the `engine_prompt` it
     /// counted: count both sides, and if it had less than predicted by more
-    /// than a block, forget the blocks the index claimed beyond what the
-    /// engine held.
+    /// than a block (a session's turn: more than its history's last blocks),
+    /// forget the blocks the index claimed beyond what the engine held.
     ///
     /// In the gateway's tokens: an engine counts its own (its tokenizer, its
     /// chat template), so its cached count is read as the share of its
@@ -213,13 +213,13 @@ impl Placement {
         // A turn's prediction is its history, whose last blocks the engine
         // does not hold: the earlier prompt's partial last block, and the
         // block where the chat template joins the turns (which it renders
-        // differently once an answer follows). Of 12 agentic sessions'
-        // turns on `sluice sim`, 92% found all but 0-47 tokens of their
-        // earlier prompt cached, the rest all but 112 or more (evicted),
-        // almost none between; with one block of slack most turns counted,
-        // and every session's replica read as evicting
-        // (docs/benchmarks-log.md).
-        let slack = if self.continuing { 3 * tpb } else { tpb };
+        // differently once an answer follows): 48 tokens, three of vLLM's
+        // 16-token blocks, and at least one of this gateway's. Of 12 agentic
+        // sessions' turns on `sluice sim`, 92% found all but 0-47 tokens of
+        // their earlier prompt cached, almost all the rest all but 112 or
+        // more (evicted); with one block of slack most turns counted, and
+        // every session's replica read as evicting (docs/benchmarks-log.md).
+        let slack = if self.continuing { tpb.max(48) } else { tpb };
         if actual + slack < self.predicted_cached && !pending {
             l.shortfalls.fetch_add(1, Relaxed);
             l.evicting.add(std::time::Instant::now());

@@ -536,6 +536,11 @@ impl PrefixKv {
         }
         let order = order(s.key, candidates);
         let alive = |i: &usize| views[*i].blocked != Blocked::Stale;
+        // A session leaving a replica that lost its history counts every
+        // replica with as many prompt tokens ahead as shut: it goes where
+        // less waits (one exists, or it would not leave).
+        let leaving = here.filter(|&i| lost(i));
+        let behind = |i: usize| leaving.is_some_and(|h| views[i].ahead >= views[h].ahead);
         let first = if placement == SessionPlacement::TwoChoices {
             // New, moving, or unknown here (with a shared table, one that
             // nobody placed yet): of the first two replicas alive in the
@@ -548,7 +553,7 @@ impl PrefixKv {
             // of sending them all to the one replica that looks open or
             // least loaded.
             // (`min_by` keeps the first of equals: the key's order.)
-            let shut = |i: usize| views[i].blocked != Blocked::No;
+            let shut = |i: usize| views[i].blocked != Blocked::No || behind(i);
             order
                 .iter()
                 .copied()
@@ -572,7 +577,7 @@ impl PrefixKv {
             order
                 .iter()
                 .copied()
-                .find(|&i| views[i].blocked == Blocked::No)
+                .find(|&i| views[i].blocked == Blocked::No && !behind(i))
                 .or_else(|| order.iter().copied().find(alive))
         } else if placement == SessionPlacement::LeastLoaded {
             // New, moving, or unknown here (this one gateway restarted or
@@ -587,7 +592,7 @@ impl PrefixKv {
                 .iter()
                 .map(|v| v.memory.sessions.lock().weight(ctx.now))
                 .collect();
-            let shut = |i: usize| views[i].blocked != Blocked::No;
+            let shut = |i: usize| views[i].blocked != Blocked::No || behind(i);
             order.iter().copied().filter(alive).min_by(|&a, &b| {
                 shut(a)
                     .cmp(&shut(b))
@@ -1133,6 +1138,23 @@ mod tests {
         ahead(&q, &reps[1 - home], 30_000);
         let d = q.pick(&leg(7, true, now), &reps).unwrap();
         assert_eq!((d.index, d.reason), (home, RouteReason::Session));
+        // Of three, it goes where fewer tokens wait, not where fewer
+        // sessions are.
+        let q = placing(SessionPlacement::Rendezvous);
+        let mut reps = replicas(3);
+        let home = q.pick(&leg(7, false, now), &reps).unwrap().index;
+        let (busy, free) = ((home + 1) % 3, (home + 2) % 3);
+        reps[home].load = Some(sample(0.5, 4.0));
+        evicting(&q, &reps[home], now);
+        ahead(&q, &reps[home], 20_000);
+        ahead(&q, &reps[busy], 30_000);
+        q.affinity
+            .of(&reps[free].name, now)
+            .sessions
+            .lock()
+            .begin(99);
+        let d = q.pick(&leg(7, true, now), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (free, RouteReason::Rehome));
         // Evicting but not queued, or queued with nowhere open: it stays.
         let q = placing(SessionPlacement::Rendezvous);
         let mut reps = replicas(2);

@@ -47,6 +47,40 @@ async fn fleet(
     (p, d, gw)
 }
 
+/// The access log's lines for `ids` (waiting until each is written), in
+/// that order.
+async fn logged(path: &std::path::Path, ids: &[&str]) -> Vec<serde_json::Value> {
+    let read = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            // (A line being written is not JSON yet.)
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let read = &read;
+    wait_until(
+        "the access log's lines",
+        Duration::from_secs(5),
+        || async move {
+            let lines = read();
+            ids.iter()
+                .all(|id| lines.iter().any(|l| l["request_id"] == *id))
+        },
+    )
+    .await;
+    let lines = read();
+    ids.iter()
+        .map(|id| {
+            lines
+                .iter()
+                .find(|l| l["request_id"] == *id)
+                .unwrap()
+                .clone()
+        })
+        .collect()
+}
+
 /// A chat request with a prompt of ~`words` x 2 tokens, distinct per `i`.
 fn chat(i: usize, words: usize, stream: bool) -> serde_json::Value {
     let text: String = (0..words).map(|w| format!("q{i}w{w} ")).collect();
@@ -472,9 +506,10 @@ async fn a_sessions_prefill_leaves_a_replica_that_queues_and_lost_its_history() 
     let backends = format!("{}/admin/backends", admin(&gw));
     let name = |i: usize| format!("127.0.0.1:{}", sims[i].addr.port());
     let home_name = name(home);
+    // (Within the 5-10 s the gateway remembers the eviction: a few scrapes.)
     wait_until(
         "the session's replica seen queueing",
-        Duration::from_secs(10),
+        Duration::from_secs(4),
         || {
             let (backends, home_name) = (&backends, &home_name);
             async move {
@@ -497,33 +532,9 @@ async fn a_sessions_prefill_leaves_a_replica_that_queues_and_lost_its_history() 
     queued.waiting = None;
     sims[home].state.set_control(queued);
     assert_eq!(turn(3).await, other, "stays where it moved");
-    let path_ref = &path;
-    wait_until(
-        "four access log lines",
-        Duration::from_secs(5),
-        || async move {
-            std::fs::read_to_string(path_ref)
-                .unwrap_or_default()
-                .lines()
-                .count()
-                >= 4
-        },
-    )
-    .await;
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let line = |n: usize| {
-        let id = format!("rehome-{n}");
-        lines
-            .iter()
-            .find(|l| l["request_id"] == id.as_str())
-            .unwrap_or_else(|| panic!("no line for {id}: {lines:?}"))
-            .clone()
-    };
-    let (first, second, third, fourth) = (line(0), line(1), line(2), line(3));
+    let [first, second, third, fourth] =
+        <[_; 4]>::try_from(logged(&path, &["rehome-0", "rehome-1", "rehome-2", "rehome-3"]).await)
+            .unwrap();
     assert_eq!(second["prefill_route_reason"], "session", "{second}");
     assert_eq!(third["prefill_route_reason"], "rehome", "{third}");
     assert_eq!(third["prefill_backend"], name(other).as_str(), "{third}");
@@ -923,32 +934,8 @@ async fn the_access_log_says_where_and_why_each_prompt_was_prefilled() {
         let (status, _, text) = post_with(&url, &body, &[("x-request-id", &id)]).await;
         assert_eq!(status, 200, "{text}");
     }
-    let path_ref = &path;
-    wait_until(
-        "two access log lines",
-        Duration::from_secs(5),
-        || async move {
-            std::fs::read_to_string(path_ref)
-                .unwrap_or_default()
-                .lines()
-                .count()
-                >= 2
-        },
-    )
-    .await;
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let line = |id: &str| {
-        lines
-            .iter()
-            .find(|l| l["request_id"] == id)
-            .unwrap_or_else(|| panic!("no line for {id}: {lines:?}"))
-            .clone()
-    };
-    let (first, second) = (line("pd-log-0"), line("pd-log-1"));
+    let [first, second] =
+        <[_; 2]>::try_from(logged(&path, &["pd-log-0", "pd-log-1"]).await).unwrap();
     let name = format!("127.0.0.1:{}", p.addr.port());
     for l in [&first, &second] {
         assert_eq!(l["pd"], "remote", "{l}");

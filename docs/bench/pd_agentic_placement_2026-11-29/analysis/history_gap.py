@@ -2,7 +2,7 @@
 on the prefill replica that served both (reason `session`), Sluice's rows, all seeds of a run:
 the gaps in 16-token blocks. Gaps of 0-2 blocks are the earlier prompt's partial last block
 and the chat template's join, not evictions.
-usage: python3 history_gap.py [landed|lost|active]"""
+usage: python3 history_gap.py [landed|lost|active|slack|ahead]"""
 import collections, sys
 from common import *
 
