@@ -38,13 +38,32 @@ async fn fleet(
 ) -> (SimHandle, SimHandle, Gateway) {
     let p = replica(SimRole::Prefill, prefill).await;
     let d = replica(SimRole::Decode, |_| {}).await;
+    let gw = gateway_over(&[(&p, Role::Prefill), (&d, Role::Decode)], |c| {
+        scraped_often(c);
+        tweak(c);
+    })
+    .await;
+    (p, d, gw)
+}
+
+/// A gateway in front of `replicas`, each in its role, reading their
+/// startup scrape alone (idle engines) unless `tweak` says otherwise: what
+/// decides is then this gateway's own count of what it sent. Later scrapes
+/// on a loaded CI machine could catch a request waiting two scrapes in a
+/// row, call that replica full and make the outcome depend on timing.
+async fn gateway_over(replicas: &[(&SimHandle, Role)], tweak: impl FnOnce(&mut Config)) -> Gateway {
     let mut c = config_for(&[]);
-    c.backends = vec![backend(&p, Role::Prefill), backend(&d, Role::Decode)];
+    c.backends = replicas.iter().map(|(s, r)| backend(s, *r)).collect();
+    c.routing.metrics.interval = Duration::from_secs(600);
+    c.routing.metrics.stale_after = Duration::from_secs(1200);
+    tweak(&mut c);
+    start_routed(c, replicas.len()).await
+}
+
+/// Replicas scraped every 100 ms (what a test of their engines' word needs).
+fn scraped_often(c: &mut Config) {
     c.routing.metrics.interval = Duration::from_millis(100);
     c.routing.metrics.stale_after = Duration::from_secs(30);
-    tweak(&mut c);
-    let gw = start_routed(c, 2).await;
-    (p, d, gw)
 }
 
 /// The access log's lines for `ids` (waiting until each is written), in
@@ -358,19 +377,12 @@ async fn a_sessions_turns_keep_one_prefill_replica_and_new_ones_go_where_fewest_
     let p1 = replica(SimRole::Prefill, |_| {}).await;
     let p2 = replica(SimRole::Prefill, |_| {}).await;
     let d = replica(SimRole::Decode, |_| {}).await;
-    let mut c = config_for(&[]);
-    c.backends = vec![
-        backend(&p1, Role::Prefill),
-        backend(&p2, Role::Prefill),
-        backend(&d, Role::Decode),
+    let pool = [
+        (&p1, Role::Prefill),
+        (&p2, Role::Prefill),
+        (&d, Role::Decode),
     ];
-    // The startup scrape alone (idle engines): what decides here is this
-    // gateway's own count of what it sent. Later scrapes under a loaded CI
-    // machine could catch a request waiting two scrapes in a row, call
-    // that replica full and make the outcome depend on timing.
-    c.routing.metrics.interval = Duration::from_secs(600);
-    c.routing.metrics.stale_after = Duration::from_secs(1200);
-    let gw = start_routed(c, 3).await;
+    let gw = gateway_over(&pool, |_| {}).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let system = "You are a coding agent working in a large repository. ".repeat(40);
     let served = || {
@@ -437,22 +449,23 @@ async fn a_sessions_prefill_leaves_a_replica_that_queues_and_lost_its_history() 
     let d = replica(SimRole::Decode, |_| {}).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("access.log");
-    let mut c = config_for(&[]);
-    c.backends = vec![
-        backend(&p1, Role::Prefill),
-        backend(&p2, Role::Prefill),
-        backend(&d, Role::Decode),
+    let pool = [
+        (&p1, Role::Prefill),
+        (&p2, Role::Prefill),
+        (&d, Role::Decode),
     ];
-    c.routing.metrics.interval = Duration::from_millis(100);
-    c.routing.metrics.stale_after = Duration::from_secs(30);
-    // Every prompt prefilled remotely, whatever the decode replica holds
-    // or however busy the prefill pool looks.
-    c.routing.disaggregation.local_share = 1.0;
-    c.routing.disaggregation.local_when_idle = false;
-    c.telemetry.access_log.enabled = true;
-    c.telemetry.access_log.target = sluice::config::LogTarget::File;
-    c.telemetry.access_log.path = Some(path.clone());
-    let gw = start_routed(c, 3).await;
+    let gw = gateway_over(&pool, |c| {
+        // Scraped often: the replica's queue is what moves the session.
+        scraped_often(c);
+        // Every prompt prefilled remotely, whatever the decode replica holds
+        // or however busy the prefill pool looks.
+        c.routing.disaggregation.local_share = 1.0;
+        c.routing.disaggregation.local_when_idle = false;
+        c.telemetry.access_log.enabled = true;
+        c.telemetry.access_log.target = sluice::config::LogTarget::File;
+        c.telemetry.access_log.path = Some(path.clone());
+    })
+    .await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let sims = [&p1, &p2];
     let served = || sims.map(|s| s.state.metrics.received.get());
@@ -553,19 +566,12 @@ async fn decode_legs_leave_the_prefixs_holder_when_another_generates_two_streams
     let long = |c: &mut SimConfig| c.output_tokens = 400;
     let d1 = replica(SimRole::Decode, long).await;
     let d2 = replica(SimRole::Decode, long).await;
-    let mut c = config_for(&[]);
-    c.backends = vec![
-        backend(&p, Role::Prefill),
-        backend(&d1, Role::Decode),
-        backend(&d2, Role::Decode),
+    let pool = [
+        (&p, Role::Prefill),
+        (&d1, Role::Decode),
+        (&d2, Role::Decode),
     ];
-    // The startup scrape alone (idle engines): what decides here is this
-    // gateway's own count of what it sent. Later scrapes under a loaded CI
-    // machine could catch a request waiting two scrapes in a row, call
-    // that replica full and make the outcome depend on timing.
-    c.routing.metrics.interval = Duration::from_secs(600);
-    c.routing.metrics.stale_after = Duration::from_secs(1200);
-    let gw = start_routed(c, 3).await;
+    let gw = gateway_over(&pool, |_| {}).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let body = |i: usize| {
         serde_json::json!({
@@ -665,14 +671,13 @@ async fn slow_kv_transfers_are_named_on_the_model() {
         c.kv_bandwidth = 400.0 * 65_536.0 / (0.3 * 10.0);
     })
     .await;
-    let mut c = config_for(&[]);
-    c.backends = vec![backend(&p, Role::Prefill), backend(&d, Role::Decode)];
-    c.routing.metrics.interval = Duration::from_millis(100);
-    c.routing.metrics.stale_after = Duration::from_secs(30);
-    c.doctor.window = Duration::from_secs(3);
-    c.doctor.drift_min_requests = 3;
-    c.doctor.kv_transfer_slow = Duration::from_millis(100);
-    let gw = start_routed(c, 2).await;
+    let gw = gateway_over(&[(&p, Role::Prefill), (&d, Role::Decode)], |c| {
+        scraped_often(c);
+        c.doctor.window = Duration::from_secs(3);
+        c.doctor.drift_min_requests = 3;
+        c.doctor.kv_transfer_slow = Duration::from_millis(100);
+    })
+    .await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let named = async {
         for i in 0.. {
@@ -976,8 +981,7 @@ async fn sglang_fleet_with(
         backend(&d, Role::Decode),
     ];
     c.routing.disaggregation.protocol = sluice::config::PdProtocol::Sglang;
-    c.routing.metrics.interval = Duration::from_millis(100);
-    c.routing.metrics.stale_after = Duration::from_secs(30);
+    scraped_often(&mut c);
     tweak(&mut c);
     let gw = start_routed(c, 2).await;
     (p, d, gw)
