@@ -27,6 +27,10 @@ gateways' routing decisions by reason (`route REASON`).
     python3 benches/e2e/flow.py --json docs/bench/flow.json
     python3 benches/e2e/flow.py --fleet kv-full --engine-priority --only unloaded,flood,flood_off
 
+`--requests-dir DIR`: every request's timing kept (a file per run and tenant), and
+premium's p99 over the requests sent after the first 5 s printed: what the run's
+first seconds add (with seats learned, the engines queue until a scrape sees it).
+
 `--engine-priority`: engines that schedule by the request's priority (vLLM's
 `--scheduling-policy priority`; `sluice sim` models it), which the gateway sends
 (`backends[].engine_priority: vllm`): premium is admitted first inside the engine too.
@@ -75,6 +79,13 @@ FLEET = FLEETS["seats"]
 SEATS = FLEET["seats"]
 SEED = 1
 
+
+# `--requests-dir`: every request's timing, a file per run and tenant
+# (`NAME_TENANT_seedN.jsonl`), and premium's p99 after the first WARM_AFTER
+# seconds printed: what the run's first seconds (seats not yet learned) add.
+REQUESTS_DIR = None
+CURRENT = ""
+WARM_AFTER = 5.0
 
 # `--engine-priority`: the engines schedule by the request's priority (vLLM's
 # `--scheduling-policy priority`) and the gateway sends it (`engine_priority: vllm`).
@@ -187,6 +198,8 @@ def bench(url, who, tmp, seconds, rate=None, concurrency=2000, seed=1):
             "--seed", str(seed + 1000 * (SEED - 1)), "--quiet", "--json", out]
     if rate:
         args += ["--rate", f"{rate:.3f}"]
+    if REQUESTS_DIR:
+        args += ["--requests-json", os.path.join(REQUESTS_DIR, f"{CURRENT}_{who}_seed{SEED}.jsonl")]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL), out
 
 
@@ -210,6 +223,22 @@ def summary(r):
     }
 
 
+def warm(path):
+    """Premium's TTFT p99 (nearest rank) over the requests sent after
+    WARM_AFTER s, and how many of the slowest 1% were sent before."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    ok = [r for r in rows if r.get("ttft_s") is not None]
+    def p99(xs):
+        xs = sorted(xs)
+        return xs[min(len(xs), max(1, -(-99 * len(xs) // 100))) - 1] if xs else None
+    after = [r["ttft_s"] for r in ok if r["sent_s"] > WARM_AFTER]
+    worst = sorted(ok, key=lambda r: -r["ttft_s"])[:max(1, len(ok) // 100)]
+    return {"ttft_p99_ms": round(p99(after) * 1e3, 1) if after else None,
+            "requests": len(after),
+            "slowest_1pct_sent_s": [round(r["sent_s"], 2) for r in worst]}
+
+
 def jain(xs):
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if xs else 0.0
 
@@ -219,6 +248,8 @@ def scenario(name, seconds, tmp, flow=True, gateways=1, tenants=(), learned=Fals
     """Run tenants [(who, rate)] against fresh replicas; return per-tenant reports.
     A tenant in `pinned` sends through the first gateway only; `redis`: the
     gateways share a Redis store (and so fairness)."""
+    global CURRENT
+    CURRENT = name
     procs = Procs()
     try:
         sims = start_sims(procs)
@@ -256,6 +287,9 @@ def scenario(name, seconds, tmp, flow=True, gateways=1, tenants=(), learned=Fals
         res = merged
     print(f"{name}: " + "; ".join(f"{w} {summary(r)}" for w, r in res.items()), flush=True)
     print(f"  gateway: {gauges}", flush=True)
+    if REQUESTS_DIR and "vip" in res and gateways == 1:
+        res["_vip_after_warmup"] = warm(os.path.join(REQUESTS_DIR, f"{name}_vip_seed{SEED}.jsonl"))
+        print(f"  premium after the first {WARM_AFTER:.0f} s: {res['_vip_after_warmup']}", flush=True)
     res["_gateway"] = gauges
     return res
 
@@ -274,10 +308,14 @@ def main():
     ap.add_argument("--engine-priority", action="store_true",
                     help="engines that schedule by priority (vLLM --scheduling-policy priority), "
                          "sent by the gateway (engine_priority: vllm)")
+    ap.add_argument("--requests-dir", help="every request's timing, a file per run and tenant")
     ap.add_argument("--json")
     args = ap.parse_args()
-    global FLEET, SEATS, SEED, ENGINE_PRIORITY
+    global FLEET, SEATS, SEED, ENGINE_PRIORITY, REQUESTS_DIR
     FLEET, SEED, ENGINE_PRIORITY = FLEETS[args.fleet], args.seed, args.engine_priority
+    REQUESTS_DIR = args.requests_dir
+    if REQUESTS_DIR:
+        os.makedirs(REQUESTS_DIR, exist_ok=True)
     SEATS = FLEET["seats"]
     if not os.path.exists(BIN):
         raise SystemExit("build first: cargo build --release")

@@ -690,6 +690,8 @@ pub struct PrefixKvConfig {
     /// holder) only for a replica where its predicted time to first token is
     /// lower by more than this share of the home's: the cache it would find
     /// at home must be worth less than the wait it would save elsewhere.
+    /// To a replica holding less of its prompt, only while the home's
+    /// engine says it is full (there the prompt is prefilled cold).
     pub detour_margin: f64,
     /// The same for a turn of a session that is under way. The default, 1,
     /// never detours one: its history is worth more than this turn (the next

@@ -38,7 +38,9 @@
 //!    predicted TTFT is lower by more than `detour_margin` of the home's:
 //!    staying would cost more than its cache saves. A detour serves this
 //!    request elsewhere: where more of its prefix is cached (`affinity`), or
-//!    for its wait (`detour`); a session's home stays where it is. A new
+//!    for its wait (`detour`); to a replica holding less of it only from a
+//!    home whose engine says it is full (`spill_*`); a session's home stays
+//!    where it is. A new
 //!    prefix is not detoured: its placement weighed the waits already, and
 //!    where it is served it is held for the run.
 //!    The reason is `session`, `session_new` or `affinity` when the home is
@@ -350,7 +352,26 @@ impl RoutingPolicy for PrefixKv {
             Some(s) if s.explicit || s.continuing => self.cfg.session_detour_margin,
             _ => self.cfg.detour_margin,
         };
-        let detour = best != home.index && predict(best, 0) < stay * (1.0 - margin);
+        // To a replica holding less of the prompt than its home (a
+        // stranger), only from a home whose engine says it is full (its
+        // queue outlived a scrape, it preempts, its seats are all taken):
+        // there the prompt is prefilled cold, which the prediction counts
+        // for this request alone, not for the requests that then queue
+        // behind that prefill, nor for the prompts it evicts where the cache
+        // has no room. On an open home the wait predicted is this gateway's
+        // own backlog and rates, which in a cold start are the moment's
+        // prefills and a few noisy samples. On the matrix's `few_keys_tight`,
+        // five seeds with 2-4 such detours each had whole-run p99s of
+        // 96-167 ms (median 132; in seed 1 of an earlier run a detour's
+        // prefill evicted two prompts from a full cache, whose next requests
+        // were prefilled cold again), without them 32-166 ms (median 88);
+        // docs/BENCHMARKS.md.
+        let stranger = views[best].matched < views[home.index].matched;
+        let home_full =
+            views[home.index].blocked != Blocked::No || views[home.index].pressed != Blocked::No;
+        let detour = best != home.index
+            && (home_full || !stranger)
+            && predict(best, 0) < stay * (1.0 - margin);
         if detour {
             // Where more of the prompt is cached: affinity to that prefix. A
             // pressed home's spill keeps its reason; otherwise the detour is
@@ -371,7 +392,6 @@ impl RoutingPolicy for PrefixKv {
             // Off a home that holds the prompt's prefix, to a replica that
             // holds less of it: this one request is served there, and the
             // prefix keeps its home.
-            let stranger = views[best].matched < views[home.index].matched;
             return Some(self.decide(ctx, &views, best, reason, 0, home.moved, stranger));
         }
         remember(home.index);
@@ -1588,8 +1608,16 @@ mod tests {
         // prefill, and its prompt is prefilled in the prefill pool.)
         let leg = pick_leg(&p, &reps, &h, true);
         assert_eq!((leg.index, leg.reason), (home, RouteReason::Affinity));
+        // While its engine does not say it is full, the request stays: the
+        // wait predicted there is this gateway's backlog alone, and a
+        // replica holding none of the prompt would prefill it cold.
         let d = pick(&p, &reps, &h);
-        assert_eq!(d.reason, RouteReason::Detour);
+        assert_eq!((d.index, d.reason), (home, RouteReason::Affinity));
+        // Its engine's queue outlives a scrape: this request leaves...
+        let mut queued = reps.clone();
+        queued[home].load = Some(sample(0.1, 4.0));
+        let d = pick(&p, &queued, &h);
+        assert_eq!(d.reason, RouteReason::SpillQueue);
         assert_ne!(d.index, home);
         // ...without becoming a holder of the prefix there.
         assert_eq!(p.affinity.of(&reps[d.index].name, now).prefixes.len(), 0);
@@ -1622,10 +1650,16 @@ mod tests {
         let d = pick(&p, &reps, &new);
         assert_eq!((d.index, d.reason), (b, RouteReason::PrefixNew));
         assert_eq!(p.affinity.of(&reps[a].name, now).prefixes.len(), 2);
-        // Its next request (a known prefix now) may still be detoured for
-        // the wait, without moving it.
+        // Its next request (a known prefix now) stays with it while `b`'s
+        // engine does not say it is full, and leaves for the wait once it
+        // does, without moving it.
         let next = pick(&p, &reps, &new);
-        assert_eq!((next.index, next.reason), (a, RouteReason::Detour));
+        assert_eq!((next.index, next.reason), (b, RouteReason::Affinity));
+        let mut queued = reps.clone();
+        queued[b].load = Some(sample(0.1, 4.0));
+        let next = pick(&p, &queued, &new);
+        assert_eq!((next.index, next.reason), (a, RouteReason::SpillQueue));
+        assert_eq!(p.affinity.of(&reps[a].name, now).prefixes.len(), 2);
     }
 
     #[test]

@@ -528,13 +528,16 @@ async fn a_hot_prefix_spills_to_other_replicas_once_its_home_queues() {
     };
     // While its engine batches all of it (nothing waits there), the home
     // keeps the prefix, however many requests it has in flight: none leave
-    // for its load (some may for their predicted first token, `detour`:
-    // these replicas take 300 ms to it).
+    // for its load, nor for their predicted first token (these replicas
+    // take 300 ms to it, so this gateway's backlog there predicts seconds):
+    // elsewhere the prompt would be prefilled cold, and the engine has not
+    // said it is full.
     burst(0, 20).await;
     let per = received(&sims);
     let home = (0..3).max_by_key(|&i| per[i]).unwrap();
     assert!(per[home] >= 10, "{per:?}");
     assert_eq!(reasons(&gw, "spill_load").await, 0.0);
+    assert_eq!(reasons(&gw, "detour").await, 0.0);
 
     // Its engine queues: past its bounded load (twice its share and 8 above
     // it), the prefix gets other homes.
