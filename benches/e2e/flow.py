@@ -190,7 +190,7 @@ def flow_metrics(admins):
     return out
 
 
-def bench(url, who, tmp, seconds, rate=None, concurrency=2000, seed=1):
+def bench(url, who, tmp, seconds, rate=None, concurrency=2000, seed=1, tag=None):
     out = os.path.join(tmp, f"bench-{who}-{free_port()}.json")
     args = [BIN, "bench", "--url", url, "--api-key", KEYS[who][1], "--duration", f"{seconds}s",
             "--prompt-tokens", str(FLEET["prompt"]), "--max-tokens", str(FLEET["output"]),
@@ -198,8 +198,9 @@ def bench(url, who, tmp, seconds, rate=None, concurrency=2000, seed=1):
             "--seed", str(seed + 1000 * (SEED - 1)), "--quiet", "--json", out]
     if rate:
         args += ["--rate", f"{rate:.3f}"]
-    if REQUESTS_DIR:
-        args += ["--requests-json", os.path.join(REQUESTS_DIR, f"{CURRENT}_{who}_seed{SEED}.jsonl")]
+    if REQUESTS_DIR and CURRENT:
+        # (`tag`: the tenant, and the gateway where it sends through several.)
+        args += ["--requests-json", os.path.join(REQUESTS_DIR, f"{CURRENT}_{tag or who}_seed{SEED}.jsonl")]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL), out
 
 
@@ -225,7 +226,7 @@ def summary(r):
 
 def warm(path):
     """Premium's TTFT p99 (nearest rank) over the requests sent after
-    WARM_AFTER s, and how many of the slowest 1% were sent before."""
+    WARM_AFTER s, and when the slowest 1% of the whole run were sent."""
     with open(path) as f:
         rows = [json.loads(line) for line in f]
     ok = [r for r in rows if r.get("ttft_s") is not None]
@@ -264,7 +265,7 @@ def scenario(name, seconds, tmp, flow=True, gateways=1, tenants=(), learned=Fals
                 key = who if gateways == 1 else f"{who}@{g}"
                 conc = closed[0] // len(through) if closed else 2000
                 runs[key] = bench(url, who, tmp, seconds, rate / len(through) if rate else None,
-                                  concurrency=conc, seed=1 + i * 7 + g)
+                                  concurrency=conc, seed=1 + i * 7 + g, tag=key.replace("@", "_gw"))
         res = collect(runs)
         gauges = flow_metrics(admins)
     finally:

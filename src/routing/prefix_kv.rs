@@ -364,7 +364,7 @@ impl RoutingPolicy for PrefixKv {
         // five seeds with 2-4 such detours each had whole-run p99s of
         // 96-167 ms (median 132; in seed 1 of an earlier run a detour's
         // prefill evicted two prompts from a full cache, whose next requests
-        // were prefilled cold again), without them 32-166 ms (median 88);
+        // were prefilled cold again), with this rule 69-166 ms (median 101);
         // docs/BENCHMARKS.md.
         let stranger = views[best].matched < views[home.index].matched;
         let home_full =
@@ -740,8 +740,9 @@ impl PrefixKv {
         // a question and an answer; on caches too small for the fleet's
         // prefixes such moves evicted each other's prefixes in turn (hit
         // rates of 0.38-0.87 and seconds of TTFT in the matrix's tight-cache
-        // cell). Its bounded load, and the detour by predicted TTFT, still
-        // move a prefix that outgrows it.
+        // cell). Its bounded load still moves a prefix that outgrows it (a
+        // detour by predicted TTFT serves one request elsewhere, and to a
+        // replica holding less of it only once its engine says it is full).
         let held = |i: usize| home_len > 0 && views[i].matched >= home_len;
         let keeps = |i: usize| views[i].blocked != Blocked::Stale;
         // A prefix outgrows its home when the home's engine says so (it
@@ -1601,8 +1602,9 @@ mod tests {
         let home = first.index;
         let now = Instant::now();
         let backlog = |i: usize, n: u64| set_backlog(&p, &reps[i], n);
-        // Its home has a long backlog of prompts to prefill: this request is
-        // served elsewhere, where its first token comes much sooner...
+        // Its home has a long backlog of prompts to prefill by this
+        // gateway's count, where another replica would give the first token
+        // much sooner.
         backlog(home, 1_000_000);
         // (A disaggregated decode leg stays: the wait predicted is for a
         // prefill, and its prompt is prefilled in the prefill pool.)
