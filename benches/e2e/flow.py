@@ -310,9 +310,13 @@ def main():
                     help="engines that schedule by priority (vLLM --scheduling-policy priority), "
                          "sent by the gateway (engine_priority: vllm)")
     ap.add_argument("--requests-dir", help="every request's timing, a file per run and tenant")
+    ap.add_argument("--bin", help="the sluice binary (default target/release/sluice; "
+                    "a copy lets a run outlive a rebuild, or compare two builds)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    global FLEET, SEATS, SEED, ENGINE_PRIORITY, REQUESTS_DIR
+    global FLEET, SEATS, SEED, ENGINE_PRIORITY, REQUESTS_DIR, BIN
+    if args.bin:
+        BIN = os.path.abspath(args.bin)
     FLEET, SEED, ENGINE_PRIORITY = FLEETS[args.fleet], args.seed, args.engine_priority
     REQUESTS_DIR = args.requests_dir
     if REQUESTS_DIR:

@@ -68,6 +68,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stream_overhead import free_port, wait_http  # noqa: E402
+import agentic  # noqa: E402
 from agentic import (ADMINS, Procs, gateway_counts, sim_counts, start_lb,  # noqa: E402
                      start_router, start_sluice)
 
@@ -292,10 +293,14 @@ def main():
                     help="the replicas: `sluice sim`, or engine_b.py (the second engine model)")
     ap.add_argument("--sluice-config", help="a config file for the Sluice gateways (experiments)")
     ap.add_argument("--requests-dir", help="prefix cells: every request's timing, a file a run")
+    ap.add_argument("--bin", help="the sluice binary for replicas, gateways and load (default "
+                    "target/release/sluice; a copy lets a long run outlive a rebuild)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    global ENGINE, SLUICE_CONFIG
+    global ENGINE, SLUICE_CONFIG, BIN
     ENGINE, SLUICE_CONFIG = args.engine, args.sluice_config
+    if args.bin:
+        BIN = agentic.BIN = os.path.abspath(args.bin)
     if not os.path.exists(BIN):
         raise SystemExit("build first: cargo build --release")
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -39,8 +39,8 @@
 //!    staying would cost more than its cache saves. A detour serves this
 //!    request elsewhere: where more of its prefix is cached (`affinity`), or
 //!    for its wait (`detour`); to a replica holding less of it only from a
-//!    home whose engine says it is full (`spill_*`); a session's home stays
-//!    where it is. A new
+//!    home whose engine says it is full (`spill_*`, or `detour` when every
+//!    replica is full); a session's home stays where it is. A new
 //!    prefix is not detoured: its placement weighed the waits already, and
 //!    where it is served it is held for the run.
 //!    The reason is `session`, `session_new` or `affinity` when the home is
@@ -1634,6 +1634,40 @@ mod tests {
         backlog(home, 0);
         let back = pick(&p, &reps, &h);
         assert_eq!((back.index, back.reason), (home, RouteReason::Affinity));
+    }
+
+    #[test]
+    fn an_open_home_still_detours_to_a_replica_holding_as_much_of_the_prompt() {
+        let reps = replicas(3);
+        // Sessions that may leave for a replica twice as fast (by default
+        // they never do).
+        let cfg = PrefixKvConfig {
+            session_detour_margin: 0.5,
+            ..PrefixKvConfig::default()
+        };
+        let t = (64, Duration::from_secs(60));
+        let p = PrefixKv::new(cfg, Some(Duration::from_secs(5)), Affinity::new(1024, t, t));
+        let now = Instant::now();
+        // A session's first turn makes its home (and its blocks' holder).
+        let home = p.pick(&session_turn(7, false, now), &reps).unwrap().index;
+        // Another replica holds the same blocks (a spill served them there).
+        let other = (home + 1) % reps.len();
+        p.affinity
+            .of(&reps[other].name, now)
+            .prefixes
+            .insert(&[1, 2, 3]);
+        // The home's engine has room, but this gateway's backlog there makes
+        // it much slower: the turn goes to the equal holder for its wait (no
+        // stranger, so no word from the engine is needed)...
+        set_backlog(&p, &reps[home], 1_000_000);
+        let d = p.pick(&session_turn(7, true, now), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (other, RouteReason::Detour));
+        // ...while the session keeps its home.
+        set_backlog(&p, &reps[home], 0);
+        let back = p.pick(&session_turn(7, true, now), &reps).unwrap();
+        assert_eq!((back.index, back.reason), (home, RouteReason::Session));
+        // (Without a session two equal holders are both homes: the prefix's
+        // home is the faster of them, `affinity`, not a detour.)
     }
 
     #[test]

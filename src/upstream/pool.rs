@@ -278,6 +278,20 @@ impl Replica {
             .or(Some(self.learned_seats.load(Relaxed)).filter(|&n| n > 0))
     }
 
+    /// Its seats are unknown (not configured) and its last scrape shows
+    /// requests waiting for the first time: a second look will tell whether
+    /// the engine could not take them in (`scrape::run`). Not on a decode
+    /// replica: its engine counts a request pulling its prompt's KV as
+    /// waiting (vLLM's `WAITING_FOR_REMOTE_KVS`), and a long pull is no
+    /// lack of seats; there the next regular scrape decides, as before.
+    pub(crate) fn queue_unconfirmed(&self) -> bool {
+        self.configured_seats.is_none()
+            && self.role != Role::Decode
+            && self
+                .load()
+                .is_some_and(|s| !s.queued && s.waiting.is_some_and(|w| w >= 1.0))
+    }
+
     /// The scrapes of the last [`HISTORY`], oldest first.
     pub fn history(&self) -> Vec<LoadSample> {
         self.history.lock().iter().copied().collect()
@@ -300,7 +314,8 @@ impl Replica {
     }
 
     /// Learn the replica's seats from two scrapes in a row: requests still
-    /// waiting a scrape interval later (dozens of engine steps) mean the
+    /// waiting at the next look (a scrape interval later, dozens of engine
+    /// steps, or a quarter second for a queue first seen: `scrape::run`) mean the
     /// engine could not take them, so what runs is what it holds. While this
     /// gateway keeps it exactly at that and it queues nothing, probe upward
     /// (a sixteenth at a time): the limit may have been KV memory, which

@@ -531,6 +531,36 @@ async fn an_engine_that_schedules_by_priority_takes_the_top_band_while_it_queues
 }
 
 #[tokio::test]
+async fn a_queue_first_seen_where_seats_are_unknown_is_looked_at_again_soon() {
+    // Two engines queueing from the start; the first's seats are configured.
+    let (known, unknown) = (start_sim(fast_sim()).await, start_sim(fast_sim()).await);
+    for sim in [&known, &unknown] {
+        let mut ctl = sim.state.control();
+        ctl.waiting = Some(3.0);
+        sim.state.set_control(ctl);
+    }
+    let mut c = config_for(&[known.url(), unknown.url()]);
+    c.backends[0].max_concurrency = Some(4);
+    // One regular scrape in the test's life: the first, at start.
+    c.routing.metrics.interval = Duration::from_secs(600);
+    c.routing.metrics.stale_after = Duration::from_secs(1200);
+    tenants(&mut c);
+    let gw = crate::routing::start_routed(c, 2).await;
+    // Where seats are learned, the queue is confirmed by a second look well
+    // within the interval (it is what teaches the seats and closes the gate)...
+    crate::routing::until_backend(&gw, "the queue confirmed by a second look", |v| {
+        crate::routing::backend(v, &unknown)["engine_queued"] == true
+    })
+    .await;
+    // ...which the replica with configured seats did not get: its queue is
+    // confirmed at the next regular scrape, as before.
+    let (_, text) = get_text(&format!("{}/admin/backends", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(crate::routing::backend(&v, &known)["engine_queued"], false);
+    assert_eq!(crate::routing::backend(&v, &known)["requests_waiting"], 3.0);
+}
+
+#[tokio::test]
 async fn an_engine_queue_that_persists_closes_the_gate_and_teaches_its_seats() {
     let (sim, gw) = unknown_seats().await;
     let holders = [hold(&gw, FREE).await, hold(&gw, FREE).await];
