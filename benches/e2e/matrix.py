@@ -272,6 +272,13 @@ def run_one(name, cell, args, seed):
         if ADMINS:
             row["decisions"] = {k.split('reason="')[1].rstrip('"}'): v for k, v in gateway_counts(
                 ADMINS, ["sluice_routing_decisions_total"]).items() if v}
+            # Flow control's admissions: `waited` means a request was held at
+            # the gateway (every replica's seats known and taken).
+            row["admissions"] = {}
+            for k, v in gateway_counts(ADMINS, ["sluice_flow_requests_total"]).items():
+                if v and 'outcome="' in k:
+                    o = k.split('outcome="')[1].split('"')[0]
+                    row["admissions"][o] = row["admissions"].get(o, 0) + v
         return row
     finally:
         procs.stop()

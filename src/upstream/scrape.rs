@@ -287,8 +287,8 @@ const CONFIRM_AFTER: Duration = Duration::from_millis(250);
 /// and closes the gate (`Replica::set_load`), and until then every request
 /// the gateway lets through joins the engine's queue, ahead of whatever
 /// comes next. (On the flow benchmark's flood with seats learned, premium's
-/// requests of the first 5 s waited 24-49% less on average with this second
-/// look: docs/BENCHMARKS.md.) A quarter second is still 10-30 decode steps
+/// requests of the first 5 s waited 24-49% less on average in three seeds
+/// with this second look: docs/BENCHMARKS.md.) A quarter second is still 10-30 decode steps
 /// of a GPU engine; the replicas with configured seats, decode replicas
 /// (`Replica::queue_unconfirmed`), and the doctor's per-round notes keep the
 /// interval.
@@ -303,10 +303,14 @@ pub(crate) async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        let round = Instant::now();
         scrape_all(&pool, &client, engine, timeout).await;
-        if interval > 2 * CONFIRM_AFTER && pool.replicas().iter().any(|r| r.queue_unconfirmed()) {
+        // Only where this round's scrape answered: a replica whose metrics
+        // hang keeps an older sample, and would hold up every round.
+        let again = |r: &Replica| r.queue_unconfirmed() && r.load().is_some_and(|s| s.at >= round);
+        if interval > 2 * CONFIRM_AFTER && pool.replicas().iter().any(|r| again(r)) {
             tokio::time::sleep(CONFIRM_AFTER).await;
-            scrape_where(&pool, &client, engine, timeout, Replica::queue_unconfirmed).await;
+            scrape_where(&pool, &client, engine, timeout, again).await;
         }
     }
 }

@@ -2,6 +2,8 @@
 """Premium's TTFT in the flood with seats learned, per build and seed, from the
 rows in rows/ (flow.py --requests-dir): the requests sent in the first 5 s (the
 start, before the gate knows the engines' seats) and the slowest two after.
+`*_flood_learned_*`: the seats-bound fleet; `*_kvfull_flood_*`: the KV-full fleet
+(seats learned in every run there).
 
     python3 start_effect.py
 """
@@ -11,7 +13,8 @@ import json
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for path in sorted(glob.glob(os.path.join(HERE, "rows", "*_flood_learned_vip_seed*.jsonl.gz"))):
+for path in sorted(glob.glob(os.path.join(HERE, "rows", "*_flood_learned_vip_seed*.jsonl.gz"))
+                   + glob.glob(os.path.join(HERE, "rows", "*_kvfull_flood_vip_seed*.jsonl.gz"))):
     with gzip.open(path, "rt") as f:
         rows = [json.loads(line) for line in f]
     ok = [r for r in rows if r.get("ttft_s") is not None]
