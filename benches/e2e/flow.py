@@ -355,6 +355,9 @@ def main():
         "fair": dict(tenants=fair),
         "fair_off": dict(flow=False, tenants=fair),
         "fair_2gw": dict(gateways=2, tenants=fair),
+        # The same through Redis: service and seats shared (each gateway's
+        # part of the seats while the tenants want more than there are).
+        "fair_2gw_redis": dict(gateways=2, tenants=fair, redis=True),
         # Two equal tenants, each demanding 0.75 C; "heavy" sends through both
         # gateways, "light" through the first only. Alone, each gateway sees
         # heavy as one tenant among two (the first) or alone (the second).
@@ -415,7 +418,7 @@ def main():
         if isinstance(v, dict) and "light" in v and "heavy" in v}
     verdict["longest_answer_s"] = {
         k: max(r["e2e_seconds"]["max"] for w, r in rows[k].items() if not w.startswith("_"))
-        for k in ("flood", "fair", "fair_2gw", "flood_learned") if k in rows}
+        for k in ("flood", "fair", "fair_2gw", "fair_2gw_redis", "flood_learned") if k in rows}
     print(json.dumps(verdict, indent=2))
     if args.json:
         write(args.json, verdict, rows)

@@ -27,8 +27,11 @@ use serde::{Deserialize, Serialize};
 ///   service they gave each tenant to one total per model in Redis and read
 ///   the others' back, so a tenant's requests through other gateways count
 ///   here while tenants compete here (a tenant cannot get N shares through N
-///   gateways). A quarter of a second is a few requests' worth at a
-///   saturated fleet, and one small round trip per model.
+///   gateways); they also publish what each tenant wants there, and while
+///   the tenants want more seats than the model has, each gateway fills at
+///   most its part (max-min between tenants, by band). A quarter of a second
+///   is a few requests' worth at a saturated fleet, and one small round trip
+///   per model.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FlowControlConfig {
@@ -45,8 +48,8 @@ pub struct FlowControlConfig {
     /// How often waiters re-read the replicas' pressure.
     #[serde(with = "humantime_serde")]
     pub recheck: Duration,
-    /// Share attained service between gateways through the Redis store
-    /// (only with `rate_limits.store: redis`).
+    /// Share attained service and the seats between gateways through the
+    /// Redis store (only with `rate_limits.store: redis`).
     pub share_fairness: bool,
     /// How often the shared service is synchronised.
     #[serde(with = "humantime_serde")]

@@ -20,6 +20,10 @@
 //! instead of waiting for one, and the reserve is sized from the traffic,
 //! not a constant.
 //!
+//! Gateways sharing a Redis store also split the seats: while the tenants of
+//! all gateways want more than a model has, each fills at most its part
+//! (`share`).
+//!
 //! A seat is handed over when a request ends (its [`Seat`] is dropped last in
 //! the request guard's end), when a granted request gives up before being
 //! sent, and while anything waits every `flow_control.recheck` (scraped
@@ -157,6 +161,7 @@ impl Flow {
         let (id, mut rx) = {
             let mut st = gate.state.lock();
             let free = gate.free_on(candidates, &rules, arrival.into_std());
+            let free = st.within_part(free, arrival, &rules);
             if st.queue.at_or_above(band) == 0
                 && free.admits(band, &rules, st.reserve(band, arrival))
             {
@@ -350,6 +355,25 @@ impl Free {
         self.for_band(band, rules) > reserve.min(self.seats / 2)
     }
 
+    /// At most `part` in flight from this gateway, which has `own`, while
+    /// gateways share the model's seats (`share::quota`). The top band is
+    /// held to it only where it is the only band: above other bands it
+    /// keeps the engines' room (its wants are already first in every
+    /// gateway's part, and a premium request arriving between rounds would
+    /// otherwise wait for the next one).
+    fn within(self, part: u32, own: u32, top_too: bool) -> Free {
+        let left = part.saturating_sub(own);
+        Free {
+            top: if top_too {
+                self.top.min(left)
+            } else {
+                self.top
+            },
+            rest: self.rest.min(left),
+            seats: self.seats,
+        }
+    }
+
     fn take_one(&mut self) {
         self.top = self.top.saturating_sub(1);
         self.rest = self.rest.saturating_sub(1);
@@ -380,6 +404,17 @@ struct GateState {
     synced: bool,
     /// The round sent and not yet confirmed by Redis.
     unconfirmed: Option<share::Round>,
+    /// Granted here and not yet ended, by band and tenant (what each tenant
+    /// has of the model's seats through this gateway).
+    running: HashMap<(i32, Arc<str>), u32>,
+    /// What the other gateways' tenants want of the model, as of the last
+    /// round (`share`).
+    others_want: Vec<share::Want>,
+    /// This gateway's part of the model's seats while other gateways want
+    /// them too, and until when it holds (`share::quota`).
+    part: Option<(u32, Instant)>,
+    /// The model's seats at the last admission (`u32::MAX`: some unknown).
+    seats_seen: u32,
     /// By band: this model's `immediate` count and wait histogram,
     /// kept after their first lookup (two family lookups hashed the whole
     /// label set on every admission, ~450 instructions; these families
@@ -441,6 +476,34 @@ impl BandLoad {
 }
 
 impl GateState {
+    /// What each tenant wants of the model here: in flight plus waiting, by
+    /// band.
+    fn wants(&self) -> Vec<share::Want> {
+        let mut by: HashMap<(i32, Arc<str>), u32> = self.running.clone();
+        for (band, tenant, n) in self.queue.by_tenant() {
+            *by.entry((band, tenant.clone())).or_default() += n as u32;
+        }
+        by.into_iter().map(|((b, t), n)| (b, t, n)).collect()
+    }
+
+    /// This gateway's part of the seats, while it holds.
+    fn part(&self, now: Instant) -> Option<u32> {
+        self.part.filter(|(_, until)| now < *until).map(|(p, _)| p)
+    }
+
+    /// `free` (the model's, seen at `now`) within this gateway's part of the
+    /// seats, if one is in force.
+    fn within_part(&mut self, free: Free, now: Instant, rules: &Rules) -> Free {
+        self.seats_seen = free.seats;
+        match self.part(now) {
+            Some(part) => {
+                let own = self.bands.values().map(|l| l.in_flight).sum();
+                free.within(part, own, rules.bands.len() == 1)
+            }
+            None => free,
+        }
+    }
+
     /// Seats band `band` must leave free for the bands above it.
     fn reserve(&self, band: i32, now: Instant) -> u32 {
         self.bands
@@ -514,6 +577,7 @@ impl Gate {
         st.queue.charge(&tenant, cost);
         *st.outbox.entry(tenant.clone()).or_default() += cost;
         st.bands.entry(band).or_default().change(now, true);
+        *st.running.entry((band, tenant.clone())).or_default() += 1;
         if let Some(last) = st.last_grant {
             let gap = now.saturating_duration_since(last).as_secs_f64();
             st.interval = Some(st.interval.map_or(gap, |i| 0.9 * i + 0.1 * gap));
@@ -541,7 +605,7 @@ impl Gate {
                 return;
             }
             let now = turn::now();
-            let mut free = self.free(pool, rules);
+            let mut free = st.within_part(self.free(pool, rules), now, rules);
             while let Some(band) = st.queue.highest_band() {
                 if !free.admits(band, rules, st.reserve(band, now)) {
                     break;
@@ -599,17 +663,20 @@ impl Seat {
 impl Drop for Seat {
     fn drop(&mut self) {
         self.sent();
-        if self.quiet {
-            let mut st = self.gate.state.lock();
-            if let Some(l) = st.bands.get_mut(&self.band) {
-                l.change(turn::now(), false);
-            }
-            return;
-        }
         {
             let mut st = self.gate.state.lock();
             if let Some(l) = st.bands.get_mut(&self.band) {
                 l.change(turn::now(), false);
+            }
+            let key = (self.band, self.tenant.clone());
+            if let Some(n) = st.running.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    st.running.remove(&key);
+                }
+            }
+            if self.quiet {
+                return;
             }
             if let Some(actual) = self.actual {
                 st.queue.adjust(&self.tenant, actual - self.charged);
@@ -694,6 +761,25 @@ mod tests {
             seats: 1,
         };
         assert!(tiny.admits(0, &rules, 1));
+    }
+
+    #[test]
+    fn a_gateways_part_of_the_seats_holds_the_lower_bands_and_a_lone_band() {
+        let free = Free {
+            top: 10,
+            rest: 8,
+            seats: 96,
+        };
+        // Part 30, 27 in flight here: 3 more, for the lower bands; premium
+        // keeps the engines' room above other bands.
+        let f = free.within(30, 27, false);
+        assert_eq!((f.top, f.rest, f.seats), (10, 3, 96));
+        // The only band is held to the part too.
+        let f = free.within(30, 27, true);
+        assert_eq!((f.top, f.rest), (3, 3));
+        // Over its part (it shrank): nothing until requests end here.
+        let f = free.within(20, 27, true);
+        assert_eq!((f.top, f.rest), (0, 0));
     }
 
     #[test]

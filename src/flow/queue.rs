@@ -176,6 +176,13 @@ impl<T> Queue<T> {
         self.remove(band, &tenant, id)
     }
 
+    /// Requests waiting, by band and tenant.
+    pub(super) fn by_tenant(&self) -> impl Iterator<Item = (i32, &Arc<str>, usize)> {
+        self.bands
+            .iter()
+            .flat_map(|(band, b)| b.tenants.iter().map(|(t, q)| (band.0, t, q.len())))
+    }
+
     /// Whether two tenants or more have a request waiting (in any band).
     pub(super) fn contended(&self) -> bool {
         let mut first: Option<&Arc<str>> = None;

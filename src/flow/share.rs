@@ -21,9 +21,29 @@
 //! by what it knows (`sluice_flow_share_syncs_total{outcome="error"}`).
 //! While sharing is off nothing is kept for it, and a new store (URL or key
 //! prefix changed by a reload) starts a new ledger.
+//!
+//! Seats too. Ordering moves no seat between gateways: a gateway counts its
+//! own requests live and the others' only at its scrapes, so the seat a
+//! request frees is taken again at once by the gateway that sent it, and a
+//! gateway that loses seats under saturation rarely gets them back (measured:
+//! a gateway carrying half of one tenant served 16-31% of its demand, the
+//! other all of its own). So in the same round each gateway also publishes,
+//! per model, what each tenant wants here (requests in flight plus waiting,
+//! by band) and reads every other gateway's (entries older than four rounds
+//! are dropped: a stopped gateway stops counting). When the tenants want more
+//! seats than the model has, each gateway fills at most its part
+//! ([`quota`]): the seats are split between tenants max-min (the highest
+//! band first), and each tenant's part between gateways in proportion to
+//! what it wants at each. Within its part, a gateway still refills its own
+//! freed seats at once, and its own order (with the shared service) decides
+//! who goes; a part is in force for four rounds after the last successful
+//! one (Redis down: the gateways go back to what each sees).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use foldhash::{HashMap, HashMapExt as _};
+use tokio::time::Instant;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
@@ -32,24 +52,45 @@ use super::{Gate, GateState, Shared};
 use crate::config::RedisConfig;
 
 /// KEYS: the model's service hash, this gateway's last applied round (a
-/// key per gateway process, so a stopped one's expires). ARGV: round
-/// number, then tenant, increment, tenant, ... A round at or below the last
-/// applied one is not applied again (a resend whose first answer was lost);
-/// a round with no increments only reads (no write). Returns the service
-/// hash (field, value, ...).
+/// key per gateway process, so a stopped one's expires), the model's wants
+/// hash (a field per gateway process: "<Redis ms> <json>"). ARGV: round
+/// number, this gateway's id, its wants (JSON; "" for none), how old a
+/// gateway's wants may be (ms), then tenant, increment, tenant, ... A round
+/// at or below the last applied one is not applied again (a resend whose
+/// first answer was lost); the wants are this round's whatever the round
+/// (they replace the last). Returns the service hash (field, value, ...) and
+/// the other gateways' fresh wants (older ones are deleted).
 const SYNC: &str = r#"
-if #ARGV > 1 then
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if #ARGV > 4 then
   local last = tonumber(redis.call('GET', KEYS[2]) or '0')
   local round = tonumber(ARGV[1])
   if round > last then
-    for i = 2, #ARGV - 1, 2 do
+    for i = 5, #ARGV - 1, 2 do
       redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
     end
     redis.call('SET', KEYS[2], ARGV[1], 'PX', 3600000)
     redis.call('PEXPIRE', KEYS[1], 3600000)
   end
 end
-return redis.call('HGETALL', KEYS[1])
+if ARGV[3] == '' then
+  redis.call('HDEL', KEYS[3], ARGV[2])
+else
+  redis.call('HSET', KEYS[3], ARGV[2], now .. ' ' .. ARGV[3])
+  redis.call('PEXPIRE', KEYS[3], 3600000)
+end
+local wants = {}
+local all = redis.call('HGETALL', KEYS[3])
+for i = 1, #all, 2 do
+  local at = tonumber(string.match(all[i + 1], '^%d+'))
+  if at == nil or now - at > tonumber(ARGV[4]) then
+    redis.call('HDEL', KEYS[3], all[i])
+  elseif all[i] ~= ARGV[2] then
+    wants[#wants + 1] = all[i + 1]
+  end
+end
+return {redis.call('HGETALL', KEYS[1]), wants}
 "#;
 
 /// Per tenant: what this gateway added to the shared total, and the others'
@@ -59,6 +100,15 @@ pub(super) struct Ledger {
     own: f64,
     others: Option<f64>,
 }
+
+/// What a tenant wants of a model at one gateway: band, tenant, requests
+/// in flight there plus waiting there.
+pub(super) type Want = (i32, Arc<str>, u32);
+
+/// Rounds a gateway's wants (and its part of the seats) outlive: a stopped
+/// gateway stops counting, a gateway that cannot reach Redis goes back to
+/// what it sees.
+const ROUNDS_KEPT: u32 = 4;
 
 /// A round sent and not yet confirmed: sent again as it is, with its
 /// number, until Redis answers.
@@ -95,10 +145,19 @@ pub(super) fn spawn(shared: Weak<Shared>) {
             let rules = shared.rules.load_full();
             let gates: Vec<Arc<Gate>> = shared.gates.lock().values().cloned().collect();
             let Some((cfg, _)) = &rules.share else {
-                // Off: nothing is kept for a later round.
+                // Off: nothing is kept for a later round, and no part holds.
                 conn = None;
                 for gate in &gates {
-                    gate.state.lock().outbox.clear();
+                    let mut st = gate.state.lock();
+                    st.outbox.clear();
+                    st.others_want.clear();
+                    st.part = None;
+                    drop(st);
+                    shared
+                        .metrics
+                        .flow_seat_part
+                        .get(&(gate.model.clone(),))
+                        .set(-1);
                 }
                 continue;
             };
@@ -122,7 +181,13 @@ pub(super) fn spawn(shared: Weak<Shared>) {
             for gate in gates {
                 let ok = match &conn {
                     Some((cfg, manager)) => {
-                        sync(&script, manager.clone(), cfg, &me, &mut rounds, &gate).await
+                        let round = Sync {
+                            script: &script,
+                            cfg,
+                            me: &me,
+                            every: interval,
+                        };
+                        round.run(manager.clone(), &mut rounds, &gate).await
                     }
                     None => false,
                 };
@@ -131,6 +196,12 @@ pub(super) fn spawn(shared: Weak<Shared>) {
                     .flow_share_syncs
                     .get(&(if ok { "ok" } else { "error" },))
                     .inc();
+                let part = gate.state.lock().part(Instant::now());
+                shared
+                    .metrics
+                    .flow_seat_part
+                    .get(&(gate.model.clone(),))
+                    .set(part.map_or(-1, i64::from));
             }
         }
     });
@@ -146,62 +217,167 @@ fn connect(cfg: &RedisConfig) -> Option<ConnectionManager> {
     ConnectionManager::new_lazy_with_config(client, conf).ok()
 }
 
-/// One round for one model: send its increments (or the unconfirmed round
-/// again), take in the totals.
-async fn sync(
-    script: &Script,
-    mut conn: ConnectionManager,
-    cfg: &RedisConfig,
-    me: &str,
-    rounds: &mut u64,
-    gate: &Gate,
-) -> bool {
-    let (number, sent) = {
-        let mut guard = gate.state.lock();
-        let st = &mut *guard;
-        let round = st.unconfirmed.get_or_insert_with(|| {
-            *rounds += 1;
-            Round {
-                number: *rounds,
-                increments: st.outbox.drain().collect(),
-            }
-        });
-        (round.number, round.increments.clone())
-    };
-    let inv = invocation(script, cfg, &gate.model, me, number, &sent);
-    let reply: Option<Vec<(String, f64)>> =
-        tokio::time::timeout(cfg.timeout, inv.invoke_async(&mut conn))
-            .await
-            .ok()
-            .and_then(Result::ok);
-    let Some(totals) = reply else {
-        // Perhaps applied there, perhaps not: the same round goes again.
-        return false;
-    };
-    let mut st = gate.state.lock();
-    st.unconfirmed = None;
-    absorb(&mut st, &sent, totals);
-    true
+/// The script's answer: the service totals (tenant, total), the other
+/// gateways' wants (as published).
+type Reply = (Vec<(String, f64)>, Vec<String>);
+
+/// What a round needs besides the gate.
+struct Sync<'a> {
+    script: &'a Script,
+    cfg: &'a RedisConfig,
+    /// This gateway process's id.
+    me: &'a str,
+    /// The rounds' interval.
+    every: Duration,
+}
+
+impl Sync<'_> {
+    /// One round for one model: send its increments (or the unconfirmed
+    /// round again) and what its tenants want here, take in the totals and
+    /// the other gateways' wants.
+    async fn run(&self, mut conn: ConnectionManager, rounds: &mut u64, gate: &Gate) -> bool {
+        let (number, sent, wants) = {
+            let mut guard = gate.state.lock();
+            let st = &mut *guard;
+            let round = st.unconfirmed.get_or_insert_with(|| {
+                *rounds += 1;
+                Round {
+                    number: *rounds,
+                    increments: st.outbox.drain().collect(),
+                }
+            });
+            (round.number, round.increments.clone(), st.wants())
+        };
+        let kept = self.every * ROUNDS_KEPT;
+        let inv = invocation(
+            self.script,
+            self.cfg,
+            &gate.model,
+            self.me,
+            number,
+            &encode(&wants),
+            kept,
+            &sent,
+        );
+        let reply: Option<Reply> =
+            tokio::time::timeout(self.cfg.timeout, inv.invoke_async(&mut conn))
+                .await
+                .ok()
+                .and_then(Result::ok);
+        let Some((totals, others)) = reply else {
+            // Perhaps applied there, perhaps not: the same round goes again.
+            return false;
+        };
+        let mut st = gate.state.lock();
+        st.unconfirmed = None;
+        absorb(&mut st, &sent, totals);
+        st.others_want = others.iter().flat_map(|o| decode(o)).collect();
+        let mine = st.wants();
+        st.part = quota(st.seats_seen, &mine, &st.others_want).map(|q| (q, Instant::now() + kept));
+        true
+    }
 }
 
 /// The script's call for one round of one model.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the script's arguments, in order"
+)]
 fn invocation<'a>(
     script: &'a Script,
     cfg: &RedisConfig,
     model: &str,
     me: &str,
     number: u64,
+    wants: &str,
+    kept: Duration,
     sent: &[(Arc<str>, f64)],
 ) -> redis::ScriptInvocation<'a> {
     let mut inv = script.prepare_invoke();
     let base = format!("{}:flow:{{{model}}}", cfg.key_prefix);
     inv.key(format!("{base}:service"))
         .key(format!("{base}:round:{me}"))
-        .arg(number);
+        .key(format!("{base}:wants"))
+        .arg(number)
+        .arg(me)
+        .arg(wants)
+        .arg(kept.as_millis() as u64);
     for (tenant, amount) in sent {
         inv.arg(&**tenant).arg(*amount);
     }
     inv
+}
+
+/// A gateway's wants as published: `[[band, "tenant", n], ...]`, "" for
+/// none.
+fn encode(wants: &[Want]) -> String {
+    if wants.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<(i32, &str, u32)> = wants.iter().map(|(b, t, n)| (*b, &**t, *n)).collect();
+    serde_json::to_string(&rows).unwrap_or_default()
+}
+
+/// Another gateway's published wants ("<ms> <json>"); nothing from what
+/// does not parse (a gateway of another version counts as wanting nothing).
+fn decode(entry: &str) -> Vec<Want> {
+    entry
+        .split_once(' ')
+        .and_then(|(_, json)| serde_json::from_str::<Vec<(i32, String, u32)>>(json).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(b, t, n)| (b, Arc::from(t), n))
+        .collect()
+}
+
+/// This gateway's part of a model's `seats` while the tenants of every
+/// gateway want more than that: the seats go to the highest band first, and
+/// within a band max-min between tenants (each gets what it wants, or an
+/// equal share of what is left, whichever is less); each tenant's part is
+/// split between gateways in proportion to what it wants at each. `None`
+/// when no other gateway wants any, when the seats are unknown, or when
+/// every want fits (nothing to split). At least one seat: a gateway whose
+/// tenants start to want seats gets one before its next round.
+pub(super) fn quota(seats: u32, mine: &[Want], others: &[Want]) -> Option<u32> {
+    if others.is_empty() || seats == 0 || seats == u32::MAX {
+        return None;
+    }
+    // (band, tenant) -> (wanted everywhere, wanted here).
+    let mut by: HashMap<(i32, &str), (f64, f64)> = HashMap::new();
+    for (band, tenant, n) in mine {
+        let e = by.entry((*band, &**tenant)).or_default();
+        e.0 += f64::from(*n);
+        e.1 += f64::from(*n);
+    }
+    for (band, tenant, n) in others {
+        by.entry((*band, &**tenant)).or_default().0 += f64::from(*n);
+    }
+    let mut rows: Vec<(i32, f64, f64)> = by
+        .into_iter()
+        .filter(|(_, (all, _))| *all > 0.0)
+        .map(|((band, _), (all, here))| (band, all, here))
+        .collect();
+    // Highest band first; within a band the smallest wants first (each takes
+    // what it wants or its equal share of what is left).
+    rows.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.total_cmp(&b.1)));
+    let mut left = f64::from(seats);
+    let mut part = 0.0;
+    let mut i = 0;
+    while i < rows.len() {
+        let band = rows[i].0;
+        let end = i + rows[i..].iter().take_while(|r| r.0 == band).count();
+        for (k, &(_, all, here)) in rows[i..end].iter().enumerate() {
+            let share = left / (end - i - k) as f64;
+            let given = all.min(share);
+            left -= given;
+            part += given * here / all;
+        }
+        i = end;
+    }
+    if left >= 0.5 {
+        return None;
+    }
+    Some((part.round() as u32).max(1))
 }
 
 /// This gateway's increments reached the totals; what the others gave each
@@ -272,6 +448,105 @@ mod tests {
         assert_eq!(st.queue.service_of("other"), Some(50.0));
     }
 
+    fn w(band: i32, tenant: &str, n: u32) -> Want {
+        (band, t(tenant), n)
+    }
+
+    #[test]
+    fn seats_split_max_min_between_tenants_then_by_where_they_want_them() {
+        // 96 seats. Gateway 1: light 60, half of heavy (30); gateway 2 the
+        // other half of heavy. Light and heavy get 48 each; heavy's 48 go
+        // half to each gateway.
+        let g1 = [w(0, "light", 60), w(0, "heavy", 30)];
+        let g2 = [w(0, "heavy", 30)];
+        assert_eq!(quota(96, &g1, &g2), Some(72));
+        assert_eq!(quota(96, &g2, &g1), Some(24));
+        // A tenant wanting less than an equal share keeps it all; the rest
+        // split the remainder: a 10, b and c 43 each (c at gateway 2).
+        let g1 = [w(0, "a", 10), w(0, "b", 100)];
+        let g2 = [w(0, "c", 100)];
+        assert_eq!(quota(96, &g1, &g2), Some(53));
+        assert_eq!(quota(96, &g2, &g1), Some(43));
+        // The highest band first: premium's 10 at gateway 2 are all its
+        // own; crowd's 86 go 5 : 200.
+        let g1 = [w(0, "crowd", 200)];
+        let g2 = [w(10, "vip", 10), w(0, "crowd", 5)];
+        assert_eq!(quota(96, &g2, &g1), Some(10 + 2));
+        assert_eq!(quota(96, &g1, &g2), Some(84));
+    }
+
+    #[test]
+    fn no_part_when_every_want_fits_or_nobody_else_wants() {
+        let g1 = [w(0, "a", 40)];
+        let g2 = [w(0, "b", 50)];
+        assert_eq!(quota(96, &g1, &g2), None, "90 wanted of 96");
+        assert_eq!(quota(96, &[w(0, "a", 500)], &[]), None, "alone");
+        assert_eq!(quota(u32::MAX, &g1, &g2), None, "seats unknown");
+        // A gateway whose tenants want nothing yet may still send one.
+        assert_eq!(quota(96, &[], &[w(0, "b", 500)]), Some(1));
+    }
+
+    #[tokio::test]
+    async fn gateways_read_each_others_wants_and_forget_a_silent_one() {
+        let redis = crate::limits::tests::redis_server().await;
+        let cfg = RedisConfig {
+            url: Secret::new(format!("redis://127.0.0.1:{}", redis.port)),
+            key_prefix: format!("wants{}", fastrand::u64(..)),
+            timeout: Duration::from_secs(2),
+        };
+        let manager = connect(&cfg).unwrap();
+        let script = Script::new(SYNC);
+        let gate = || Gate {
+            model: t("m"),
+            state: Mutex::new(GateState::default()),
+            pending: AtomicU32::new(0),
+        };
+        let (gate1, gate2) = (gate(), gate());
+        for g in [&gate1, &gate2] {
+            g.state.lock().seats_seen = 96;
+        }
+        let mut conn = manager.clone();
+        // A gateway gone long ago (its entry stamped in 1970).
+        let _: () = redis::cmd("HSET")
+            .arg(format!("{}:flow:{{m}}:wants", cfg.key_prefix))
+            .arg("gone")
+            .arg(r#"1 [[0,"ghost",500]]"#)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        gate1.state.lock().running = [((0, t("light")), 60), ((0, t("heavy")), 30)]
+            .into_iter()
+            .collect();
+        gate2.state.lock().running = [((0, t("heavy")), 30)].into_iter().collect();
+        let round = |me| Sync {
+            script: &script,
+            cfg: &cfg,
+            me,
+            every: Duration::from_secs(60),
+        };
+        let mut rounds = 0;
+        assert!(round("gw1").run(manager.clone(), &mut rounds, &gate1).await);
+        assert!(round("gw2").run(manager.clone(), &mut rounds, &gate2).await);
+        assert!(round("gw1").run(manager.clone(), &mut rounds, &gate1).await);
+        let now = Instant::now();
+        assert_eq!(gate1.state.lock().part(now), Some(72));
+        assert_eq!(gate2.state.lock().part(now), Some(24));
+        assert_eq!(gate1.state.lock().others_want, [w(0, "heavy", 30)]);
+        let left: Vec<String> = redis::cmd("HKEYS")
+            .arg(format!("{}:flow:{{m}}:wants", cfg.key_prefix))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(!left.contains(&"gone".to_string()), "{left:?}");
+        // Gateway 2's tenants want nothing now: it withdraws, and gateway 1
+        // has no part any more.
+        gate2.state.lock().running.clear();
+        assert!(round("gw2").run(manager.clone(), &mut rounds, &gate2).await);
+        assert!(round("gw1").run(manager.clone(), &mut rounds, &gate1).await);
+        assert_eq!(gate1.state.lock().part(Instant::now()), None);
+        assert!(gate1.state.lock().others_want.is_empty());
+    }
+
     #[tokio::test]
     async fn a_round_whose_answer_was_lost_is_sent_again_and_applied_once() {
         let redis = crate::limits::tests::redis_server().await;
@@ -288,16 +563,31 @@ mod tests {
             pending: AtomicU32::new(0),
         };
         let mut rounds = 0;
+        let round = Sync {
+            script: &script,
+            cfg: &cfg,
+            me: "gw",
+            every: Duration::from_millis(250),
+        };
         // A first round, confirmed: the baseline.
-        assert!(sync(&script, manager.clone(), &cfg, "gw", &mut rounds, &gate).await);
+        assert!(round.run(manager.clone(), &mut rounds, &gate).await);
         // Round 2 reached Redis but its answer was lost (here: sent outside
         // `sync`), so it is still unconfirmed here.
         let lost = vec![(t("a"), 10.0)];
         let mut conn = manager.clone();
-        let _: Vec<(String, f64)> = invocation(&script, &cfg, "m", "gw", 2, &lost)
-            .invoke_async(&mut conn)
-            .await
-            .unwrap();
+        let _: Reply = invocation(
+            &script,
+            &cfg,
+            "m",
+            "gw",
+            2,
+            "",
+            Duration::from_secs(1),
+            &lost,
+        )
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
         rounds = 2;
         gate.state.lock().unconfirmed = Some(Round {
             number: 2,
@@ -305,7 +595,7 @@ mod tests {
         });
         // Sent again: Redis does not add it twice, and none of it is
         // mistaken for another gateway's service.
-        assert!(sync(&script, manager.clone(), &cfg, "gw", &mut rounds, &gate).await);
+        assert!(round.run(manager.clone(), &mut rounds, &gate).await);
         {
             let st = gate.state.lock();
             assert!(st.unconfirmed.is_none());
@@ -314,7 +604,7 @@ mod tests {
         }
         // The next round's increments are added once.
         gate.state.lock().outbox.insert(t("a"), 5.0);
-        assert!(sync(&script, manager.clone(), &cfg, "gw", &mut rounds, &gate).await);
+        assert!(round.run(manager.clone(), &mut rounds, &gate).await);
         let total: f64 = redis::cmd("HGET")
             .arg(format!("{}:flow:{{m}}:service", cfg.key_prefix))
             .arg("a")

@@ -281,6 +281,9 @@ pub struct Metrics {
     /// Syncs of fairness with the other gateways (one per model per round),
     /// by outcome (`ok`, `error`).
     pub flow_share_syncs: Family<(&'static str,), Counter>,
+    /// model: this gateway's part of the model's seats while gateways share
+    /// them (-1: no part in force).
+    pub flow_seat_part: Family<(Arc<str>,), Gauge>,
     /// pathology, backend: 1 while the doctor names it (set when `/metrics`
     /// is rendered).
     pub diagnosis_active: Family<(&'static str, Arc<str>), Gauge>,
@@ -551,6 +554,7 @@ impl Metrics {
                 Histogram::seconds(prefill_buckets.clone())
             }),
             flow_share_syncs: Family::new(&["outcome"], Counter::default),
+            flow_seat_part: Family::new(&["model"], Gauge::default),
             diagnosis_active: Family::new(&["pathology", "backend"], Gauge::default),
             backends: Family::new(&["backend"], BackendSeries::new),
             backend_roles: Family::new(&["backend", "role"], Gauge::default),
@@ -928,6 +932,12 @@ impl Metrics {
             "Syncs of attained service with the other gateways through Redis (flow_control.share_fairness), one per model per round, by outcome: ok, error (the round is sent again).",
             &self.flow_share_syncs,
             |c| c,
+        );
+        e.gauges(
+            "sluice_flow_seat_part",
+            "Seats of the model this gateway may fill while its tenants and other gateways' want more than the model has (flow_control.share_fairness through Redis); -1 while no part is in force.",
+            &self.flow_seat_part,
+            |g| g.get() as f64,
         );
         e.gauges(
             "sluice_flow_waiting_requests",

@@ -445,6 +445,69 @@ async fn service_through_another_gateway_counts_here_through_redis() {
     assert_eq!(crowd.await.unwrap().unwrap().status(), 200);
 }
 
+async fn seat_part(gw: &Gateway) -> f64 {
+    gateway_metric(gw, "sluice_flow_seat_part{model=\"sim-model\"}").await
+}
+
+#[tokio::test]
+async fn gateways_sharing_through_redis_split_the_seats_between_their_tenants() {
+    // One replica of two seats behind two gateways. Gateway 1 holds both
+    // seats for `light`, and a third `light` request waits there; `crowd`
+    // waits at gateway 2. Two tenants want the two seats: one each. When one
+    // of `light`'s streams ends, gateway 1 does not take the seat again for
+    // its own waiter (alone, it would at once: it counts its own requests
+    // live and the other gateway's only at its scrapes); gateway 2's next
+    // scrape shows it free, and `crowd` gets it.
+    let redis = redis::start().await;
+    let sim = start_sim(fast_sim()).await;
+    let gateway = || {
+        let mut c = config_for(&[sim.url()]);
+        c.backends[0].max_concurrency = Some(2);
+        c.routing.metrics.interval = Duration::from_millis(100);
+        c.rate_limits.store = StoreKind::Redis;
+        c.rate_limits.redis.url = Secret::new(redis.url());
+        c.flow_control.share_interval = Duration::from_millis(50);
+        tenants(&mut c);
+        crate::routing::start_routed(c, 1)
+    };
+    let gw1 = gateway().await;
+    let gw2 = gateway().await;
+    let first = hold(&gw1, LIGHT).await;
+    let _second = hold(&gw1, LIGHT).await;
+    two_rounds(&gw1).await;
+    assert_eq!(
+        seat_part(&gw1).await,
+        -1.0,
+        "no part while no other gateway wants seats"
+    );
+    let light = tokio::spawn(request(&gw1, LIGHT, Some("stall=1:60s")).send());
+    wait_for_waiting(&gw1, "0", 1.0).await;
+    let crowd = tokio::spawn(request(&gw2, FREE, Some("stall=1:60s")).send());
+    wait_for_waiting(&gw2, "0", 1.0).await;
+    // `light` wants three seats (at gateway 1), `crowd` one (at gateway 2).
+    wait_until(
+        "each gateway's part is one seat",
+        Duration::from_secs(10),
+        || async { seat_part(&gw1).await == 1.0 && seat_part(&gw2).await == 1.0 },
+    )
+    .await;
+
+    drop(first);
+    let crowd = tokio::time::timeout(Duration::from_secs(10), crowd)
+        .await
+        .expect("gateway 2 never got the freed seat")
+        .unwrap()
+        .unwrap();
+    assert_eq!(crowd.status(), 200);
+    assert!(!light.is_finished());
+    assert_eq!(
+        waiting(&gw1, "0").await,
+        1.0,
+        "light's third request still waits"
+    );
+    assert_eq!(seat_part(&gw1).await, 1.0);
+}
+
 /// One replica whose seats are unknown (learned from its scrapes, read
 /// every 100 ms), with the tiers of `one_seat`.
 async fn unknown_seats() -> (SimHandle, Gateway) {
