@@ -66,7 +66,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stream_overhead import free_port, wait_http  # noqa: E402
-from agentic import ADMINS, Procs, gateway_counts, sim_counts  # noqa: E402
+from agentic import ADMINS, Procs, gateway_counts, sim_counts, start_lb  # noqa: E402
 # The warm p99: of the requests sent after the first 5 s (at 400 requests a
 # run's p99 is its 5th slowest, and on code generation four are each prefix's
 # first, prefilled cold whatever the router).
@@ -286,6 +286,13 @@ def run(name, workload, args, seed):
         sims = start_sims(procs, ["prefill", "prefill", "decode", "decode"])
         if name == "sluice-pd":
             url = start_sluice(procs, sims, True, args.protocol)
+        elif name.startswith("sluice-pd-") and name.endswith("gw"):
+            # Several gateways behind nginx (round robin), each planning
+            # alone: its own legs counted live, the others' only at its
+            # scrapes (what several gateways cost).
+            n = int(name[len("sluice-pd-"):-2])
+            url = start_lb(procs, [start_sluice(procs, sims, True, args.protocol)
+                                   for _ in range(n)])
         elif name == "sluice-mixed":
             url = start_sluice(procs, sims, False, args.protocol)
         elif name.startswith("sglang-pd"):
@@ -389,6 +396,9 @@ def main():
     ap.add_argument("--gateway-bin",
                     help="run the Sluice gateways from this build (A/B runs of a routing change; "
                          "the replicas and the client stay target/release/sluice)")
+    ap.add_argument("--gateways", type=int, default=1,
+                    help="also run `sluice-pd-Ngw`: the disaggregated fleet through N Sluice "
+                         "gateways behind nginx (round robin)")
     ap.add_argument("--json")
     args = ap.parse_args()
     global EXTRA, PREFILL_BLOCKS, GATEWAY_BIN
@@ -402,6 +412,8 @@ def main():
             EXTRA = f.read()
     PREFILL_BLOCKS = args.prefill_blocks
     names = ["sluice-pd", "sluice-mixed"]
+    if args.gateways > 1:
+        names.insert(1, f"sluice-pd-{args.gateways}gw")
     if args.routers_venv:
         names[1:1] = [f"{args.protocol}-pd-cache_aware", f"{args.protocol}-pd-power_of_two"]
     names = [n for n in names if not args.only or n in args.only]

@@ -160,6 +160,9 @@ impl Flow {
         // (The waiter's channel is made only for a waiter: it allocates.)
         let (id, mut rx) = {
             let mut st = gate.state.lock();
+            if st.pool.as_ptr() != Arc::as_ptr(pool) {
+                st.pool = Arc::downgrade(pool);
+            }
             let free = gate.free_on(candidates, &rules, arrival.into_std());
             let free = st.within_part(free, arrival, &rules);
             if st.queue.at_or_above(band) == 0
@@ -331,6 +334,11 @@ struct Free {
     rest: u32,
     /// The replicas' seats in all.
     seats: u32,
+    /// What is left of this gateway's part of the seats while gateways
+    /// share them (`share::quota`; `u32::MAX`: no part in force).
+    part: u32,
+    /// The part holds the top band too (it is the only band).
+    part_holds_top: bool,
 }
 
 impl Free {
@@ -338,6 +346,8 @@ impl Free {
         top: u32::MAX,
         rest: u32::MAX,
         seats: u32::MAX,
+        part: u32::MAX,
+        part_holds_top: false,
     };
 
     fn for_band(self, band: i32, rules: &Rules) -> u32 {
@@ -349,10 +359,14 @@ impl Free {
     }
 
     /// Whether a request of `band` may take a seat, leaving `reserve` to the
-    /// bands above it. The reserve never takes more than half the seats: a
-    /// lower band is slowed down by it, never shut out.
+    /// bands above it, within this gateway's part if one is in force. The
+    /// reserve never takes more than half the seats: a lower band is slowed
+    /// down by it, never shut out. (The reserve is kept on the replicas'
+    /// room, not on the part: the part already counts the higher bands'
+    /// wants.)
     fn admits(self, band: i32, rules: &Rules, reserve: u32) -> bool {
-        self.for_band(band, rules) > reserve.min(self.seats / 2)
+        let held = self.part_holds_top || !rules.is_top(band);
+        self.for_band(band, rules) > reserve.min(self.seats / 2) && (!held || self.part > 0)
     }
 
     /// At most `part` in flight from this gateway, which has `own`, while
@@ -362,21 +376,17 @@ impl Free {
     /// gateway's part, and a premium request arriving between rounds would
     /// otherwise wait for the next one).
     fn within(self, part: u32, own: u32, top_too: bool) -> Free {
-        let left = part.saturating_sub(own);
         Free {
-            top: if top_too {
-                self.top.min(left)
-            } else {
-                self.top
-            },
-            rest: self.rest.min(left),
-            seats: self.seats,
+            part: part.saturating_sub(own),
+            part_holds_top: top_too,
+            ..self
         }
     }
 
     fn take_one(&mut self) {
         self.top = self.top.saturating_sub(1);
         self.rest = self.rest.saturating_sub(1);
+        self.part = self.part.saturating_sub(1);
     }
 }
 
@@ -413,8 +423,9 @@ struct GateState {
     /// This gateway's part of the model's seats while other gateways want
     /// them too, and until when it holds (`share::quota`).
     part: Option<(u32, Instant)>,
-    /// The model's seats at the last admission (`u32::MAX`: some unknown).
-    seats_seen: u32,
+    /// The pool the last admission saw (the model's seats are counted over
+    /// it for the part: `Gate::seats`).
+    pool: std::sync::Weak<Pool>,
     /// By band: this model's `immediate` count and wait histogram,
     /// kept after their first lookup (two family lookups hashed the whole
     /// label set on every admission, ~450 instructions; these families
@@ -493,8 +504,7 @@ impl GateState {
 
     /// `free` (the model's, seen at `now`) within this gateway's part of the
     /// seats, if one is in force.
-    fn within_part(&mut self, free: Free, now: Instant, rules: &Rules) -> Free {
-        self.seats_seen = free.seats;
+    fn within_part(&self, free: Free, now: Instant, rules: &Rules) -> Free {
         match self.part(now) {
             Some(part) => {
                 let own = self.bands.values().map(|l| l.in_flight).sum();
@@ -534,6 +544,13 @@ impl Gate {
         }
     }
 
+    /// The model's seats over the pool its last admission saw (`u32::MAX`:
+    /// some unknown; 0: none known).
+    fn seats(&self, rules: &Rules) -> u32 {
+        let pool = self.state.lock().pool.upgrade();
+        pool.map_or(0, |p| self.free(&p, rules).seats)
+    }
+
     /// [`Gate::free`] over these replicas of the model.
     fn free_on(&self, replicas: &[Arc<Replica>], rules: &Rules, now: std::time::Instant) -> Free {
         let (mut top, mut rest, mut seats) = (0u32, 0u32, 0u32);
@@ -556,6 +573,8 @@ impl Gate {
             top: top.saturating_sub(pending),
             rest: rest.saturating_sub(pending),
             seats,
+            part: u32::MAX,
+            part_holds_top: false,
         }
     }
 
@@ -748,6 +767,7 @@ mod tests {
             top: 3,
             rest: 2,
             seats: 100,
+            ..Free::OPEN
         };
         assert!(free.admits(10, &rules, 0));
         assert!(free.admits(0, &rules, 1));
@@ -759,27 +779,46 @@ mod tests {
             top: 1,
             rest: 1,
             seats: 1,
+            ..Free::OPEN
         };
         assert!(tiny.admits(0, &rules, 1));
     }
 
     #[test]
     fn a_gateways_part_of_the_seats_holds_the_lower_bands_and_a_lone_band() {
+        let rules = Rules::from_config(&{
+            let mut c = crate::config::Config::default();
+            c.tiers.insert(
+                "premium".into(),
+                crate::config::TierConfig {
+                    priority: 10,
+                    ..Default::default()
+                },
+            );
+            c
+        });
         let free = Free {
             top: 10,
             rest: 8,
             seats: 96,
+            ..Free::OPEN
         };
-        // Part 30, 27 in flight here: 3 more, for the lower bands; premium
-        // keeps the engines' room above other bands.
-        let f = free.within(30, 27, false);
-        assert_eq!((f.top, f.rest, f.seats), (10, 3, 96));
+        // Part 30, 27 in flight here: 3 more for the lower band, the
+        // reserve kept on the replicas' room (8 > 5), not on the part.
+        let mut f = free.within(30, 27, false);
+        assert!(f.admits(0, &rules, 5));
+        for _ in 0..3 {
+            f.take_one();
+        }
+        assert!(!f.admits(0, &rules, 0), "the part is used up");
+        // Premium keeps the replicas' room above other bands.
+        assert!(f.admits(10, &rules, 0));
         // The only band is held to the part too.
-        let f = free.within(30, 27, true);
-        assert_eq!((f.top, f.rest), (3, 3));
+        let f = free.within(27, 27, true);
+        assert!(!f.admits(10, &rules, 0));
         // Over its part (it shrank): nothing until requests end here.
-        let f = free.within(20, 27, true);
-        assert_eq!((f.top, f.rest), (0, 0));
+        let f = free.within(20, 27, false);
+        assert!(!f.admits(0, &rules, 0));
     }
 
     #[test]

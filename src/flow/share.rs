@@ -34,7 +34,7 @@
 //! seats than the model has, each gateway fills at most its part
 //! ([`quota`]): the seats are split between tenants max-min (the highest
 //! band first), and each tenant's part between gateways in proportion to
-//! what it wants at each. Within its part, a gateway still refills its own
+//! what it wants at each (rounded up). Within its part, a gateway still refills its own
 //! freed seats at once, and its own order (with the shared service) decides
 //! who goes; a part is in force for four rounds after the last successful
 //! one (Redis down: the gateways go back to what each sees).
@@ -53,9 +53,10 @@ use crate::config::RedisConfig;
 
 /// KEYS: the model's service hash, this gateway's last applied round (a
 /// key per gateway process, so a stopped one's expires), the model's wants
-/// hash (a field per gateway process: "<Redis ms> <json>"). ARGV: round
-/// number, this gateway's id, its wants (JSON; "" for none), how old a
-/// gateway's wants may be (ms), then tenant, increment, tenant, ... A round
+/// hash (a field per gateway process: "<Redis ms> <kept ms> <json>").
+/// ARGV: round number, this gateway's id, its wants (JSON; "" for none), how
+/// long they count (ms: its own rounds' span, whatever the readers'), then
+/// tenant, increment, tenant, ... A round
 /// at or below the last applied one is not applied again (a resend whose
 /// first answer was lost); the wants are this round's whatever the round
 /// (they replace the last). Returns the service hash (field, value, ...) and
@@ -77,14 +78,14 @@ end
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[3], ARGV[2])
 else
-  redis.call('HSET', KEYS[3], ARGV[2], now .. ' ' .. ARGV[3])
+  redis.call('HSET', KEYS[3], ARGV[2], now .. ' ' .. ARGV[4] .. ' ' .. ARGV[3])
   redis.call('PEXPIRE', KEYS[3], 3600000)
 end
 local wants = {}
 local all = redis.call('HGETALL', KEYS[3])
 for i = 1, #all, 2 do
-  local at = tonumber(string.match(all[i + 1], '^%d+'))
-  if at == nil or now - at > tonumber(ARGV[4]) then
+  local at, kept = string.match(all[i + 1], '^(%d+) (%d+) ')
+  if at == nil or now - tonumber(at) > tonumber(kept) then
     redis.call('HDEL', KEYS[3], all[i])
   elseif all[i] ~= ARGV[2] then
     wants[#wants + 1] = all[i + 1]
@@ -187,7 +188,8 @@ pub(super) fn spawn(shared: Weak<Shared>) {
                             me: &me,
                             every: interval,
                         };
-                        round.run(manager.clone(), &mut rounds, &gate).await
+                        let seats = gate.seats(&rules);
+                        round.run(manager.clone(), &mut rounds, &gate, seats).await
                     }
                     None => false,
                 };
@@ -235,7 +237,13 @@ impl Sync<'_> {
     /// One round for one model: send its increments (or the unconfirmed
     /// round again) and what its tenants want here, take in the totals and
     /// the other gateways' wants.
-    async fn run(&self, mut conn: ConnectionManager, rounds: &mut u64, gate: &Gate) -> bool {
+    async fn run(
+        &self,
+        mut conn: ConnectionManager,
+        rounds: &mut u64,
+        gate: &Gate,
+        seats: u32,
+    ) -> bool {
         let (number, sent, wants) = {
             let mut guard = gate.state.lock();
             let st = &mut *guard;
@@ -273,7 +281,7 @@ impl Sync<'_> {
         absorb(&mut st, &sent, totals);
         st.others_want = others.iter().flat_map(|o| decode(o)).collect();
         let mine = st.wants();
-        st.part = quota(st.seats_seen, &mine, &st.others_want).map(|q| (q, Instant::now() + kept));
+        st.part = quota(seats, &mine, &st.others_want).map(|q| (q, Instant::now() + kept));
         true
     }
 }
@@ -318,12 +326,14 @@ fn encode(wants: &[Want]) -> String {
     serde_json::to_string(&rows).unwrap_or_default()
 }
 
-/// Another gateway's published wants ("<ms> <json>"); nothing from what
-/// does not parse (a gateway of another version counts as wanting nothing).
+/// Another gateway's published wants ("<ms> <kept ms> <json>"); nothing
+/// from what does not parse (a gateway of another version counts as wanting
+/// nothing).
 fn decode(entry: &str) -> Vec<Want> {
     entry
-        .split_once(' ')
-        .and_then(|(_, json)| serde_json::from_str::<Vec<(i32, String, u32)>>(json).ok())
+        .splitn(3, ' ')
+        .nth(2)
+        .and_then(|json| serde_json::from_str::<Vec<(i32, String, u32)>>(json).ok())
         .unwrap_or_default()
         .into_iter()
         .map(|(b, t, n)| (b, Arc::from(t), n))
@@ -336,8 +346,10 @@ fn decode(entry: &str) -> Vec<Want> {
 /// equal share of what is left, whichever is less); each tenant's part is
 /// split between gateways in proportion to what it wants at each. `None`
 /// when no other gateway wants any, when the seats are unknown, or when
-/// every want fits (nothing to split). At least one seat: a gateway whose
-/// tenants start to want seats gets one before its next round.
+/// every want fits (nothing to split). Rounded up (the parts may add up to
+/// a seat per gateway more than there are, never fewer: the replicas' room
+/// still bounds what is sent), and at least one: a gateway whose tenants
+/// start to want seats gets one before its next round.
 pub(super) fn quota(seats: u32, mine: &[Want], others: &[Want]) -> Option<u32> {
     if others.is_empty() || seats == 0 || seats == u32::MAX {
         return None;
@@ -377,7 +389,9 @@ pub(super) fn quota(seats: u32, mine: &[Want], others: &[Want]) -> Option<u32> {
     if left >= 0.5 {
         return None;
     }
-    Some((part.round() as u32).max(1))
+    // Not above the seats (a want's share is at most the seats), less a
+    // float's noise before rounding up.
+    Some(((part - 1e-9).ceil().clamp(1.0, f64::from(seats))) as u32)
 }
 
 /// This gateway's increments reached the totals; what the others gave each
@@ -471,8 +485,14 @@ mod tests {
         // own; crowd's 86 go 5 : 200.
         let g1 = [w(0, "crowd", 200)];
         let g2 = [w(10, "vip", 10), w(0, "crowd", 5)];
-        assert_eq!(quota(96, &g2, &g1), Some(10 + 2));
+        assert_eq!(quota(96, &g2, &g1), Some(10 + 3), "12.1, rounded up");
         assert_eq!(quota(96, &g1, &g2), Some(84));
+        // Three gateways, 4 seats, a tenant each: 1.33 each, rounded up, so
+        // no seat is left out (the replicas' room bounds the excess).
+        let (a, b, c) = ([w(0, "a", 2)], [w(0, "b", 2)], [w(0, "c", 2)]);
+        for (mine, others) in [(&a, [b.clone(), c.clone()]), (&b, [a.clone(), c.clone()])] {
+            assert_eq!(quota(4, mine, &others.concat()), Some(2));
+        }
     }
 
     #[test]
@@ -502,18 +522,21 @@ mod tests {
             pending: AtomicU32::new(0),
         };
         let (gate1, gate2) = (gate(), gate());
-        for g in [&gate1, &gate2] {
-            g.state.lock().seats_seen = 96;
-        }
         let mut conn = manager.clone();
-        // A gateway gone long ago (its entry stamped in 1970).
-        let _: () = redis::cmd("HSET")
-            .arg(format!("{}:flow:{{m}}:wants", cfg.key_prefix))
-            .arg("gone")
-            .arg(r#"1 [[0,"ghost",500]]"#)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        // Two other gateways last heard 2 s ago: one whose wants count for a
+        // second (gone), one whose count for a minute (still counts: each
+        // gateway's own span, whatever the reader's).
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        let now_ms = secs * 1000 + micros / 1000;
+        for (field, kept, tenant) in [("gone", 1000, "ghost"), ("quiet", 60_000, "heavy")] {
+            let _: () = redis::cmd("HSET")
+                .arg(format!("{}:flow:{{m}}:wants", cfg.key_prefix))
+                .arg(field)
+                .arg(format!("{} {kept} [[0,\"{tenant}\",0]]", now_ms - 2000))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
         gate1.state.lock().running = [((0, t("light")), 60), ((0, t("heavy")), 30)]
             .into_iter()
             .collect();
@@ -525,26 +548,49 @@ mod tests {
             every: Duration::from_secs(60),
         };
         let mut rounds = 0;
-        assert!(round("gw1").run(manager.clone(), &mut rounds, &gate1).await);
-        assert!(round("gw2").run(manager.clone(), &mut rounds, &gate2).await);
-        assert!(round("gw1").run(manager.clone(), &mut rounds, &gate1).await);
+        assert!(
+            round("gw1")
+                .run(manager.clone(), &mut rounds, &gate1, 96)
+                .await
+        );
+        assert!(
+            round("gw2")
+                .run(manager.clone(), &mut rounds, &gate2, 96)
+                .await
+        );
+        assert!(
+            round("gw1")
+                .run(manager.clone(), &mut rounds, &gate1, 96)
+                .await
+        );
         let now = Instant::now();
         assert_eq!(gate1.state.lock().part(now), Some(72));
         assert_eq!(gate2.state.lock().part(now), Some(24));
-        assert_eq!(gate1.state.lock().others_want, [w(0, "heavy", 30)]);
+        let mut seen = gate1.state.lock().others_want.clone();
+        seen.sort();
+        assert_eq!(seen, [w(0, "heavy", 0), w(0, "heavy", 30)]);
         let left: Vec<String> = redis::cmd("HKEYS")
             .arg(format!("{}:flow:{{m}}:wants", cfg.key_prefix))
             .query_async(&mut conn)
             .await
             .unwrap();
         assert!(!left.contains(&"gone".to_string()), "{left:?}");
+        assert!(left.contains(&"quiet".to_string()), "{left:?}");
         // Gateway 2's tenants want nothing now: it withdraws, and gateway 1
         // has no part any more.
         gate2.state.lock().running.clear();
-        assert!(round("gw2").run(manager.clone(), &mut rounds, &gate2).await);
-        assert!(round("gw1").run(manager.clone(), &mut rounds, &gate1).await);
+        assert!(
+            round("gw2")
+                .run(manager.clone(), &mut rounds, &gate2, 96)
+                .await
+        );
+        assert!(
+            round("gw1")
+                .run(manager.clone(), &mut rounds, &gate1, 96)
+                .await
+        );
         assert_eq!(gate1.state.lock().part(Instant::now()), None);
-        assert!(gate1.state.lock().others_want.is_empty());
+        assert_eq!(gate1.state.lock().others_want, [w(0, "heavy", 0)]);
     }
 
     #[tokio::test]
@@ -570,7 +616,7 @@ mod tests {
             every: Duration::from_millis(250),
         };
         // A first round, confirmed: the baseline.
-        assert!(round.run(manager.clone(), &mut rounds, &gate).await);
+        assert!(round.run(manager.clone(), &mut rounds, &gate, 0).await);
         // Round 2 reached Redis but its answer was lost (here: sent outside
         // `sync`), so it is still unconfirmed here.
         let lost = vec![(t("a"), 10.0)];
@@ -595,7 +641,7 @@ mod tests {
         });
         // Sent again: Redis does not add it twice, and none of it is
         // mistaken for another gateway's service.
-        assert!(round.run(manager.clone(), &mut rounds, &gate).await);
+        assert!(round.run(manager.clone(), &mut rounds, &gate, 0).await);
         {
             let st = gate.state.lock();
             assert!(st.unconfirmed.is_none());
@@ -604,7 +650,7 @@ mod tests {
         }
         // The next round's increments are added once.
         gate.state.lock().outbox.insert(t("a"), 5.0);
-        assert!(round.run(manager.clone(), &mut rounds, &gate).await);
+        assert!(round.run(manager.clone(), &mut rounds, &gate, 0).await);
         let total: f64 = redis::cmd("HGET")
             .arg(format!("{}:flow:{{m}}:service", cfg.key_prefix))
             .arg("a")

@@ -228,12 +228,26 @@ impl Replica {
         self.load.load_full()
     }
 
-    pub fn set_load(&self, mut s: LoadSample) {
+    pub fn set_load(&self, s: LoadSample) {
+        self.set_sample(s, false);
+    }
+
+    /// A second look (`scrape::run`), a quarter second after the last
+    /// scrape: as [`Replica::set_load`], except that a preemption the last
+    /// scrape saw still counts (the counter rarely moves in a quarter
+    /// second, and the replica would look calm until the next regular
+    /// scrape, a whole interval later).
+    pub(crate) fn set_load_again(&self, s: LoadSample) {
+        self.set_sample(s, true);
+    }
+
+    fn set_sample(&self, mut s: LoadSample, again: bool) {
         let prev = self.load.load();
         if let Some(p) = prev.as_deref() {
             s.queued = s.waiting.is_some_and(|w| w >= 1.0) && p.waiting.is_some_and(|w| w >= 1.0);
             // A restarted engine's counter starts again: only a rise counts.
-            s.preempting = matches!((p.preemptions, s.preemptions), (Some(a), Some(b)) if b > a);
+            s.preempting = matches!((p.preemptions, s.preemptions), (Some(a), Some(b)) if b > a)
+                || (again && p.preempting);
         }
         drop(prev);
         self.learn_seats(&s);

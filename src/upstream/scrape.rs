@@ -223,17 +223,19 @@ pub(crate) async fn scrape_all(
     engine: EngineKind,
     timeout: Duration,
 ) {
-    scrape_where(pool, client, engine, timeout, |_| true).await;
+    scrape_where(pool, client, engine, timeout, false, |_| true).await;
     // The doctor's per-tier rates come from these notes, one per round.
     pool.metrics().note_vitals(Instant::now());
 }
 
-/// Scrape the replicas `pick` selects once, concurrently.
+/// Scrape the replicas `pick` selects once, concurrently (`again`: a second
+/// look, `Replica::set_load_again`).
 async fn scrape_where(
     pool: &Pool,
     client: &HttpClient,
     engine: EngineKind,
     timeout: Duration,
+    again: bool,
     pick: impl Fn(&Replica) -> bool,
 ) {
     let mut tasks = tokio::task::JoinSet::new();
@@ -263,7 +265,11 @@ async fn scrape_where(
                 Ok(Ok(text)) => {
                     let mut s = parse(&text, engine, Instant::now());
                     (s.gpu_util, s.gpu_memory) = gpu.unwrap_or_default();
-                    r.set_load(s);
+                    if again {
+                        r.set_load_again(s);
+                    } else {
+                        r.set_load(s);
+                    }
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(backend = %r.name, error = %e, "metrics scrape failed")
@@ -310,7 +316,7 @@ pub(crate) async fn run(
         let again = |r: &Replica| r.queue_unconfirmed() && r.load().is_some_and(|s| s.at >= round);
         if interval > 2 * CONFIRM_AFTER && pool.replicas().iter().any(|r| again(r)) {
             tokio::time::sleep(CONFIRM_AFTER).await;
-            scrape_where(&pool, &client, engine, timeout, again).await;
+            scrape_where(&pool, &client, engine, timeout, true, again).await;
         }
     }
 }

@@ -165,3 +165,23 @@ fn configured_seats_win_and_other_gateways_count() {
     drop(a);
     assert_eq!((kept.leaving(), kept.in_flight()), (0, 0));
 }
+
+#[test]
+fn a_second_look_keeps_the_preemption_the_last_scrape_saw() {
+    let r = replica(cfg());
+    let with = |n: f64| LoadSample {
+        preemptions: Some(n),
+        ..sample(1.0, 8.0)
+    };
+    r.set_load(with(3.0));
+    r.set_load(with(5.0));
+    assert!(r.load().unwrap().preempting);
+    // A quarter second later the counter has not moved: still preempting.
+    r.set_load_again(with(5.0));
+    assert!(r.load().unwrap().preempting);
+    // The next regular scrape decides afresh.
+    r.set_load(with(5.0));
+    assert!(!r.load().unwrap().preempting);
+    r.set_load_again(with(5.0));
+    assert!(!r.load().unwrap().preempting);
+}
