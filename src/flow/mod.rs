@@ -750,19 +750,22 @@ mod tests {
         assert_eq!(st.reserve(0, later), 2);
     }
 
+    /// Tier `premium` (band 10) above band 0.
+    fn premium_and_band_0() -> Rules {
+        let mut c = crate::config::Config::default();
+        c.tiers.insert(
+            "premium".into(),
+            crate::config::TierConfig {
+                priority: 10,
+                ..Default::default()
+            },
+        );
+        Rules::from_config(&c)
+    }
+
     #[test]
     fn the_reserve_slows_lower_bands_but_never_shuts_them_out() {
-        let rules = Rules::from_config(&{
-            let mut c = crate::config::Config::default();
-            c.tiers.insert(
-                "premium".into(),
-                crate::config::TierConfig {
-                    priority: 10,
-                    ..Default::default()
-                },
-            );
-            c
-        });
+        let rules = premium_and_band_0();
         let free = Free {
             top: 3,
             rest: 2,
@@ -786,17 +789,7 @@ mod tests {
 
     #[test]
     fn a_gateways_part_of_the_seats_holds_the_lower_bands_and_a_lone_band() {
-        let rules = Rules::from_config(&{
-            let mut c = crate::config::Config::default();
-            c.tiers.insert(
-                "premium".into(),
-                crate::config::TierConfig {
-                    priority: 10,
-                    ..Default::default()
-                },
-            );
-            c
-        });
+        let rules = premium_and_band_0();
         let free = Free {
             top: 10,
             rest: 8,

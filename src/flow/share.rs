@@ -462,6 +462,20 @@ mod tests {
         assert_eq!(st.queue.service_of("other"), Some(50.0));
     }
 
+    /// A store on `redis` under a key prefix of its own, and its connection.
+    fn store(
+        redis: &crate::limits::tests::RedisServer,
+        prefix: &str,
+    ) -> (RedisConfig, ConnectionManager) {
+        let cfg = RedisConfig {
+            url: Secret::new(format!("redis://127.0.0.1:{}", redis.port)),
+            key_prefix: format!("{prefix}{}", fastrand::u64(..)),
+            timeout: Duration::from_secs(2),
+        };
+        let manager = connect(&cfg).unwrap();
+        (cfg, manager)
+    }
+
     fn w(band: i32, tenant: &str, n: u32) -> Want {
         (band, t(tenant), n)
     }
@@ -509,12 +523,7 @@ mod tests {
     #[tokio::test]
     async fn gateways_read_each_others_wants_and_forget_a_silent_one() {
         let redis = crate::limits::tests::redis_server().await;
-        let cfg = RedisConfig {
-            url: Secret::new(format!("redis://127.0.0.1:{}", redis.port)),
-            key_prefix: format!("wants{}", fastrand::u64(..)),
-            timeout: Duration::from_secs(2),
-        };
-        let manager = connect(&cfg).unwrap();
+        let (cfg, manager) = store(&redis, "wants");
         let script = Script::new(SYNC);
         let gate = || Gate {
             model: t("m"),
@@ -596,12 +605,7 @@ mod tests {
     #[tokio::test]
     async fn a_round_whose_answer_was_lost_is_sent_again_and_applied_once() {
         let redis = crate::limits::tests::redis_server().await;
-        let cfg = RedisConfig {
-            url: Secret::new(format!("redis://127.0.0.1:{}", redis.port)),
-            key_prefix: format!("share{}", fastrand::u64(..)),
-            timeout: Duration::from_secs(2),
-        };
-        let manager = connect(&cfg).unwrap();
+        let (cfg, manager) = store(&redis, "share");
         let script = Script::new(SYNC);
         let gate = Gate {
             model: t("m"),
