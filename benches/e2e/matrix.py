@@ -18,6 +18,8 @@ Cells (`--cells`, default all):
                   out, Poisson 40 requests/s
   few_keys_tight  the same with 512 KV blocks a replica: the 16 prompts do not fit
                   the fleet twice over (cache pressure on)
+  few_keys_tight_3gw  `few_keys_tight` through three Sluice gateways behind nginx
+                  (round robin): do the gateways agree on new prefix homes?
   few_keys_slow   slow engine steps: 24 ms + 0.3 ms a sequence, prefill 0.3 ms a
                   token, 13 requests/s (the same load relative to capacity)
   many_keys       64 prompts of ~1,500 tokens on 4 replicas of 2,048 blocks (more
@@ -103,6 +105,8 @@ CELLS = {
     "many_keys": dict(kind="prefix", engine=FAST, blocks=2048, prefixes=64, rate=40.0),
     "sessions": dict(kind="sessions", engine=FAST, blocks=4096),
     "sessions_heavy": dict(kind="sessions", engine=FAST, blocks=4096, heavy=True),
+    "few_keys_tight_3gw": dict(kind="prefix", engine=FAST, blocks=512, prefixes=16, rate=40.0,
+                               gateways=3),
     "sessions_3gw": dict(kind="sessions", engine=FAST, blocks=4096, gateways=3),
     "sessions_heavy_3gw": dict(kind="sessions", engine=FAST, blocks=4096, heavy=True, gateways=3),
 }
