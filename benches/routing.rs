@@ -114,6 +114,7 @@ fn decision(c: &mut Criterion) {
             tail_tokens: 0,
             decode_leg: false,
             session_placement: None,
+            shared_home: None,
             now: Instant::now(),
         };
         prefix_kv.pick(&ctx, &views(&reps));
@@ -152,6 +153,7 @@ fn decision(c: &mut Criterion) {
                         tail_tokens: 0,
                         decode_leg: false,
                         session_placement: None,
+                        shared_home: None,
                         now: Instant::now(),
                     };
                     prefix_kv.pick(&ctx, &views(&reps))
@@ -171,6 +173,7 @@ fn decision(c: &mut Criterion) {
                         tail_tokens: 0,
                         decode_leg: false,
                         session_placement: None,
+                        shared_home: None,
                         now: Instant::now(),
                     };
                     rr.pick(&ctx, &views(&reps))

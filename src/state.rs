@@ -36,7 +36,7 @@ pub struct AppState {
     pub affinity: Arc<Affinity>,
     /// The session table shared with other gateways
     /// (`routing.sessions.store: redis`).
-    pub shared_sessions: Option<Arc<crate::routing::shared_sessions::SharedSessions>>,
+    pub shared_table: Option<Arc<crate::routing::shared_table::SharedTable>>,
     /// Cancelled when the drain deadline passes at shutdown: every stream
     /// still open then ends with an error event. Shared by every state.
     pub(crate) cut: Signal,
@@ -117,11 +117,12 @@ impl AppState {
             _ => Affinity::new(capacity, tables.0, tables.1),
         };
         let policy = routing::build(&config.routing, affinity.clone());
-        let shared_sessions = crate::routing::shared_sessions::SharedSessions::from_config(
+        let shared_table = crate::routing::shared_table::SharedTable::from_config(
             &config.routing.sessions,
             config.routing.policy == crate::config::PolicyKind::PrefixKv,
+            config.routing.prefix_kv.shared_homes,
             metrics.clone(),
-            previous.and_then(|p| p.shared_sessions.as_ref()),
+            previous.and_then(|p| p.shared_table.as_ref()),
         )?;
         let cut = previous.map_or_else(Signal::default, |p| p.cut.clone());
         // Waiters and fairness carry over a reload, under the new rules.
@@ -152,7 +153,7 @@ impl AppState {
             metrics,
             telemetry,
             affinity,
-            shared_sessions,
+            shared_table,
             cut,
             flow,
             limiter,

@@ -18,8 +18,9 @@ Cells (`--cells`, default all):
                   out, Poisson 40 requests/s
   few_keys_tight  the same with 512 KV blocks a replica: the 16 prompts do not fit
                   the fleet twice over (cache pressure on)
-  few_keys_tight_3gw  `few_keys_tight` through three Sluice gateways behind nginx
-                  (round robin): do the gateways agree on new prefix homes?
+  few_keys_3gw, few_keys_tight_3gw  `few_keys`, `few_keys_tight` through three Sluice
+                  gateways behind nginx (round robin): do the gateways agree on new
+                  prefix homes? Each alone, and as `sluice-shared` (below)
   few_keys_slow   slow engine steps: 24 ms + 0.3 ms a sequence, prefill 0.3 ms a
                   token, 13 requests/s (the same load relative to capacity)
   many_keys       64 prompts of ~1,500 tokens on 4 replicas of 2,048 blocks (more
@@ -42,10 +43,11 @@ Routers: Sluice (defaults, no config) and, from `--routers-venv`, sglang-router
 `cache_aware` and vllm-router `cache_aware` (prefix cells) or `consistent_hash`
 (session cells, hashing `x-session-id`). On session cells Sluice also runs as its
 docs say to deploy it where new sessions should be placed by pressure: through one
-gateway `sluice-first_open` (`routing.prefix_kv.session_placement: first_open`),
-through several `sluice-shared` (the gateways share a session table in a
-`redis-server` started for the run, `routing.sessions.store: redis`, whose `auto`
-placement is `first_open`). Other variants by name (`--only`): `sluice-PLACEMENT`,
+gateway `sluice-first_open` (`routing.prefix_kv.session_placement: first_open`).
+Through several gateways (any cell) Sluice also runs as `sluice-shared`: the
+gateways share a routing table in a `redis-server` started for the run
+(`routing.sessions.store: redis`: sessions, whose `auto` placement is then
+`first_open`, and new prefixes' homes). Other variants by name (`--only`): `sluice-PLACEMENT`,
 `sluice-shared-PLACEMENT`.
 
     cargo build --release
@@ -105,6 +107,8 @@ CELLS = {
     "many_keys": dict(kind="prefix", engine=FAST, blocks=2048, prefixes=64, rate=40.0),
     "sessions": dict(kind="sessions", engine=FAST, blocks=4096),
     "sessions_heavy": dict(kind="sessions", engine=FAST, blocks=4096, heavy=True),
+    "few_keys_3gw": dict(kind="prefix", engine=FAST, blocks=1024, prefixes=16, rate=40.0,
+                         gateways=3),
     "few_keys_tight_3gw": dict(kind="prefix", engine=FAST, blocks=512, prefixes=16, rate=40.0,
                                gateways=3),
     "sessions_3gw": dict(kind="sessions", engine=FAST, blocks=4096, gateways=3),
@@ -136,8 +140,10 @@ def peers(cell):
 
 def routers(cell, venv, only=None):
     out = ["sluice"]
-    if cell["kind"] == "sessions":
-        out.append("sluice-shared" if cell.get("gateways", 1) > 1 else "sluice-first_open")
+    if cell.get("gateways", 1) > 1:
+        out.append("sluice-shared")
+    elif cell["kind"] == "sessions":
+        out.append("sluice-first_open")
     if venv:
         if cell.get("gateways", 1) == 1:
             out += peers(cell)

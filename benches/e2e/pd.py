@@ -70,7 +70,7 @@ from agentic import ADMINS, Procs, gateway_counts, sim_counts, start_lb  # noqa:
 # The warm p99: of the requests sent after the first 5 s (at 400 requests a
 # run's p99 is its 5th slowest, and on code generation four are each prefix's
 # first, prefilled cold whatever the router).
-from matrix import WARM_AFTER, warm_p99  # noqa: E402
+from matrix import WARM_AFTER, start_redis, warm_p99  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, "target", "release", "sluice")
@@ -125,7 +125,7 @@ EXTRA = ""
 ACCESS_LOG = []
 
 
-def start_sluice(procs, sims, pd, protocol):
+def start_sluice(procs, sims, pd, protocol, redis=None):
     api, admin = free_port(), free_port()
     ADMINS.append(f"http://127.0.0.1:{admin}")
     lines = ["backends:"]
@@ -134,8 +134,14 @@ def start_sluice(procs, sims, pd, protocol):
         lines.append(f"    role: {role if pd else 'mixed'}")
         if pd and protocol == "sglang" and role == "prefill":
             lines.append(f"    bootstrap_port: {url.rsplit(':', 1)[1]}")
+    routing = []
     if pd and protocol == "sglang":
-        lines += ["routing:", "  disaggregation:", "    protocol: sglang"]
+        routing += ["  disaggregation:", "    protocol: sglang"]
+    if redis:
+        # A routing table shared through Redis: sessions and prefix homes.
+        routing += ["  sessions:", "    store: redis", f"    redis: {{url: \"{redis}\"}}"]
+    if routing:
+        lines += ["routing:", *routing]
     log = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False).name
     ACCESS_LOG.append(log)
     lines += ["telemetry:", "  access_log:", "    target: file", f"    path: {log}"]
@@ -286,12 +292,14 @@ def run(name, workload, args, seed):
         sims = start_sims(procs, ["prefill", "prefill", "decode", "decode"])
         if name == "sluice-pd":
             url = start_sluice(procs, sims, True, args.protocol)
-        elif name.startswith("sluice-pd-") and name.endswith("gw"):
+        elif name.startswith("sluice-pd-") and "gw" in name:
             # Several gateways behind nginx (round robin), each planning
             # alone: its own legs counted live, the others' only at its
-            # scrapes (what several gateways cost).
-            n = int(name[len("sluice-pd-"):-2])
-            url = start_lb(procs, [start_sluice(procs, sims, True, args.protocol)
+            # scrapes (what several gateways cost); `-shared`: sharing a
+            # routing table in Redis (sessions and prefix homes).
+            n = int(name[len("sluice-pd-"):].split("gw")[0])
+            redis = start_redis(procs) if name.endswith("-shared") else None
+            url = start_lb(procs, [start_sluice(procs, sims, True, args.protocol, redis)
                                    for _ in range(n)])
         elif name == "sluice-mixed":
             url = start_sluice(procs, sims, False, args.protocol)
@@ -398,7 +406,8 @@ def main():
                          "the replicas and the client stay target/release/sluice)")
     ap.add_argument("--gateways", type=int, default=1,
                     help="also run `sluice-pd-Ngw`: the disaggregated fleet through N Sluice "
-                         "gateways behind nginx (round robin)")
+                         "gateways behind nginx (round robin), and `sluice-pd-Ngw-shared`: the "
+                         "same gateways sharing a routing table in Redis")
     ap.add_argument("--json")
     args = ap.parse_args()
     global EXTRA, PREFILL_BLOCKS, GATEWAY_BIN
@@ -413,7 +422,7 @@ def main():
     PREFILL_BLOCKS = args.prefill_blocks
     names = ["sluice-pd", "sluice-mixed"]
     if args.gateways > 1:
-        names.insert(1, f"sluice-pd-{args.gateways}gw")
+        names[1:1] = [f"sluice-pd-{args.gateways}gw", f"sluice-pd-{args.gateways}gw-shared"]
     if args.routers_venv:
         names[1:1] = [f"{args.protocol}-pd-cache_aware", f"{args.protocol}-pd-power_of_two"]
     names = [n for n in names if not args.only or n in args.only]

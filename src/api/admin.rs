@@ -202,6 +202,9 @@ pub(crate) async fn backends(Current(state): Current) -> Json<Vec<BackendView>> 
 #[derive(Serialize)]
 pub(crate) struct RoutingView {
     policy: &'static str,
+    /// `shared`: new prefixes' homes are kept in the shared table
+    /// (`routing.prefix_kv.shared_homes` with a Redis store); else `local`.
+    prefix_homes: &'static str,
     sessions: SessionsView,
     replicas: Vec<ReplicaRouting>,
 }
@@ -272,9 +275,14 @@ pub(crate) async fn routing(Current(state): Current) -> Json<RoutingView> {
         .collect();
     Json(RoutingView {
         policy: state.policy.name(),
+        prefix_homes: if state.shared_table.as_ref().is_some_and(|t| t.homes) {
+            "shared"
+        } else {
+            "local"
+        },
         sessions: SessionsView {
             enabled: state.config.routing.sessions.enabled,
-            store: if state.shared_sessions.is_some() {
+            store: if state.shared_table.is_some() {
                 "redis"
             } else {
                 "memory"

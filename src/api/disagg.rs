@@ -60,11 +60,13 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
 use super::Head;
+use super::proxy;
 use super::send;
 use crate::config::PdProtocol;
 use crate::error::GatewayError;
 use crate::routing::placement::Placement;
-use crate::routing::{ReplicaView, RouteCtx, SessionKey};
+use crate::routing::shared_table::Leg;
+use crate::routing::{ReplicaView, RouteCtx, SessionKey, SharedHome};
 use crate::state::AppState;
 use crate::telemetry::record::PdRecord;
 use crate::telemetry::tracecontext::TRACEPARENT;
@@ -188,6 +190,8 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
         }),
         decode_leg: false,
         session_placement: Some(cfg.prefill_session_placement(&s.state.config.routing)),
+        // (The decode leg's shared home is not the prefill leg's.)
+        shared_home: None,
         ..*s.ctx
     };
     Route::Pool(pool, ctx)
@@ -248,16 +252,33 @@ pub(crate) async fn prefill(
         Route::Local(reason) => return Ok(local(reason)),
         Route::Pool(pool, ctx) => (pool, ctx),
     };
-    if cfg.protocol == PdProtocol::Sglang {
+    // With shared prefix homes, a prefix new here is homed in the prefill
+    // pool as every gateway homes it.
+    let home = Box::pin(proxy::table_home(a.state, &ctx, &pool, Leg::Prefill)).await;
+    let ctx = RouteCtx {
+        shared_home: home.as_ref().map(|h| SharedHome {
+            replica: &h.replica,
+            new: h.new,
+        }),
+        ..ctx
+    };
+    // (A retry's decision goes elsewhere by design: not written.)
+    let pick_in = |pool: &[Arc<Replica>], first: bool| {
         let views: Vec<ReplicaView> = pool.iter().map(|r| (a.view)(r)).collect();
-        let Some(pick) = a.state.policy.pick(&ctx, &views) else {
+        let pick = a.state.policy.pick(&ctx, &views)?;
+        if first {
+            proxy::record_home(a.state, &ctx, pool, Leg::Prefill, &pick);
+        }
+        Some(pick)
+    };
+    if cfg.protocol == PdProtocol::Sglang {
+        let Some(pick) = pick_in(&pool, true) else {
             return Ok(local(PdReason::LocalNoPrefill));
         };
         return sglang(&a, body, pool.swap_remove(pick.index), pick.reason);
     }
-    for _ in 0..PREFILL_TRIES {
-        let views: Vec<ReplicaView> = pool.iter().map(|r| (a.view)(r)).collect();
-        let Some(pick) = a.state.policy.pick(&ctx, &views) else {
+    for tried in 0..PREFILL_TRIES {
+        let Some(pick) = pick_in(&pool, tried == 0) else {
             break;
         };
         let replica = pool.swap_remove(pick.index);

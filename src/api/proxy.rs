@@ -27,7 +27,8 @@ use crate::headers::Lookup;
 use crate::limits::Identity;
 use crate::request::RequestGuard;
 use crate::routing::placement::Placement;
-use crate::routing::{Decision, LoadView, ReplicaView, RouteCtx, SessionKey};
+use crate::routing::shared_table::{self, HomeWrite, Leg, TableHome};
+use crate::routing::{Decision, LoadView, ReplicaView, RouteCtx, SessionKey, SharedHome};
 use crate::state::AppState;
 use crate::stream::body::{ReplicaConn, TimedBody};
 use crate::stream::event::chunk_info;
@@ -414,6 +415,9 @@ pub(crate) struct RouteInput {
     /// loop corrects the index with them).
     hashes: Arc<[u64]>,
     tokens_per_block: u32,
+    /// The shared table's home of a prompt whose prefix this gateway holds
+    /// nowhere ([`table_home`]).
+    pub(crate) shared_home: Option<TableHome>,
 }
 
 impl RouteInput {
@@ -452,6 +456,7 @@ impl RouteInput {
             )
             .unwrap_or(16)
             .max(1),
+            shared_home: None,
         }
     }
 
@@ -467,7 +472,7 @@ impl RouteInput {
         candidates: &[Arc<Replica>],
     ) -> Option<Arc<str>> {
         let s = self.session?;
-        let store = state.shared_sessions.as_ref()?;
+        let store = state.shared_table.as_ref()?;
         let known = state.affinity.sessions.get(s.key, turn::now_std());
         let there = |name: &Arc<str>| candidates.iter().any(|c| c.name == *name);
         if known.as_ref().is_some_and(there) || !(s.explicit || s.continuing) {
@@ -486,7 +491,7 @@ impl RouteInput {
         state: &AppState,
         before: Option<Arc<str>>,
     ) -> Option<Arc<str>> {
-        let (s, store) = (self.session?, state.shared_sessions.as_ref()?);
+        let (s, store) = (self.session?, state.shared_table.as_ref()?);
         let after = state.affinity.sessions.get(s.key, turn::now_std());
         store.record(&state.affinity, s.key, before, after.clone());
         after
@@ -502,9 +507,83 @@ impl RouteInput {
             tail_tokens: self.tail_tokens,
             decode_leg: false,
             session_placement: None,
+            shared_home: self.shared_home.as_ref().map(|h| SharedHome {
+                replica: &h.replica,
+                new: h.new,
+            }),
             now: turn::now_std(),
         }
     }
+}
+
+/// With shared prefix homes (`routing::shared_table`): a prompt whose
+/// prefix no candidate holds in this gateway's index is looked up in the
+/// shared table, and placed there when new (`leg`: the pool the decision is
+/// for). `None`: no table, a prefix held here, a session that decides, or
+/// the table did not answer.
+pub(crate) async fn table_home(
+    state: &AppState,
+    ctx: &RouteCtx<'_>,
+    candidates: &[Arc<Replica>],
+    leg: Leg,
+) -> Option<TableHome> {
+    let table = state.shared_table.as_ref().filter(|t| t.homes)?;
+    let new = {
+        let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
+        state.policy.new_home(ctx, &views)?
+    };
+    let order: Vec<Arc<str>> = new
+        .order
+        .iter()
+        .map(|&i| candidates[i].name.clone())
+        .collect();
+    table
+        .place_home(ctx.model, leg, new.key, &order, new.open)
+        .await
+}
+
+/// With shared prefix homes: what `decision` (among `candidates`, for
+/// `ctx`) tells the shared table, written in the background: a prefix
+/// served at a holder keeps its home; one moved, or placed without the
+/// table, is written over. Not a retry's (it goes elsewhere by design), nor
+/// a decision a session made.
+pub(crate) fn record_home(
+    state: &AppState,
+    ctx: &RouteCtx<'_>,
+    candidates: &[Arc<Replica>],
+    leg: Leg,
+    decision: &Decision,
+) {
+    let Some(table) = state.shared_table.as_ref().filter(|t| t.homes) else {
+        return;
+    };
+    let home_blocks = state.config.routing.prefix_kv.home_blocks;
+    let Some(key) = shared_table::home_key(ctx.hashes, home_blocks) else {
+        return;
+    };
+    let Some(replica) = candidates.get(decision.index).map(|r| &r.name) else {
+        return;
+    };
+    let placed_now = ctx
+        .shared_home
+        .is_some_and(|h| h.new && h.replica == &**replica);
+    let write = match decision.reason {
+        _ if !decision.by_prefix => return,
+        RouteReason::Affinity => HomeWrite::Touch,
+        RouteReason::PrefixNew if placed_now => return,
+        RouteReason::PrefixNew | RouteReason::Rehome => HomeWrite::Move,
+        _ => return,
+    };
+    let at = shared_table::HomeAt {
+        model: ctx.model,
+        leg,
+        key,
+        blocks: &ctx.hashes[..home_blocks.min(ctx.hashes.len())],
+        replica,
+    };
+    table.write_home(&state.affinity, at, write, || {
+        candidates.iter().map(|c| c.name.clone()).collect()
+    });
 }
 
 /// The policy's decision among `candidates` (`pinned`: the replica that
@@ -632,7 +711,7 @@ async fn forward(
         .unwrap_or("/");
     let model = guard.record.model.clone();
     let max_attempts = 1 + cfg.max_retries;
-    let input = RouteInput::of(state, &parts.headers, inbound, &model);
+    let mut input = RouteInput::of(state, &parts.headers, inbound, &model);
     // A Responses follow-up goes where its previous response is kept; when
     // that replica is gone, routing picks as usual and the engine answers
     // that it does not know the response.
@@ -652,18 +731,39 @@ async fn forward(
     }
     // (Boxed: only with a shared session table, kept out of every
     // request's future otherwise.)
-    let mut session_before = match state.shared_sessions {
+    let mut session_before = match state.shared_table {
         Some(_) => Box::pin(input.recall_session(state, candidates)).await,
         None => None,
     };
+    let decode_leg = !prefills.is_empty();
+    let leg = if decode_leg { Leg::Decode } else { Leg::Serve };
+    // (A Responses follow-up whose replica is among the candidates goes
+    // there: nothing to look up.)
+    let pinned_here = pinned
+        .as_ref()
+        .is_some_and(|p| candidates.iter().any(|c| c.name == *p));
+    if state.shared_table.as_ref().is_some_and(|t| t.homes) && !pinned_here {
+        let ctx = RouteCtx {
+            decode_leg,
+            ..input.ctx(&model)
+        };
+        let home = Box::pin(table_home(state, &ctx, candidates, leg)).await;
+        input.shared_home = home;
+    }
     loop {
         // In a block: what only the decision needs is not kept in the
         // request's future across the send (it is the size of the future
         // that each request allocates and writes).
-        let decode_leg = !prefills.is_empty();
         let decision = pick(state, &input, &model, candidates, pinned.take(), decode_leg);
-        if state.shared_sessions.is_some() {
+        if state.shared_table.is_some() {
             session_before = input.record_session(state, session_before.take());
+            if let Some(d) = decision.as_ref().filter(|_| guard.record.attempts == 0) {
+                let ctx = RouteCtx {
+                    decode_leg,
+                    ..input.ctx(&model)
+                };
+                record_home(state, &ctx, candidates, leg, d);
+            }
         }
         let Some(decision) = decision else {
             // Only reachable after retries exhausted the candidates.

@@ -711,6 +711,12 @@ pub struct PrefixKvConfig {
     /// session. `auto` (the default): `first_open` with
     /// `routing.sessions.store: redis`, else `rendezvous`.
     pub session_placement: SessionPlacement,
+    /// With `routing.sessions.store: redis`: a prompt whose prefix this
+    /// gateway has not sent anywhere is looked up in the shared table, and a
+    /// new prefix is placed there (the replica with the fewest prefixes
+    /// homed by every gateway), so that gateways behind a load balancer send
+    /// a shared prefix to the same replica (`routing::shared_table`).
+    pub shared_homes: bool,
 }
 
 /// Where a new session starts (`routing.prefix_kv.session_placement`).
@@ -752,6 +758,7 @@ impl Default for PrefixKvConfig {
             detour_margin: 0.5,
             session_detour_margin: 1.0,
             session_placement: SessionPlacement::Auto,
+            shared_homes: true,
         }
     }
 }

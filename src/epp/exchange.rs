@@ -29,8 +29,9 @@ use crate::api::inbound::Inbound;
 use crate::api::proxy::{self, RouteInput};
 use crate::error::GatewayError;
 use crate::request::RequestGuard;
-use crate::routing::Decision;
 use crate::routing::placement::Placement;
+use crate::routing::shared_table::Leg;
+use crate::routing::{Decision, RouteCtx};
 use crate::state::AppState;
 use crate::stream::event::chunk_info;
 use crate::stream::relay::{Mode, Relay};
@@ -247,7 +248,7 @@ impl Exchange {
             .ok_or(GatewayError::ShuttingDown)?;
         let model = guard.record.model.clone();
         let head = self.head.as_ref().ok_or(GatewayError::ShuttingDown)?;
-        let input = RouteInput::of(&state, &head.headers, &inbound, &model);
+        let mut input = RouteInput::of(&state, &head.headers, &inbound, &model);
         // A Responses follow-up goes where its previous response is kept.
         let pinned = match (self.endpoint, inbound.session.previous_response_id) {
             (Endpoint::Responses, Some(key)) => state.affinity.responses.get(key, turn::now_std()),
@@ -259,13 +260,32 @@ impl Exchange {
         let protocol = state.config.routing.disaggregation.protocol;
         let leg = disagg::leg_api(protocol, self.endpoint, true);
         let pd = !c.prefill.is_empty() && leg == Some(true);
-        let session_before = match state.shared_sessions {
+        let session_before = match state.shared_table {
             Some(_) => Box::pin(input.recall_session(&state, &c.replicas)).await,
             None => None,
         };
+        let pool = if pd { Leg::Decode } else { Leg::Serve };
+        let pinned_here = pinned
+            .as_ref()
+            .is_some_and(|p| c.replicas.iter().any(|r| r.name == *p));
+        if state.shared_table.as_ref().is_some_and(|t| t.homes) && !pinned_here {
+            let ctx = RouteCtx {
+                decode_leg: pd,
+                ..input.ctx(&model)
+            };
+            let home = Box::pin(proxy::table_home(&state, &ctx, &c.replicas, pool)).await;
+            input.shared_home = home;
+        }
         let decision = proxy::pick(&state, &input, &model, &c.replicas, pinned, pd);
-        if state.shared_sessions.is_some() {
+        if state.shared_table.is_some() {
             input.record_session(&state, session_before);
+            if let Some(d) = &decision {
+                let ctx = RouteCtx {
+                    decode_leg: pd,
+                    ..input.ctx(&model)
+                };
+                proxy::record_home(&state, &ctx, &c.replicas, pool, d);
+            }
         }
         let decision = decision.ok_or_else(|| GatewayError::NoHealthyBackend(model.to_string()))?;
         let reason = if c.fallback {

@@ -16,7 +16,7 @@ pub(crate) mod prefix;
 mod prefix_kv;
 mod round_robin;
 pub(crate) mod sessions;
-pub(crate) mod shared_sessions;
+pub(crate) mod shared_table;
 
 pub use affinity::Affinity;
 pub use index::{PrefixIndex, longest_prefix};
@@ -105,7 +105,30 @@ pub struct RouteCtx<'a> {
     /// says (`routing.prefix_kv.session_placement`): a disaggregated
     /// prefill leg's (`routing.disaggregation.session_placement`).
     pub session_placement: Option<crate::config::SessionPlacement>,
+    /// What the shared table says of a prompt whose prefix no candidate
+    /// holds in this gateway's index (`RoutingPolicy::new_home`): its home.
+    pub shared_home: Option<SharedHome<'a>>,
     pub now: Instant,
+}
+
+/// A prefix's home as the shared table gives it (`routing::shared_table`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedHome<'a> {
+    pub replica: &'a str,
+    /// Placed by this request's lookup (else another gateway placed it).
+    pub new: bool,
+}
+
+/// A prompt whose prefix is new to this gateway (`RoutingPolicy::new_home`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewHome {
+    /// Its home prefix's hash.
+    pub key: u64,
+    /// Every candidate, the first `open` those a new home may go to, in
+    /// this gateway's order of preference, the balance of what the replicas
+    /// hold left out (the shared table counts that over every gateway).
+    pub order: Vec<usize>,
+    pub open: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +148,9 @@ pub struct Decision {
     /// A turn of a session under way: the history it re-sends was computed
     /// by its earlier turns (`Placement::continuing`).
     pub continuing: bool,
+    /// The prompt's prefix decided it (no session did): what the shared
+    /// table's prefix homes are kept from.
+    pub by_prefix: bool,
 }
 
 impl Decision {
@@ -138,6 +164,7 @@ impl Decision {
             matched_blocks: 0,
             counted_session: None,
             continuing: false,
+            by_prefix: false,
         }
     }
 }
@@ -150,6 +177,12 @@ pub trait RoutingPolicy: Send + Sync {
     }
     /// `None` only when `candidates` is empty.
     fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Option<Decision>;
+    /// Whether `pick` would place this request's prefix anew (no candidate
+    /// holds it in this gateway's index, and no session decides): where it
+    /// may go, for the shared table to choose. Remembers nothing.
+    fn new_home(&self, _ctx: &RouteCtx<'_>, _candidates: &[ReplicaView]) -> Option<NewHome> {
+        None
+    }
 }
 
 /// The candidates' indexes by least work (`least_loaded`'s measure), full

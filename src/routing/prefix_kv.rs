@@ -59,7 +59,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::affinity::{Affinity, ReplicaMemory};
 use super::index::WARM_BUDGET;
-use super::{Decision, ReplicaView, RouteCtx, RoutingPolicy, least_loaded};
+use super::{Decision, NewHome, ReplicaView, RouteCtx, RoutingPolicy, least_loaded};
 use crate::config::{PrefixKvConfig, SessionPlacement};
 use crate::vocab::RouteReason;
 
@@ -169,7 +169,6 @@ fn place(
     held: Option<(&[f64], usize)>,
     eligible: impl Fn(usize) -> bool,
 ) -> Option<usize> {
-    let prompts_ahead = |i: usize| (views[i].ahead / f64::from(prompt_tokens.max(1))).round();
     let size = |i: usize| held.map_or(0.0, |(blocks, own)| (blocks[i] / own.max(1) as f64).round());
     // `min_by` keeps the first of equals: the earlier in the order.
     ranked
@@ -179,9 +178,70 @@ fn place(
         .min_by(|&a, &b| {
             size(a)
                 .total_cmp(&size(b))
-                .then(prompts_ahead(a).total_cmp(&prompts_ahead(b)))
-                .then(views[a].work.total_cmp(&views[b].work))
+                .then_with(|| by_wait(views, prompt_tokens, a, b))
         })
+}
+
+/// [`place`]'s order after the balance: fewer prompts like this one queued
+/// for prefill, then less work.
+fn by_wait(views: &[View], prompt_tokens: u32, a: usize, b: usize) -> std::cmp::Ordering {
+    let prompts_ahead = |i: usize| (views[i].ahead / f64::from(prompt_tokens.max(1))).round();
+    prompts_ahead(a)
+        .total_cmp(&prompts_ahead(b))
+        .then(views[a].work.total_cmp(&views[b].work))
+}
+
+/// Where a new home may go: within its bounded load, and for a decode leg
+/// not among the replicas generating the most streams.
+struct Limits {
+    /// Requests in flight from which a replica is past its bounded load:
+    /// `load_factor` times a replica's fair share of what is in flight
+    /// (this request included), and never fewer than `LOAD_SLACK` requests
+    /// above that share: leaving a holder costs a cold prefill elsewhere,
+    /// which a few requests more in a batch of dozens never cost. (At
+    /// 1.25-2x alone, the cold start's handful of requests in flight
+    /// crossed the bound by chance and spilled prefills onto replicas busy
+    /// with their own.)
+    bound: f64,
+    /// A decode leg's: the fewest streams an open replica generates (this
+    /// gateway's in flight). It leaves the holder when another open replica
+    /// generates at least two streams fewer: only then does sending it
+    /// there even the batches out. The prompt is prefilled in the prefill
+    /// pool wherever it decodes, so leaving costs a KV transfer and the KV
+    /// it takes, not a prefill, while each stream more in a batch lengthens
+    /// every step of the batch. (Decode legs by least work alone evened the
+    /// steps but spread long shared documents over every decode replica's
+    /// KV: retrieval's TTFT p99 ratio fell from 1.90x to 1.47x;
+    /// docs/benchmarks-log.md.)
+    fewest: Option<f64>,
+}
+
+impl Limits {
+    fn of(ctx: &RouteCtx<'_>, cfg: &PrefixKvConfig, views: &[View]) -> Self {
+        let total: f64 = views.iter().map(|v| v.in_flight).sum();
+        let share = (total + 1.0) / views.len().max(1) as f64;
+        let fewest = if ctx.decode_leg {
+            views
+                .iter()
+                .filter(|v| v.blocked == Blocked::No)
+                .map(|v| v.in_flight)
+                .min_by(f64::total_cmp)
+        } else {
+            None
+        };
+        Self {
+            bound: (cfg.load_factor * share).max(share + LOAD_SLACK).ceil(),
+            fewest,
+        }
+    }
+
+    fn within(&self, views: &[View], i: usize) -> bool {
+        views[i].in_flight < self.bound
+    }
+
+    fn uneven(&self, views: &[View], i: usize) -> bool {
+        self.fewest.is_some_and(|f| views[i].in_flight >= f + 2.0)
+    }
 }
 
 /// The mean calibrated rate of the replicas `among` that have one (1.0
@@ -228,41 +288,75 @@ impl RoutingPolicy for PrefixKv {
         true
     }
 
+    fn new_home(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Option<NewHome> {
+        let key = self.home_key(ctx.hashes)?;
+        if candidates.len() < 2 || self.by_session(ctx).is_some() {
+            return None;
+        }
+        // Held here (the common case): decided without the views.
+        let home = &ctx.hashes[..self.cfg.home_blocks.min(ctx.hashes.len())];
+        let held = |r: &ReplicaView| {
+            let memory = self.affinity.of(&r.name, ctx.now);
+            memory.prefixes.longest_match(home) >= home.len()
+        };
+        if candidates.iter().any(held) {
+            return None;
+        }
+        let views = self.views(ctx, candidates);
+        let open = |i: usize| views[i].blocked == Blocked::No;
+        if !(0..views.len()).any(open) {
+            return None;
+        }
+        let limits = Limits::of(ctx, &self.cfg, &views);
+        let ranked = order(key, candidates);
+        let mut order: Vec<usize> = ranked
+            .iter()
+            .copied()
+            .filter(|&i| open(i) && limits.within(&views, i) && !limits.uneven(&views, i))
+            .collect();
+        if order.is_empty() {
+            order = ranked.iter().copied().filter(|&i| open(i)).collect();
+        }
+        // As `place` orders them after the balance (a stable sort keeps
+        // the rendezvous order between equals); then the others.
+        order.sort_by(|&a, &b| by_wait(&views, ctx.prompt_tokens, a, b));
+        let open = order.len();
+        let rest: Vec<usize> = ranked
+            .iter()
+            .copied()
+            .filter(|i| !order.contains(i))
+            .collect();
+        order.extend(rest);
+        Some(NewHome { key, order, open })
+    }
+
     fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Option<Decision> {
+        // (Read before: deciding remembers a derived session.)
+        let by_session = self.by_session(ctx);
+        let mut d = self.choose(ctx, candidates, by_session)?;
+        d.by_prefix = by_session.is_none();
+        Some(d)
+    }
+}
+
+impl PrefixKv {
+    /// [`RoutingPolicy::pick`]'s decision (`by_session`: the session that
+    /// decides it, if one does).
+    fn choose(
+        &self,
+        ctx: &RouteCtx<'_>,
+        candidates: &[ReplicaView],
+        by_session: Option<super::SessionKey>,
+    ) -> Option<Decision> {
         let n = candidates.len();
         if n == 0 {
             return None;
         }
-        let mut views: Vec<View> = candidates.iter().map(|r| self.view(ctx, r)).collect();
-        // The engine's own word blocks new work only while another replica
-        // has room: when all are full, waiting where the cache is beats
-        // waiting anywhere.
-        if views
-            .iter()
-            .any(|v| v.blocked == Blocked::No && v.pressed == Blocked::No)
-        {
-            for v in &mut views {
-                if v.blocked == Blocked::No {
-                    v.blocked = v.pressed;
-                }
-            }
-        }
-        self.warm(ctx, &views);
-        if !ctx.hashes.is_empty() {
-            for v in &mut views {
-                v.matched = v.memory.prefixes.longest_match(ctx.hashes);
-            }
-        }
+        let views = self.views(ctx, candidates);
         // The replicas not under pressure, as an iterator (no list allocated
         // per request).
         let open = || (0..n).filter(|&i| views[i].blocked == Blocked::No);
         let tpb = self.tokens_per_block();
-        // A session's turns follow its home. A session derived from the
-        // prompt (no id sent) starts where its prefix leads, and is
-        // remembered there for its next turns.
-        let by_session = ctx.session.filter(|s| {
-            s.explicit || s.continuing || self.affinity.sessions.contains(s.key, ctx.now)
-        });
         if open().next().is_none() {
             // Everything is under pressure or unknown: the request waits
             // wherever it goes. A session waits where its history is (or, new,
@@ -346,8 +440,17 @@ impl RoutingPolicy for PrefixKv {
         // Nor is a disaggregated decode leg: the prediction is of a prefill,
         // and its prompt is prefilled in the prefill pool wherever it decodes
         // (it would undo the decode leg's own spill to fewer streams).
+        // So is a home the shared table gave a prefix new here: every
+        // gateway sends the prefix there, and a detour would make the replica
+        // it went to a second holder in this gateway's index alone (through
+        // three gateways on small caches, such detours' cold prefills
+        // evicted other prompts, whose holders then moved them).
+        let from_table = by_session.is_none()
+            && ctx
+                .shared_home
+                .is_some_and(|h| *candidates[home.index].name == *h.replica);
         let margin = match ctx.session {
-            _ if home.reason == RouteReason::PrefixNew || ctx.decode_leg => 1.0,
+            _ if home.reason == RouteReason::PrefixNew || ctx.decode_leg || from_table => 1.0,
             Some(s) if s.explicit && !s.continuing => 1.0,
             Some(s) if s.explicit || s.continuing => self.cfg.session_detour_margin,
             _ => self.cfg.detour_margin,
@@ -397,9 +500,42 @@ impl RoutingPolicy for PrefixKv {
         remember(home.index);
         Some(self.at_home(ctx, &views, &home))
     }
-}
 
-impl PrefixKv {
+    /// Each candidate as this decision sees it: its pressure (the engine's
+    /// own word blocks new work only while another replica has room: when
+    /// all are full, waiting where the cache is beats waiting anywhere) and
+    /// the prompt's blocks its index lists.
+    fn views(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Vec<View> {
+        let mut views: Vec<View> = candidates.iter().map(|r| self.view(ctx, r)).collect();
+        if views
+            .iter()
+            .any(|v| v.blocked == Blocked::No && v.pressed == Blocked::No)
+        {
+            for v in &mut views {
+                if v.blocked == Blocked::No {
+                    v.blocked = v.pressed;
+                }
+            }
+        }
+        self.warm(ctx, &views);
+        if !ctx.hashes.is_empty() {
+            for v in &mut views {
+                v.matched = v.memory.prefixes.longest_match(ctx.hashes);
+            }
+        }
+        views
+    }
+
+    /// The request's session when its session decides where it goes: a
+    /// session's turns follow its home. A session derived from the prompt
+    /// (no id sent) starts where its prefix leads, and is remembered there
+    /// for its next turns.
+    fn by_session(&self, ctx: &RouteCtx<'_>) -> Option<super::SessionKey> {
+        ctx.session.filter(|s| {
+            s.explicit || s.continuing || self.affinity.sessions.contains(s.key, ctx.now)
+        })
+    }
+
     /// The request served at its home.
     fn at_home(&self, ctx: &RouteCtx<'_>, views: &[View], home: &Home) -> Decision {
         self.decide(
@@ -695,9 +831,7 @@ impl PrefixKv {
     /// The hash of a prompt's home prefix: its `home_blocks`-th block, or
     /// the last of a shorter prompt (`None`: no block).
     fn home_key(&self, hashes: &[u64]) -> Option<u64> {
-        hashes
-            .get(self.cfg.home_blocks.min(hashes.len()).wrapping_sub(1))
-            .copied()
+        super::shared_table::home_key(hashes, self.cfg.home_blocks)
     }
 
     /// The home of a request by its prompt's prefix: a replica this
@@ -717,19 +851,19 @@ impl PrefixKv {
             // Shorter than a block: the model alone orders the replicas.
             .unwrap_or_else(|| xxh3_64_with_seed(ctx.model.as_bytes(), 0));
         let ranked = order(key, candidates);
-        // Bounded loads: `load_factor` times a replica's fair share of what
-        // is in flight (this request included), and never fewer than
-        // `LOAD_SLACK` requests above that share: leaving a holder costs a
-        // cold prefill elsewhere, which a few requests more in a batch of
-        // dozens never cost. (At 1.25-2x alone, the cold start's handful of
-        // requests in flight crossed the bound by chance and spilled
-        // prefills onto replicas busy with their own.)
-        let total: f64 = views.iter().map(|v| v.in_flight).sum();
-        let share = (total + 1.0) / n as f64;
-        let bound = (c.load_factor * share).max(share + LOAD_SLACK).ceil();
+        let limits = Limits::of(ctx, c, views);
         let open = |i: usize| views[i].blocked == Blocked::No;
-        let within = |i: usize| views[i].in_flight < bound;
+        let within = |i: usize| limits.within(views, i);
         let home_len = c.home_blocks.min(ctx.hashes.len());
+        // The shared table's home of a prefix no candidate holds here
+        // (`routing::shared_table`): held there, as if this gateway had
+        // placed it.
+        let table = ctx.shared_home.and_then(|h| {
+            Some((
+                candidates.iter().position(|c| *c.name == *h.replica)?,
+                h.new,
+            ))
+        });
 
         // Of the replicas holding it (a prefix that outgrew one home has
         // two), the least loaded, as a new key would be placed. A holder
@@ -743,7 +877,9 @@ impl PrefixKv {
         // cell). Its bounded load still moves a prefix that outgrows it (a
         // detour by predicted TTFT serves one request elsewhere, and to a
         // replica holding less of it only once its engine says it is full).
-        let held = |i: usize| home_len > 0 && views[i].matched >= home_len;
+        let held = |i: usize| {
+            home_len > 0 && (views[i].matched >= home_len || table.is_some_and(|(t, _)| t == i))
+        };
         let keeps = |i: usize| views[i].blocked != Blocked::Stale;
         // A prefix outgrows its home when the home's engine says so (it
         // queues, or its seats are all taken) and the home carries more than
@@ -772,30 +908,20 @@ impl PrefixKv {
                 evicting(i) && (0..n).any(|j| open(j) && prompts(s, j) + 2.0 <= prompts(s, i))
             })
         };
-        // A decode leg leaves the holder when another open replica
-        // generates at least two streams fewer (this gateway's in flight):
-        // only then does sending it there even the batches out. The prompt
-        // is prefilled in the prefill pool wherever it decodes, so leaving
-        // costs a KV transfer and the KV it takes, not a prefill, while each
-        // stream more in a batch lengthens every step of the batch. (Decode
-        // legs by least work alone evened the steps but spread long shared
-        // documents over every decode replica's KV: retrieval's TTFT p99
-        // ratio fell from 1.90x to 1.47x; docs/benchmarks-log.md.)
-        let fewest = if ctx.decode_leg {
-            (0..n)
-                .filter(|&i| open(i))
-                .map(|i| views[i].in_flight)
-                .min_by(f64::total_cmp)
-        } else {
-            None
-        };
-        let uneven = |i: usize| fewest.is_some_and(|f| views[i].in_flight >= f + 2.0);
+        // A decode leg leaves the holder for a replica generating fewer
+        // streams (`Limits::fewest`).
+        let uneven = |i: usize| limits.uneven(views, i);
         if let Some(i) = place(&ranked, views, ctx.prompt_tokens, None, |i| {
             held(i) && keeps(i) && !outgrown(i) && !crowded(i) && !uneven(i)
         }) {
+            // Placed by the table for this request: a new home.
+            let reason = match table {
+                Some((t, true)) if t == i => RouteReason::PrefixNew,
+                _ => RouteReason::Affinity,
+            };
             return Home {
                 index: i,
-                reason: RouteReason::Affinity,
+                reason,
                 history: 0,
                 moved: false,
             };
@@ -890,6 +1016,8 @@ impl PrefixKv {
             // Served where its history is credited (not a detour, a move or
             // a new placement, where its blocks were just sent).
             continuing: history > 0 && !detoured,
+            // (Set by `pick`.)
+            by_prefix: false,
         }
     }
 }
@@ -951,6 +1079,7 @@ mod tests {
             tail_tokens: 0,
             decode_leg,
             session_placement: None,
+            shared_home: None,
             now: Instant::now(),
         };
         p.pick(&ctx, reps)
@@ -991,6 +1120,7 @@ mod tests {
             tail_tokens: 10,
             decode_leg: false,
             session_placement: None,
+            shared_home: None,
             now,
         }
     }
@@ -1528,6 +1658,7 @@ mod tests {
             tail_tokens: 0,
             decode_leg: false,
             session_placement: None,
+            shared_home: None,
             now: Instant::now(),
         };
         // Replica 0 is silent (stale) and idle; replica 1 is fresh with a queue.

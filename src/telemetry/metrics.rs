@@ -263,6 +263,9 @@ pub struct Metrics {
     /// op, outcome: the shared session table's reads and writes
     /// (`routing.sessions.store: redis`).
     pub session_store: Family<(&'static str, &'static str), Counter>,
+    /// op, outcome: the shared table's prefix homes
+    /// (`routing.prefix_kv.shared_homes`).
+    pub home_store: Family<(&'static str, &'static str), Counter>,
     /// Flow control: model, band, outcome (`immediate`, `waited`,
     /// `shed_timeout`, `shed_overflow`).
     pub flow_requests: Family<(Arc<str>, Arc<str>, &'static str), Counter>,
@@ -540,6 +543,7 @@ impl Metrics {
             session_moves: Family::new(&["model", "reason"], Counter::default),
             sessions: Gauge::default(),
             session_store: Family::new(&["op", "outcome"], Counter::default),
+            home_store: Family::new(&["op", "outcome"], Counter::default),
             flow_requests: Family::new(&["model", "band", "outcome"], Counter::default),
             flow_wait: Family::new(&["model", "band"], move || {
                 Histogram::seconds(flow_queue.clone())
@@ -895,6 +899,12 @@ impl Metrics {
             "sluice_routing_session_store_total",
             "The shared session table's operations (routing.sessions.store: redis), by op and outcome: find (before routing a session this gateway does not know: found, absent, error), claim (a new session: ok, taken when another gateway placed it first), move, touch (ok, error).",
             &self.session_store,
+            |c| c,
+        );
+        e.counters(
+            "sluice_routing_home_store_total",
+            "The shared table's prefix homes (routing.sessions.store: redis, routing.prefix_kv.shared_homes), by op and outcome: place (before routing a prompt whose prefix this gateway holds nowhere: found where another gateway homed it, placed there now, error, skipped for 2 s after an error), touch (a holder served it: its home kept, ok; elsewhere: homed on another replica, so this gateway forgets it here and looks it up next time; error), move (a prefix moved, or placed without the table: ok, error).",
+            &self.home_store,
             |c| c,
         );
         e.counters(

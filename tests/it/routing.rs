@@ -568,3 +568,127 @@ async fn a_hot_prefix_spills_to_other_replicas_once_its_home_queues() {
     // home whose engine queues: `spill_queue`).
     assert!(reasons(&gw, "spill_load").await + reasons(&gw, "spill_queue").await >= 1.0);
 }
+
+/// Two gateways sharing prefix homes through a real Redis
+/// (`routing.sessions.store: redis`, `routing.prefix_kv.shared_homes`)
+/// whose indexes differ: each first placed three prefixes of its own, so
+/// each sees a different replica as holding least. Eight new prefixes, each
+/// met first by one gateway and then by the other: the second finds it
+/// where the first placed it, and every prefix was placed once, on the
+/// replica with the fewest homes over both gateways (each placing alone by
+/// its own index, a new prefix's two gateways choose apart about three
+/// times in four).
+#[tokio::test]
+async fn gateways_sharing_prefix_homes_place_a_new_prefix_alike_whatever_their_indexes() {
+    let redis = crate::common::redis::start().await;
+    let sims = sims(4).await;
+    let mut gws = Vec::new();
+    for _ in 0..2 {
+        let mut c = routing_config(&urls(&sims));
+        c.routing.sessions.store = sluice::config::StoreKind::Redis;
+        c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+        gws.push(start_routed(c, 4).await);
+    }
+    let urls: Vec<String> = gws.iter().map(api).collect();
+    let mut homes = [0usize; 4];
+    // Each gateway's own prefixes, sent through it alone.
+    for own in 0..6 {
+        homes[served_via(&urls[own / 3], &sims, &prefixed(100 + own, 0)).await] += 1;
+    }
+    for p in 0..8 {
+        let first = served_via(&urls[p % 2], &sims, &prefixed(p, 0)).await;
+        let second = served_via(&urls[(p + 1) % 2], &sims, &prefixed(p, 1)).await;
+        let third = served_via(&urls[p % 2], &sims, &prefixed(p, 2)).await;
+        assert_eq!(first, second, "prefix {p}: the gateways disagree");
+        assert_eq!(first, third, "prefix {p}: not sticky");
+        homes[first] += 1;
+    }
+    // Fourteen homes by the fewest over both gateways: 4/4/3/3.
+    homes.sort_unstable();
+    assert_eq!(homes, [3, 3, 4, 4]);
+    let metric = |op: &str, outcome: &str| {
+        format!("sluice_routing_home_store_total{{op=\"{op}\",outcome=\"{outcome}\"}}")
+    };
+    let (mut placed, mut found) = (0.0, 0.0);
+    for gw in &gws {
+        placed += gateway_metric(gw, &metric("place", "placed")).await;
+        found += gateway_metric(gw, &metric("place", "found")).await;
+        // Counted as new where placed, and as affinity after.
+        assert!(reasons(gw, "affinity").await >= 4.0);
+    }
+    assert_eq!(placed, 14.0);
+    assert_eq!(
+        found, 8.0,
+        "each new prefix found once by the other gateway"
+    );
+    assert_eq!(
+        reasons(&gws[0], "prefix_new").await + reasons(&gws[1], "prefix_new").await,
+        14.0
+    );
+}
+
+/// A prefix the shared table homes elsewhere than where this gateway holds
+/// it (another gateway moved it): the gateway's next request of it is
+/// still served at its holder, whose touch finds the other home; the
+/// gateway forgets its holder, and its next request goes where the table
+/// says, as every other gateway's do.
+#[tokio::test]
+async fn a_gateway_follows_a_prefix_home_another_gateway_moved() {
+    let redis = crate::common::redis::start().await;
+    let sims = sims(3).await;
+    let mut c = routing_config(&urls(&sims));
+    c.routing.sessions.store = sluice::config::StoreKind::Redis;
+    c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+    let gw = start_routed(c, 3).await;
+    let url = api(&gw);
+    let first = served_via(&url, &sims, &prefixed(7, 0)).await;
+    // Another gateway moves it: the table names another replica.
+    let mut conn = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("sluice:home:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let home: String = ::redis::cmd("GET")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(home, sims[first].addr.to_string());
+    let other = (first + 1) % sims.len();
+    let () = ::redis::cmd("SET")
+        .arg(&keys[0])
+        .arg(sims[other].addr.to_string())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(served_via(&url, &sims, &prefixed(7, 1)).await, first);
+    let gw = &gw;
+    wait_until(
+        "the touch found the other home",
+        Duration::from_secs(5),
+        || async move {
+            gateway_metric(
+                gw,
+                "sluice_routing_home_store_total{op=\"touch\",outcome=\"elsewhere\"}",
+            )
+            .await
+                == 1.0
+        },
+    )
+    .await;
+    assert_eq!(served_via(&url, &sims, &prefixed(7, 2)).await, other);
+    assert_eq!(
+        gateway_metric(
+            gw,
+            "sluice_routing_home_store_total{op=\"place\",outcome=\"found\"}"
+        )
+        .await,
+        1.0
+    );
+}

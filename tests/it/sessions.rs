@@ -376,4 +376,16 @@ async fn sessions_are_served_while_the_shared_table_is_down() {
     )
     .await;
     assert_eq!(errors, 3.0);
+    // A prompt without a session: its prefix's home is not found either,
+    // and it is placed as without the table.
+    let body = crate::routing::prefixed(1, 0);
+    let (status, _, text) = post(&format!("{url}/v1/chat/completions"), &body).await;
+    assert_eq!(status, 200, "{text}");
+    let errors = gateway_metric(
+        &gw,
+        "sluice_routing_home_store_total{op=\"place\",outcome=\"error\"}",
+    )
+    .await;
+    assert_eq!(errors, 1.0);
+    assert_eq!(reasons(&gw, "prefix_new").await, 1.0);
 }

@@ -1,0 +1,677 @@
+//! The routing table shared by several gateways through Redis
+//! (`routing.sessions.store: redis`): where each session lives, and where
+//! each shared prefix is homed.
+//!
+//! Without it, gateways agree on a session's replica by computing the same
+//! thing: the first replica alive in the session key's rendezvous order.
+//! That is free, but it places sessions by their key's luck: with
+//! heavy-tailed sessions on four replicas, one draw put 36% of the turns on
+//! one replica (docs/BENCHMARKS.md, `sessions_heavy`). Placing new sessions
+//! by load balances them, but a gateway meeting a session another gateway
+//! placed by load cannot compute where it went. This table tells it.
+//!
+//! Per session one Redis string, `{key_prefix}:session:{key}` -> the
+//! replica's name, expiring `routing.sessions.ttl` after its last turn:
+//!
+//! - a session this gateway does not know (or knows on a replica that is no
+//!   longer a candidate), that carries an id or earlier turns, is looked up
+//!   before routing ([`SharedTable::find`], one `GET`
+//!   on the request's path, bounded by `redis.timeout`); what it finds goes
+//!   into the local table, and routing takes it from there as if this
+//!   gateway had placed it;
+//! - after routing ([`SharedTable::record`], in the background, off the
+//!   request's path): a session new to the table is claimed with
+//!   `SET ... NX GET` (the first gateway to place a session decides; a
+//!   gateway that loses the race adopts the winner's replica for the next
+//!   turns), one that moved is written over, one that stayed has its expiry
+//!   pushed back.
+//!
+//! Redis down or slow: lookups answer "unknown" after the timeout, the
+//! session is placed as the policy would without the table (on a gateway
+//! that never saw it: its history is not found, the one cost), and writes
+//! are dropped; `sluice_routing_session_store_total{op,outcome}` counts both.
+//!
+//! **Prefix homes** (`routing.prefix_kv.shared_homes`, on by default). Each
+//! gateway places a new shared prefix on the replica holding least in its
+//! own index (`prefix_kv`), and its index holds only what it sent: through
+//! three gateways behind a load balancer they placed a prompt on different
+//! replicas, each cache then had to hold every prompt and thrashed (16
+//! system prompts on four small caches: TTFT p99 80 -> 12,411 ms, prefix
+//! hit 97.6% -> 57.6%; docs/BENCHMARKS.md). So the first gateway to meet a
+//! prefix places it here, and the others find it:
+//!
+//! - a prompt whose home prefix no candidate holds in this gateway's index
+//!   ([`crate::routing::RoutingPolicy::new_home`]) is looked up before
+//!   routing, on the request's path (one script, bounded by
+//!   `redis.timeout`): a home the table has is where routing sends it as if
+//!   this gateway held it there; a prefix the table lacks is placed by the
+//!   script on the candidate with the fewest prefixes homed by every gateway
+//!   (ties in this gateway's own order: fewer prompts queued, less work,
+//!   the prefix's rendezvous order), atomically, so two gateways meeting a
+//!   new prefix at once place it alike;
+//! - after routing, in the background: a prefix routed by its prefix to a
+//!   holder pushes its home's expiry back (at most once a quarter of
+//!   [`HOME_TTL`] per prefix and gateway), and where the table names another
+//!   home (another gateway moved it, or this one spilled from a full home
+//!   and made a holder of its own) this gateway forgets its holder, so that
+//!   its next request is looked up; one this gateway moves (`rehome`) or
+//!   places itself (the table did not answer) is written over. Retries and
+//!   decisions a session made write nothing.
+//!
+//! Per prefix and pool (`serve`, `decode`, `prefill`: a disaggregated
+//! request's legs have homes of their own) one string,
+//! `{key_prefix}:home:{<model>/<pool>}:<key>` -> the replica, and per
+//! replica a sorted set of the prefixes homed there,
+//! `{key_prefix}:homes:{<model>/<pool>}:<replica>`, scored by last use; both
+//! forget a prefix unused for [`HOME_TTL`]. Redis down or slow: the prefix
+//! is placed as without the table (and for [`PAUSE`] after a failed lookup,
+//! without asking); `sluice_routing_home_store_total{op,outcome}` counts
+//! lookups and writes.
+//!
+//! Replicas must have the same names on every gateway (the same `backends`
+//! names, or the same DNS discovery).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Cmd};
+
+use redis::Script;
+
+use super::affinity::Affinity;
+use super::sessions::Sessions;
+use crate::config::{RedisConfig, SessionsConfig};
+use crate::telemetry::metrics::Metrics;
+
+/// A prefix's home unused this long is forgotten (as each gateway forgets a
+/// replica's index when it is unused this long: `affinity::FORGET_AFTER`).
+pub(crate) const HOME_TTL: Duration = super::affinity::FORGET_AFTER;
+
+/// Prefixes whose home's expiry this gateway pushed back lately, each
+/// counted for a quarter of [`HOME_TTL`] (beyond that many, the least
+/// recently pushed are forgotten and pushed again).
+const TOUCHED: usize = 65_536;
+
+/// Places, finds and keeps prefix homes, atomically.
+/// KEYS[1]: the prefix's home; KEYS[1 + i]: the prefixes homed on replica
+/// ARGV[3 + i]. ARGV[1]: `place`, `touch` or `move`; ARGV[2]: the time to
+/// live in ms; ARGV[3]: for `place`, how many of the candidates (the first)
+/// a new home may go to, else the replica; ARGV[4..]: the candidates, those
+/// a new home may go to first, in the placing gateway's order. Returns
+/// `{replica, 1 if written there now else 0}`: `place` answers the home
+/// (found, or new on the candidate with the fewest homes, the earlier of
+/// equals); `touch` keeps the replica's home (or writes it where there is
+/// none) and answers another home where there is one; `move` writes it
+/// over.
+const HOMES: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local home = redis.call('GET', KEYS[1])
+local function homes_on(name)
+  for i = 4, #ARGV do
+    if ARGV[i] == name then return KEYS[i - 2] end
+  end
+end
+local function hold(name)
+  redis.call('SET', KEYS[1], name, 'PX', ttl)
+  local z = homes_on(name)
+  if z then
+    redis.call('ZADD', z, now, KEYS[1])
+    redis.call('PEXPIRE', z, ttl)
+  end
+end
+if ARGV[1] == 'place' then
+  if home then
+    hold(home)
+    return {home, 0}
+  end
+  local best, fewest
+  for i = 4, 3 + tonumber(ARGV[3]) do
+    local z = KEYS[i - 2]
+    redis.call('ZREMRANGEBYSCORE', z, '-inf', now - ttl)
+    local n = redis.call('ZCARD', z)
+    if not fewest or n < fewest then
+      best, fewest = ARGV[i], n
+    end
+  end
+  hold(best)
+  return {best, 1}
+end
+if home and home ~= ARGV[3] then
+  if ARGV[1] == 'touch' then
+    return {home, 0}
+  end
+  local z = homes_on(home)
+  if z then redis.call('ZREM', z, KEYS[1]) end
+end
+hold(ARGV[3])
+return {ARGV[3], 1}
+"#;
+
+/// The hash of a prompt's home prefix: its `home_blocks`-th block, or the
+/// last of a shorter prompt (`None`: no block).
+pub(crate) fn home_key(hashes: &[u64], home_blocks: usize) -> Option<u64> {
+    hashes
+        .get(home_blocks.min(hashes.len()).wrapping_sub(1))
+        .copied()
+}
+
+/// After a prefix lookup failed, lookups are skipped this long (the prefix
+/// is placed as without the table).
+const PAUSE: Duration = Duration::from_secs(2);
+
+/// A prefix's decision, for the table.
+pub(crate) struct HomeAt<'a> {
+    pub(crate) model: &'a str,
+    pub(crate) leg: Leg,
+    /// Its home prefix's hash, and its blocks (forgotten on `replica` when
+    /// the table says its home is elsewhere).
+    pub(crate) key: u64,
+    pub(crate) blocks: &'a [u64],
+    pub(crate) replica: &'a Arc<str>,
+}
+
+/// Which of a model's decisions a prefix home is for: a disaggregated
+/// request's prefill and decode legs are placed in their own pools, apart
+/// from a request served whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leg {
+    Serve,
+    Decode,
+    Prefill,
+}
+
+impl Leg {
+    fn as_str(self) -> &'static str {
+        match self {
+            Leg::Serve => "serve",
+            Leg::Decode => "decode",
+            Leg::Prefill => "prefill",
+        }
+    }
+}
+
+/// What the table said of a prefix new to this gateway.
+#[derive(Debug, Clone)]
+pub(crate) struct TableHome {
+    pub(crate) replica: Arc<str>,
+    /// Placed by this lookup (else another gateway placed it).
+    pub(crate) new: bool,
+}
+
+/// What routing did with a prefix, for the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HomeWrite {
+    /// Served at a holder: the home's expiry is pushed back.
+    Touch,
+    /// Moved, or placed without the table: written over.
+    Move,
+}
+
+pub struct SharedTable {
+    conn: ConnectionManager,
+    prefix: String,
+    timeout: Duration,
+    ttl_ms: u64,
+    /// What it was built from (a reload keeps it while equal).
+    built: (RedisConfig, Duration, bool),
+    metrics: Arc<Metrics>,
+    /// Prefix homes are shared too (`routing.prefix_kv.shared_homes`).
+    pub(crate) homes: bool,
+    script: Script,
+    /// Prefixes (by key, pool and model) whose home this gateway pushed back
+    /// lately.
+    touched: Sessions,
+    /// Until when prefix lookups are skipped, after one failed.
+    paused: parking_lot::Mutex<Option<Instant>>,
+}
+
+/// What routing did with a session, for the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    /// New to the table: the first gateway to place it decides.
+    Claim,
+    /// It left the replica the table names.
+    Move,
+    /// It stayed: its expiry is pushed back.
+    Touch,
+}
+
+impl SharedTable {
+    /// `None` with `store: memory`. Connects lazily: a Redis unreachable at
+    /// start is handled as one that goes away later.
+    /// (`keeps_sessions`: the routing policy keeps sessions; only
+    /// `prefix_kv` does.)
+    pub(crate) fn from_config(
+        cfg: &SessionsConfig,
+        keeps_sessions: bool,
+        shared_homes: bool,
+        metrics: Arc<Metrics>,
+        previous: Option<&Arc<SharedTable>>,
+    ) -> anyhow::Result<Option<Arc<Self>>> {
+        if !(cfg.enabled || shared_homes)
+            || cfg.store != crate::config::StoreKind::Redis
+            || !keeps_sessions
+        {
+            return Ok(None);
+        }
+        let built = (cfg.redis.clone(), cfg.ttl, shared_homes);
+        if let Some(p) = previous
+            && p.built == built
+        {
+            return Ok(Some(p.clone()));
+        }
+        let client = Client::open(cfg.redis.url.expose())
+            .map_err(|e| anyhow::anyhow!("routing.sessions.redis.url: {e}"))?;
+        let conf = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(cfg.redis.timeout))
+            .set_response_timeout(Some(cfg.redis.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let conn = ConnectionManager::new_lazy_with_config(client, conf)
+            .map_err(|e| anyhow::anyhow!("routing.sessions.redis: {e}"))?;
+        Ok(Some(Arc::new(Self {
+            conn,
+            prefix: cfg.redis.key_prefix.clone(),
+            timeout: cfg.redis.timeout,
+            ttl_ms: u64::try_from(cfg.ttl.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+            built,
+            metrics,
+            homes: shared_homes,
+            script: Script::new(HOMES),
+            touched: Sessions::new(TOUCHED, HOME_TTL / 4),
+            paused: parking_lot::Mutex::new(None),
+        })))
+    }
+
+    fn key(&self, key: u64) -> String {
+        format!("{}:session:{key:016x}", self.prefix)
+    }
+
+    fn count(&self, op: &'static str, outcome: &'static str) {
+        self.metrics.session_store.get(&(op, outcome)).inc();
+    }
+
+    /// Where another gateway placed session `key` (`None`: nowhere, or the
+    /// table could not say within `redis.timeout`).
+    pub(crate) async fn find(&self, key: u64) -> Option<String> {
+        let mut conn = self.conn.clone();
+        let cmd = Cmd::get(self.key(key));
+        let got: Result<Option<String>, _> =
+            match tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err("timed out".into()),
+            };
+        match got {
+            Ok(Some(name)) => {
+                self.count("find", "found");
+                Some(name)
+            }
+            Ok(None) => {
+                self.count("find", "absent");
+                None
+            }
+            Err(e) => {
+                self.count("find", "error");
+                tracing::debug!(error = %e, "session store lookup failed");
+                None
+            }
+        }
+    }
+
+    /// Before routing: session `key`, unknown to this gateway, is looked up
+    /// and what the table says goes into the local table.
+    pub(crate) async fn recall(&self, affinity: &Affinity, key: u64) {
+        if let Some(name) = self.find(key).await {
+            affinity
+                .sessions
+                .place(key, &Arc::from(name.as_str()), crate::turn::now_std());
+        }
+    }
+
+    /// After routing: session `key` was on `before` (this gateway's table,
+    /// with what `recall` found) and is on `after` now (`None`: the policy
+    /// keeps no sessions). Written in the background.
+    pub(crate) fn record(
+        self: &Arc<Self>,
+        affinity: &Arc<Affinity>,
+        key: u64,
+        before: Option<Arc<str>>,
+        after: Option<Arc<str>>,
+    ) {
+        let Some(after) = after else {
+            return;
+        };
+        let write = match before {
+            None => Write::Claim,
+            Some(b) if b != after => Write::Move,
+            Some(_) => Write::Touch,
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        let affinity = affinity.clone();
+        rt.spawn(async move { this.write(&affinity, key, &after, write).await });
+    }
+
+    async fn write(&self, affinity: &Affinity, key: u64, replica: &Arc<str>, write: Write) {
+        let k = self.key(key);
+        let mut conn = self.conn.clone();
+        let (op, result) = match write {
+            Write::Claim => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&k)
+                    .arg(&**replica)
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(self.ttl_ms);
+                let r: Result<Option<String>, String> = self.query(cmd, &mut conn).await;
+                ("claim", r.map(|old| old.filter(|o| **o != **replica)))
+            }
+            Write::Move => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&k).arg(&**replica).arg("PX").arg(self.ttl_ms);
+                let r: Result<(), String> = self.query(cmd, &mut conn).await;
+                ("move", r.map(|()| None))
+            }
+            Write::Touch => {
+                let mut cmd = redis::cmd("PEXPIRE");
+                cmd.arg(&k).arg(self.ttl_ms);
+                let r: Result<i64, String> = self.query(cmd, &mut conn).await;
+                match r {
+                    // Gone from the table (expired there, or Redis lost it):
+                    // written again.
+                    Ok(0) => {
+                        let mut cmd = redis::cmd("SET");
+                        cmd.arg(&k)
+                            .arg(&**replica)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(self.ttl_ms);
+                        let r: Result<Option<String>, String> = self.query(cmd, &mut conn).await;
+                        ("touch", r.map(|_| None))
+                    }
+                    other => ("touch", other.map(|_| None)),
+                }
+            }
+        };
+        match result {
+            Ok(None) => self.count(op, "ok"),
+            Ok(Some(winner)) => {
+                // Another gateway placed it first: its next turns go there.
+                self.count(op, "taken");
+                affinity
+                    .sessions
+                    .place(key, &Arc::from(winner.as_str()), crate::turn::now_std());
+            }
+            Err(e) => {
+                self.count(op, "error");
+                tracing::debug!(error = %e, op, "session store write failed");
+            }
+        }
+    }
+
+    /// The home of a prefix no candidate holds in this gateway's index
+    /// (`key`: its home prefix; `candidates`: the first `open` of them are
+    /// those a new home may go to, in this gateway's order): where another
+    /// gateway homed it, else where the table places it now. `None`: the
+    /// table could not say within `redis.timeout` (or failed within the last
+    /// [`PAUSE`]: a Redis gone quiet costs each prompt nothing more then).
+    pub(crate) async fn place_home(
+        &self,
+        model: &str,
+        leg: Leg,
+        key: u64,
+        candidates: &[Arc<str>],
+        open: usize,
+    ) -> Option<TableHome> {
+        if open == 0 || open > candidates.len() {
+            return None;
+        }
+        if self
+            .paused
+            .lock()
+            .is_some_and(|until| Instant::now() < until)
+        {
+            self.count_home("place", "skipped");
+            return None;
+        }
+        let mut conn = self.conn.clone();
+        let inv = self.homes(model, leg, key, "place", &open.to_string(), candidates);
+        let got: Result<(String, i64), String> =
+            match tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err("timed out".into()),
+            };
+        match got {
+            Ok((replica, new)) => {
+                self.count_home("place", if new == 1 { "placed" } else { "found" });
+                Some(TableHome {
+                    replica: Arc::from(replica),
+                    new: new == 1,
+                })
+            }
+            Err(e) => {
+                self.count_home("place", "error");
+                *self.paused.lock() = Some(Instant::now() + PAUSE);
+                tracing::debug!(error = %e, "prefix home lookup failed");
+                None
+            }
+        }
+    }
+
+    /// After routing: prefix `at.key` went to `at.replica` (`write`: why).
+    /// Written in the background; a touch at most once a quarter of
+    /// [`HOME_TTL`] per prefix. A touch that finds the prefix homed
+    /// elsewhere (another gateway moved it, or this one served it where the
+    /// table's home was full) makes this gateway forget it on `at.replica`:
+    /// its next request is looked up, and goes where the others send it.
+    pub(crate) fn write_home(
+        self: &Arc<Self>,
+        affinity: &Arc<Affinity>,
+        at: HomeAt<'_>,
+        write: HomeWrite,
+        candidates: impl FnOnce() -> Vec<Arc<str>>,
+    ) {
+        let now = crate::turn::now_std();
+        let seen =
+            at.key ^ xxhash_rust::xxh3::xxh3_64_with_seed(at.model.as_bytes(), at.leg as u64);
+        if write == HomeWrite::Touch && self.touched.get(seen, now).as_ref() == Some(at.replica) {
+            return;
+        }
+        self.touched.place(seen, at.replica, now);
+        let candidates = candidates();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        let affinity = affinity.clone();
+        let (model, leg, key) = (at.model.to_string(), at.leg, at.key);
+        let (replica, blocks) = (at.replica.clone(), at.blocks.to_vec());
+        rt.spawn(async move {
+            let op = match write {
+                HomeWrite::Touch => "touch",
+                HomeWrite::Move => "move",
+            };
+            let mut conn = this.conn.clone();
+            let inv = this.homes(&model, leg, key, op, &replica, &candidates);
+            let r: Result<Result<(String, i64), _>, _> =
+                tokio::time::timeout(this.timeout * 4, inv.invoke_async(&mut conn)).await;
+            match r {
+                Ok(Ok((home, _))) if *home != *replica => {
+                    this.count_home(op, "elsewhere");
+                    let now = crate::turn::now_std();
+                    affinity.of(&replica, now).prefixes.forget(&blocks);
+                    this.touched.forget(seen);
+                }
+                Ok(Ok(_)) => this.count_home(op, "ok"),
+                Ok(Err(e)) => {
+                    this.count_home(op, "error");
+                    tracing::debug!(error = %e, op, "prefix home write failed");
+                }
+                Err(_) => this.count_home(op, "error"),
+            }
+        });
+    }
+
+    /// The script's call for prefix `key` (see [`HOMES`]; `arg`: its
+    /// ARGV[3]).
+    fn homes<'a>(
+        &'a self,
+        model: &str,
+        leg: Leg,
+        key: u64,
+        op: &str,
+        arg: &str,
+        candidates: &[Arc<str>],
+    ) -> redis::ScriptInvocation<'a> {
+        // One hash tag per model and pool: its keys share a cluster slot.
+        let tag = format!("{{{model}/{}}}", leg.as_str());
+        let mut inv = self.script.prepare_invoke();
+        inv.key(format!("{}:home:{tag}:{key:016x}", self.prefix));
+        for c in candidates {
+            inv.key(format!("{}:homes:{tag}:{c}", self.prefix));
+        }
+        inv.arg(op)
+            .arg(u64::try_from(HOME_TTL.as_millis()).unwrap_or(u64::MAX))
+            .arg(arg);
+        for c in candidates {
+            inv.arg(&**c);
+        }
+        inv
+    }
+
+    fn count_home(&self, op: &'static str, outcome: &'static str) {
+        self.metrics.home_store.get(&(op, outcome)).inc();
+    }
+
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: Cmd,
+        conn: &mut ConnectionManager,
+    ) -> Result<T, String> {
+        let started = Instant::now();
+        let r = tokio::time::timeout(self.timeout * 4, cmd.query_async(conn)).await;
+        match r {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("timed out after {:?}", started.elapsed())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Secret, StoreKind};
+
+    /// A gateway's table in the Redis on `port`.
+    fn table(port: u16) -> (Arc<SharedTable>, Arc<Metrics>) {
+        let mut cfg = SessionsConfig {
+            store: StoreKind::Redis,
+            ..SessionsConfig::default()
+        };
+        cfg.redis.url = Secret::new(format!("redis://127.0.0.1:{port}"));
+        let metrics = Arc::new(Metrics::new(&Config::default().telemetry.buckets));
+        let t = SharedTable::from_config(&cfg, true, true, metrics.clone(), None)
+            .unwrap()
+            .unwrap();
+        (t, metrics)
+    }
+
+    fn names(n: &[&str]) -> Vec<Arc<str>> {
+        n.iter().map(|&s| Arc::from(s)).collect()
+    }
+
+    async fn place(t: &SharedTable, key: u64, order: &[&str]) -> (String, bool) {
+        let h = t
+            .place_home("m", Leg::Serve, key, &names(order), order.len())
+            .await
+            .expect("the table answers");
+        (h.replica.to_string(), h.new)
+    }
+
+    /// Two gateways, each with its own order of the replicas: the first to
+    /// meet a prefix places it on the replica with the fewest homes (of
+    /// every gateway's placing), the other finds it there; a move is seen by
+    /// both, and the homes it leaves count no more.
+    #[tokio::test]
+    async fn gateways_place_a_new_prefix_once_on_the_replica_with_the_fewest_homes() {
+        let redis = crate::limits::tests::redis_server().await;
+        let (a, _) = table(redis.port);
+        let (b, _) = table(redis.port);
+        // Empty: the placing gateway's first choice.
+        assert_eq!(place(&a, 1, &["r1", "r2", "r3"]).await, ("r1".into(), true));
+        assert_eq!(
+            place(&b, 1, &["r3", "r2", "r1"]).await,
+            ("r1".into(), false)
+        );
+        // r1 holds one: the next new prefix goes to the first of the others
+        // in the placing gateway's order.
+        assert_eq!(place(&b, 2, &["r1", "r3", "r2"]).await, ("r3".into(), true));
+        assert_eq!(place(&a, 3, &["r1", "r3", "r2"]).await, ("r2".into(), true));
+        assert_eq!(
+            place(&a, 2, &["r2", "r1", "r3"]).await,
+            ("r3".into(), false)
+        );
+        // A gateway moves prefix 1 to r2: the other finds it there, and r1
+        // holds none now, so it takes the next new one.
+        write(&a, 1, "r2", "move").await;
+        assert_eq!(
+            place(&b, 1, &["r1", "r3", "r2"]).await,
+            ("r2".into(), false)
+        );
+        assert_eq!(place(&b, 4, &["r3", "r2", "r1"]).await, ("r1".into(), true));
+        // A touch keeps a home where it is: another gateway's holder does
+        // not take it over.
+        write(&a, 4, "r3", "touch").await;
+        assert_eq!(place(&a, 4, &["r3"]).await, ("r1".into(), false));
+        // Homes of each pool apart: the prefill leg's prefix 1 is new.
+        let h = a
+            .place_home("m", Leg::Prefill, 1, &names(&["r3"]), 1)
+            .await
+            .unwrap();
+        assert!(h.new && &*h.replica == "r3", "{h:?}");
+        // A new home goes only where the gateway may place it: with prefix
+        // 4 moved to r2, r1 holds none, r3 one, r2 three; r1 is not open.
+        write(&b, 4, "r2", "move").await;
+        let h = a
+            .place_home("m", Leg::Serve, 5, &names(&["r3", "r2", "r1"]), 2)
+            .await
+            .unwrap();
+        assert!(h.new && &*h.replica == "r3", "{h:?}");
+    }
+
+    /// What `write_home` sends in the background, awaited.
+    async fn write(t: &SharedTable, key: u64, to: &str, op: &str) {
+        let mut conn = t.conn.clone();
+        let inv = t.homes("m", Leg::Serve, key, op, to, &names(&["r1", "r2", "r3"]));
+        let _: (String, i64) = inv.invoke_async(&mut conn).await.unwrap();
+    }
+
+    /// No Redis: the lookup answers nothing, and the error is counted.
+    #[tokio::test]
+    async fn no_home_while_redis_is_down() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (t, metrics) = table(port);
+        for _ in 0..2 {
+            assert!(
+                t.place_home("m", Leg::Serve, 1, &names(&["r1"]), 1)
+                    .await
+                    .is_none()
+            );
+        }
+        assert_eq!(metrics.home_store.get(&("place", "error")).get(), 1);
+        // The second within the pause: not tried.
+        assert_eq!(metrics.home_store.get(&("place", "skipped")).get(), 1);
+    }
+}
