@@ -60,13 +60,14 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 
 use super::Head;
-use super::proxy;
+use super::homes;
 use super::send;
 use crate::config::PdProtocol;
 use crate::error::GatewayError;
 use crate::routing::placement::Placement;
 use crate::routing::shared_table::Leg;
-use crate::routing::{ReplicaView, RouteCtx, SessionKey, SharedHome};
+use crate::routing::shared_table::TableHome;
+use crate::routing::{ReplicaView, RouteCtx, SessionKey};
 use crate::state::AppState;
 use crate::telemetry::record::PdRecord;
 use crate::telemetry::tracecontext::TRACEPARENT;
@@ -203,7 +204,7 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
 /// with the accounting of the prompt there (kept until the decode replica
 /// answers) and why routing chose it, or why the decode replica prefills
 /// itself.
-pub(crate) fn choose(
+pub(crate) async fn choose(
     s: &DecodeSide<'_>,
     prefills: &[Arc<Replica>],
 ) -> Result<(Arc<Replica>, Placement, RouteReason), PdReason> {
@@ -211,12 +212,26 @@ pub(crate) fn choose(
         Route::Local(reason) => return Err(reason),
         Route::Pool(pool, ctx) => (pool, ctx),
     };
+    // With shared prefix homes, as the proxy's prefill leg (`prefill`).
+    let home = Box::pin(homes::table_home(
+        s.state,
+        &ctx,
+        &pool,
+        s.view,
+        Leg::Prefill,
+    ))
+    .await;
+    let ctx = RouteCtx {
+        shared_home: home.as_ref().map(TableHome::shared),
+        ..ctx
+    };
     let views: Vec<ReplicaView> = pool.iter().map(|r| (s.view)(r)).collect();
     let pick = s
         .state
         .policy
         .pick(&ctx, &views)
         .ok_or(PdReason::LocalNoPrefill)?;
+    homes::record_home(s.state, &ctx, &pool, Leg::Prefill, &pick);
     let replica = pool.swap_remove(pick.index);
     let placement = Placement::new(
         s.state.affinity.of(&replica.name, ctx.now),
@@ -254,12 +269,16 @@ pub(crate) async fn prefill(
     };
     // With shared prefix homes, a prefix new here is homed in the prefill
     // pool as every gateway homes it.
-    let home = Box::pin(proxy::table_home(a.state, &ctx, &pool, Leg::Prefill)).await;
+    let home = Box::pin(homes::table_home(
+        a.state,
+        &ctx,
+        &pool,
+        a.view,
+        Leg::Prefill,
+    ))
+    .await;
     let ctx = RouteCtx {
-        shared_home: home.as_ref().map(|h| SharedHome {
-            replica: &h.replica,
-            new: h.new,
-        }),
+        shared_home: home.as_ref().map(TableHome::shared),
         ..ctx
     };
     // (A retry's decision goes elsewhere by design: not written.)
@@ -267,7 +286,7 @@ pub(crate) async fn prefill(
         let views: Vec<ReplicaView> = pool.iter().map(|r| (a.view)(r)).collect();
         let pick = a.state.policy.pick(&ctx, &views)?;
         if first {
-            proxy::record_home(a.state, &ctx, pool, Leg::Prefill, &pick);
+            homes::record_home(a.state, &ctx, pool, Leg::Prefill, &pick);
         }
         Some(pick)
     };

@@ -2,6 +2,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod disagg;
+pub(crate) mod homes;
 pub mod inbound;
 pub(crate) mod models;
 pub mod proxy;

@@ -17,6 +17,7 @@ use http::{HeaderValue, Request, header};
 use tokio::time::Instant;
 
 use super::Head;
+use super::homes::{record_home, table_home};
 use super::inbound::{self, Inbound};
 use super::request_id::RequestId;
 use super::send;
@@ -27,8 +28,8 @@ use crate::headers::Lookup;
 use crate::limits::Identity;
 use crate::request::RequestGuard;
 use crate::routing::placement::Placement;
-use crate::routing::shared_table::{self, HomeWrite, Leg, TableHome};
-use crate::routing::{Decision, LoadView, ReplicaView, RouteCtx, SessionKey, SharedHome};
+use crate::routing::shared_table::{Leg, TableHome};
+use crate::routing::{Decision, LoadView, ReplicaView, RouteCtx, SessionKey};
 use crate::state::AppState;
 use crate::stream::body::{ReplicaConn, TimedBody};
 use crate::stream::event::chunk_info;
@@ -507,83 +508,10 @@ impl RouteInput {
             tail_tokens: self.tail_tokens,
             decode_leg: false,
             session_placement: None,
-            shared_home: self.shared_home.as_ref().map(|h| SharedHome {
-                replica: &h.replica,
-                new: h.new,
-            }),
+            shared_home: self.shared_home.as_ref().map(TableHome::shared),
             now: turn::now_std(),
         }
     }
-}
-
-/// With shared prefix homes (`routing::shared_table`): a prompt whose
-/// prefix no candidate holds in this gateway's index is looked up in the
-/// shared table, and placed there when new (`leg`: the pool the decision is
-/// for). `None`: no table, a prefix held here, a session that decides, or
-/// the table did not answer.
-pub(crate) async fn table_home(
-    state: &AppState,
-    ctx: &RouteCtx<'_>,
-    candidates: &[Arc<Replica>],
-    leg: Leg,
-) -> Option<TableHome> {
-    let table = state.shared_table.as_ref().filter(|t| t.homes)?;
-    let new = {
-        let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
-        state.policy.new_home(ctx, &views)?
-    };
-    let order: Vec<Arc<str>> = new
-        .order
-        .iter()
-        .map(|&i| candidates[i].name.clone())
-        .collect();
-    table
-        .place_home(ctx.model, leg, new.key, &order, new.open)
-        .await
-}
-
-/// With shared prefix homes: what `decision` (among `candidates`, for
-/// `ctx`) tells the shared table, written in the background: a prefix
-/// served at a holder keeps its home; one moved, or placed without the
-/// table, is written over. Not a retry's (it goes elsewhere by design), nor
-/// a decision a session made.
-pub(crate) fn record_home(
-    state: &AppState,
-    ctx: &RouteCtx<'_>,
-    candidates: &[Arc<Replica>],
-    leg: Leg,
-    decision: &Decision,
-) {
-    let Some(table) = state.shared_table.as_ref().filter(|t| t.homes) else {
-        return;
-    };
-    let home_blocks = state.config.routing.prefix_kv.home_blocks;
-    let Some(key) = shared_table::home_key(ctx.hashes, home_blocks) else {
-        return;
-    };
-    let Some(replica) = candidates.get(decision.index).map(|r| &r.name) else {
-        return;
-    };
-    let placed_now = ctx
-        .shared_home
-        .is_some_and(|h| h.new && h.replica == &**replica);
-    let write = match decision.reason {
-        _ if !decision.by_prefix => return,
-        RouteReason::Affinity => HomeWrite::Touch,
-        RouteReason::PrefixNew if placed_now => return,
-        RouteReason::PrefixNew | RouteReason::Rehome => HomeWrite::Move,
-        _ => return,
-    };
-    let at = shared_table::HomeAt {
-        model: ctx.model,
-        leg,
-        key,
-        blocks: &ctx.hashes[..home_blocks.min(ctx.hashes.len())],
-        replica,
-    };
-    table.write_home(&state.affinity, at, write, || {
-        candidates.iter().map(|c| c.name.clone()).collect()
-    });
 }
 
 /// The policy's decision among `candidates` (`pinned`: the replica that
@@ -747,7 +675,7 @@ async fn forward(
             decode_leg,
             ..input.ctx(&model)
         };
-        let home = Box::pin(table_home(state, &ctx, candidates, leg)).await;
+        let home = Box::pin(table_home(state, &ctx, candidates, view, leg)).await;
         input.shared_home = home;
     }
     loop {

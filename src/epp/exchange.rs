@@ -25,6 +25,7 @@ use tonic::Status;
 use super::wire::{self, Prefiller, Proceed};
 use crate::api::Head;
 use crate::api::disagg::{self, DecodeSide};
+use crate::api::homes;
 use crate::api::inbound::Inbound;
 use crate::api::proxy::{self, RouteInput};
 use crate::error::GatewayError;
@@ -273,7 +274,14 @@ impl Exchange {
                 decode_leg: pd,
                 ..input.ctx(&model)
             };
-            let home = Box::pin(proxy::table_home(&state, &ctx, &c.replicas, pool)).await;
+            let home = Box::pin(homes::table_home(
+                &state,
+                &ctx,
+                &c.replicas,
+                proxy::view,
+                pool,
+            ))
+            .await;
             input.shared_home = home;
         }
         let decision = proxy::pick(&state, &input, &model, &c.replicas, pinned, pd);
@@ -284,7 +292,7 @@ impl Exchange {
                     decode_leg: pd,
                     ..input.ctx(&model)
                 };
-                proxy::record_home(&state, &ctx, &c.replicas, pool, d);
+                homes::record_home(&state, &ctx, &c.replicas, pool, d);
             }
         }
         let decision = decision.ok_or_else(|| GatewayError::NoHealthyBackend(model.to_string()))?;
@@ -313,7 +321,7 @@ impl Exchange {
                 decode_cached: decision.cached_tokens,
                 view: proxy::view,
             };
-            let (reason, named, why) = match disagg::choose(&side, &c.prefill) {
+            let (reason, named, why) = match Box::pin(disagg::choose(&side, &c.prefill)).await {
                 Ok((replica, placement, why)) => {
                     self.prefill = Some(placement);
                     (PdReason::Remote, Some(replica), Some(why))

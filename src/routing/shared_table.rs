@@ -201,6 +201,16 @@ pub(crate) struct TableHome {
     pub(crate) new: bool,
 }
 
+impl TableHome {
+    /// As a routing context carries it.
+    pub(crate) fn shared(&self) -> super::SharedHome<'_> {
+        super::SharedHome {
+            replica: &self.replica,
+            new: self.new,
+        }
+    }
+}
+
 /// What routing did with a prefix, for the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HomeWrite {

@@ -240,6 +240,14 @@ def main():
           and cfg["rate_limits"]["redis"]["url"] == "redis://gw-sluice-redis:6379"
           and cfg["rate_limits"]["on_store_error"] == "fail_closed",
           f"Redis wiring keeps the user's settings: {cfg['rate_limits']}")
+    sessions = cfg["routing"]["sessions"]
+    check(sessions["store"] == "redis" and sessions["redis"]["url"] == "redis://gw-sluice-redis:6379",
+          f"the routing table shares the chart's Redis: {sessions}")
+    kept = check_config(sluice_bin, render({"redis": {"enabled": True}, "config": {
+        "routing": {"sessions": {"store": "memory"}}}}), "routing table in memory")
+    check(kept["routing"]["sessions"]["store"] == "memory"
+          and "redis" not in kept["routing"]["sessions"],
+          f"a routing table the config keeps in memory stays there: {kept['routing']}")
     by_kind(docs, "Service", "gw-sluice-redis")
     redis_dep = by_kind(docs, "Deployment", "gw-sluice-redis")[0]
     check(redis_dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"], "Redis runs as non-root")

@@ -1161,3 +1161,61 @@ async fn legs_traced(
         assert!(prefill.span.end_time_unix_nano <= decode.span.start_time_unix_nano);
     }
 }
+
+/// Question `q` about document `doc`: a shared system prompt of ~300
+/// tokens (well past the home prefix's eight blocks) and a short question.
+fn document(doc: usize, q: usize) -> serde_json::Value {
+    let text: String = (0..120).map(|w| format!("d{doc}w{w} ")).collect();
+    serde_json::json!({
+        "model": "sim-model", "max_tokens": 5,
+        "messages": [
+            {"role": "system", "content": text},
+            {"role": "user", "content": format!("Question {q}?")},
+        ],
+    })
+}
+
+/// Two gateways sharing the routing table in Redis over a disaggregated
+/// fleet (two prefill replicas, one decode): each document's prefill legs
+/// go to one prefill replica whichever gateway plans them (its first
+/// request through either), and the documents are spread over both
+/// gateways' placements, three and three.
+#[tokio::test]
+async fn gateways_sharing_prefix_homes_prefill_a_document_on_one_replica() {
+    let redis = crate::common::redis::start().await;
+    let p = [
+        replica(SimRole::Prefill, |_| {}).await,
+        replica(SimRole::Prefill, |_| {}).await,
+    ];
+    let d = replica(SimRole::Decode, |_| {}).await;
+    let mut gws = Vec::new();
+    for _ in 0..2 {
+        let fleet = [
+            (&p[0], Role::Prefill),
+            (&p[1], Role::Prefill),
+            (&d, Role::Decode),
+        ];
+        gws.push(gateway_over(&fleet, |c| crate::routing::shared_table(c, &redis)).await);
+    }
+    let received = || p.each_ref().map(|s| s.state.metrics.received.get());
+    let mut homes = [0usize; 2];
+    for doc in 0..6 {
+        let mut at = Vec::new();
+        for q in 0..3 {
+            let before = received();
+            let url = format!("{}/v1/chat/completions", api(&gws[(doc + q) % 2]));
+            let (status, _, text) = post(&url, &document(doc, q)).await;
+            assert_eq!(status, 200, "{text}");
+            let after = received();
+            let hit: Vec<usize> = (0..2).filter(|&i| after[i] > before[i]).collect();
+            assert_eq!(hit.len(), 1, "one remote prefill: {hit:?}");
+            at.push(hit[0]);
+        }
+        assert!(at.iter().all(|&h| h == at[0]), "document {doc}: {at:?}");
+        homes[at[0]] += 1;
+    }
+    assert_eq!(homes, [3, 3]);
+    for gw in &gws {
+        assert_eq!(pd_decisions(gw, "remote").await, 9.0);
+    }
+}

@@ -22,6 +22,12 @@ pub fn routing_config(urls: &[String]) -> Config {
     c
 }
 
+/// The routing table shared through `redis` (`routing.sessions.store`).
+pub fn shared_table(c: &mut Config, redis: &crate::common::redis::Redis) {
+    c.routing.sessions.store = sluice::config::StoreKind::Redis;
+    c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+}
+
 /// Start a gateway and wait until `n` replicas are healthy and scraped, so
 /// that the first decisions already see fresh pressure signals.
 pub async fn start_routed(config: Config, n: usize) -> Gateway {
@@ -585,8 +591,7 @@ async fn gateways_sharing_prefix_homes_place_a_new_prefix_alike_whatever_their_i
     let mut gws = Vec::new();
     for _ in 0..2 {
         let mut c = routing_config(&urls(&sims));
-        c.routing.sessions.store = sluice::config::StoreKind::Redis;
-        c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+        shared_table(&mut c, &redis);
         gws.push(start_routed(c, 4).await);
     }
     let urls: Vec<String> = gws.iter().map(api).collect();
@@ -637,8 +642,7 @@ async fn a_gateway_follows_a_prefix_home_another_gateway_moved() {
     let redis = crate::common::redis::start().await;
     let sims = sims(3).await;
     let mut c = routing_config(&urls(&sims));
-    c.routing.sessions.store = sluice::config::StoreKind::Redis;
-    c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+    shared_table(&mut c, &redis);
     let gw = start_routed(c, 3).await;
     let url = api(&gw);
     let first = served_via(&url, &sims, &prefixed(7, 0)).await;
@@ -668,18 +672,14 @@ async fn a_gateway_follows_a_prefix_home_another_gateway_moved() {
         .await
         .unwrap();
     assert_eq!(served_via(&url, &sims, &prefixed(7, 1)).await, first);
-    let gw = &gw;
+    let (gw, elsewhere) = (
+        &gw,
+        "sluice_routing_home_store_total{op=\"touch\",outcome=\"elsewhere\"}",
+    );
     wait_until(
         "the touch found the other home",
         Duration::from_secs(5),
-        || async move {
-            gateway_metric(
-                gw,
-                "sluice_routing_home_store_total{op=\"touch\",outcome=\"elsewhere\"}",
-            )
-            .await
-                == 1.0
-        },
+        || async move { gateway_metric(gw, elsewhere).await == 1.0 },
     )
     .await;
     assert_eq!(served_via(&url, &sims, &prefixed(7, 2)).await, other);

@@ -11,7 +11,8 @@ use sluice::sim::SimHandle;
 
 use crate::common::*;
 use crate::routing::{
-    backend, reasons, routing_config, served_by, sims, start_routed, until_backend, urls,
+    backend, reasons, routing_config, served_by, shared_table, sims, start_routed, until_backend,
+    urls,
 };
 
 /// Turn `turn` of conversation `s`: no shared prefix to lean on (the
@@ -300,8 +301,7 @@ async fn gateways_sharing_a_session_table_place_by_load_and_agree() {
     let mut gws = Vec::new();
     for _ in 0..3 {
         let mut c = routing_config(&urls(&sims));
-        c.routing.sessions.store = sluice::config::StoreKind::Redis;
-        c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+        shared_table(&mut c, &redis);
         c.routing.prefix_kv.session_placement = sluice::config::SessionPlacement::LeastLoaded;
         gws.push(start_routed(c, 4).await);
     }
@@ -352,8 +352,7 @@ async fn sessions_are_served_while_the_shared_table_is_down() {
     let mut redis = crate::common::redis::start().await;
     let sims = sims(2).await;
     let mut c = routing_config(&urls(&sims));
-    c.routing.sessions.store = sluice::config::StoreKind::Redis;
-    c.routing.sessions.redis.url = sluice::config::Secret::new(redis.url());
+    shared_table(&mut c, &redis);
     let gw = start_routed(c, 2).await;
     // `auto` with a shared table: new sessions skip pressed replicas.
     let (_, text) = get_text(&format!("{}/admin/routing", admin(&gw))).await;

@@ -86,6 +86,21 @@ from the values (listeners, drain, Redis when the chart runs it, keys file).
 {{- $_ := set $redis "url" (printf "redis://%s:6379" (include "sluice.redisName" .)) -}}
 {{- $_ := set $rl "redis" $redis -}}
 {{- $_ := set $cfg "rate_limits" $rl -}}
+{{- /* The routing table too (sessions, prefix homes), unless the config says otherwise. */ -}}
+{{- $routing := deepCopy (default (dict) $cfg.routing) -}}
+{{- $sessions := deepCopy (default (dict) $routing.sessions) -}}
+{{- if not (hasKey $sessions "store") -}}
+{{- $_ := set $sessions "store" "redis" -}}
+{{- end -}}
+{{- if eq $sessions.store "redis" -}}
+{{- $sredis := deepCopy (default (dict) $sessions.redis) -}}
+{{- if not (hasKey $sredis "url") -}}
+{{- $_ := set $sredis "url" (printf "redis://%s:6379" (include "sluice.redisName" .)) -}}
+{{- end -}}
+{{- $_ := set $sessions "redis" $sredis -}}
+{{- end -}}
+{{- $_ := set $routing "sessions" $sessions -}}
+{{- $_ := set $cfg "routing" $routing -}}
 {{- end -}}
 {{- if .Values.apiKeys.existingSecret -}}
 {{- $auth := deepCopy (default (dict) $cfg.auth) -}}
