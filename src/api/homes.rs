@@ -23,6 +23,10 @@ pub(crate) async fn table_home(
     leg: Leg,
 ) -> Option<TableHome> {
     let table = state.shared_table.as_ref().filter(|t| t.homes)?;
+    // Nothing to place: no prefix, or no choice (the views not built).
+    if ctx.hashes.is_empty() || candidates.len() < 2 {
+        return None;
+    }
     let new = {
         let views: Vec<ReplicaView> = candidates.iter().map(|r| view(r)).collect();
         state.policy.new_home(ctx, &views)?

@@ -557,21 +557,13 @@ mod tests {
             every: Duration::from_secs(60),
         };
         let mut rounds = 0;
-        assert!(
-            round("gw1")
-                .run(manager.clone(), &mut rounds, &gate1, 96)
-                .await
-        );
-        assert!(
-            round("gw2")
-                .run(manager.clone(), &mut rounds, &gate2, 96)
-                .await
-        );
-        assert!(
-            round("gw1")
-                .run(manager.clone(), &mut rounds, &gate1, 96)
-                .await
-        );
+        let mut sync = async |me: &'static str, gate: &Gate| {
+            let ok = round(me).run(manager.clone(), &mut rounds, gate, 96).await;
+            assert!(ok, "{me}'s round");
+        };
+        sync("gw1", &gate1).await;
+        sync("gw2", &gate2).await;
+        sync("gw1", &gate1).await;
         let now = Instant::now();
         assert_eq!(gate1.state.lock().part(now), Some(72));
         assert_eq!(gate2.state.lock().part(now), Some(24));
@@ -588,16 +580,8 @@ mod tests {
         // Gateway 2's tenants want nothing now: it withdraws, and gateway 1
         // has no part any more.
         gate2.state.lock().running.clear();
-        assert!(
-            round("gw2")
-                .run(manager.clone(), &mut rounds, &gate2, 96)
-                .await
-        );
-        assert!(
-            round("gw1")
-                .run(manager.clone(), &mut rounds, &gate1, 96)
-                .await
-        );
+        sync("gw2", &gate2).await;
+        sync("gw1", &gate1).await;
         assert_eq!(gate1.state.lock().part(Instant::now()), None);
         assert_eq!(gate1.state.lock().others_want, [w(0, "heavy", 0)]);
     }
