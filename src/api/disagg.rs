@@ -245,7 +245,8 @@ pub(crate) async fn choose(
         tokens_per_block(s.state),
     )
     .counting_session(pick.counted_session)
-    .continuing(pick.continuing);
+    .continuing(pick.continuing)
+    .cold(home.as_ref().and_then(|h| h.cold_on(&replica.name)));
     Ok((replica, placement, pick.reason))
 }
 
@@ -310,7 +311,8 @@ pub(crate) async fn prefill(
             tokens_per_block(a.state),
         )
         .counting_session(pick.counted_session)
-        .continuing(pick.continuing);
+        .continuing(pick.continuing)
+        .cold(home.as_ref().and_then(|h| h.cold_on(&replica.name)));
         match leg(&a, &replica, body, placement).await {
             Ok((params, cached, sent, took)) => {
                 a.state

@@ -597,7 +597,13 @@ pub(crate) fn start_attempt(
             input.tokens_per_block,
         )
         .counting_session(decision.counted_session)
-        .continuing(decision.continuing),
+        .continuing(decision.continuing)
+        .cold(
+            input
+                .shared_home
+                .as_ref()
+                .and_then(|h| h.cold_on(&replica.name)),
+        ),
     );
 }
 

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::affinity::ReplicaMemory;
+use super::shared_table::ColdMark;
 
 /// One request's accounting on the replica it was sent to.
 pub(crate) struct Placement {
@@ -34,6 +35,9 @@ pub(crate) struct Placement {
     session: Option<u64>,
     /// A turn of a session under way ([`Placement::continuing`]).
     continuing: bool,
+    /// A new home's cold prefill, counted by the shared table until the
+    /// first token ([`Placement::cold`]).
+    cold: Option<Arc<ColdMark>>,
 }
 
 impl Placement {
@@ -60,6 +64,21 @@ impl Placement {
             waited: None,
             session: None,
             continuing: false,
+            cold: None,
+        }
+    }
+
+    /// The shared table counts this prompt's cold prefill on the replica
+    /// (its prefix's new home) until its first token, or until it ends
+    /// without one.
+    pub(crate) fn cold(mut self, mark: Option<Arc<ColdMark>>) -> Self {
+        self.cold = mark;
+        self
+    }
+
+    fn prefilled(&mut self) {
+        if let Some(mark) = self.cold.take() {
+            mark.clear();
         }
     }
 
@@ -101,6 +120,7 @@ impl Placement {
     /// nothing better would come at the end, so the prediction is counted at
     /// once, as before, not a generation later.
     pub(crate) fn first_token(&mut self, ttft: Duration) {
+        self.prefilled();
         if self.predicted_cached == 0 || !self.memory.load.reports_cached() {
             self.first_token_over(ttft, self.ahead);
         } else if !self.started {
@@ -125,6 +145,7 @@ impl Placement {
         actual: Option<u32>,
         engine_prompt: Option<u32>,
     ) {
+        self.prefilled();
         let ahead = self.ahead_done(actual, engine_prompt);
         self.first_token_over(ttft, ahead);
     }
@@ -234,6 +255,7 @@ impl Placement {
 
 impl Drop for Placement {
     fn drop(&mut self) {
+        self.prefilled();
         if let Some(k) = self.session {
             self.memory.sessions.lock().end(k, crate::turn::now_std());
         }

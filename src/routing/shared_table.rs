@@ -45,10 +45,13 @@
 //!   routing, on the request's path (one script, bounded by
 //!   `redis.timeout`): a home the table has is where routing sends it as if
 //!   this gateway held it there; a prefix the table lacks is placed by the
-//!   script on the candidate with the fewest prefixes homed by every gateway
-//!   (ties in this gateway's own order: fewer prompts queued, less work,
-//!   the prefix's rendezvous order), atomically, so two gateways meeting a
-//!   new prefix at once place it alike;
+//!   script on the candidate with the fewest prefixes homed by every gateway,
+//!   then the fewest new homes' cold prefills under way (a sorted set per
+//!   replica, `{key_prefix}:cold:{<model>/<pool>}:<replica>`: counted from
+//!   placement to the first token, [`ColdMark`]; ties in this gateway's own
+//!   order: fewer prompts queued, less work, the prefix's rendezvous order),
+//!   atomically, so two gateways meeting a new prefix at once place it
+//!   alike, and cold prefills spread as through one gateway;
 //! - after routing, in the background: a prefix routed by its prefix to a
 //!   holder pushes its home's expiry back (at most once a quarter of
 //!   [`HOME_TTL`] per prefix and gateway), and where the table names another
@@ -94,32 +97,37 @@ pub(crate) const HOME_TTL: Duration = super::affinity::FORGET_AFTER;
 const TOUCHED: usize = 65_536;
 
 /// Places, finds and keeps prefix homes, atomically.
-/// KEYS[1]: the prefix's home; KEYS[1 + i]: the prefixes homed on replica
-/// ARGV[3 + i]. ARGV[1]: `place`, `touch` or `move`; ARGV[2]: the time to
-/// live in ms; ARGV[3]: for `place`, how many of the candidates (the first)
-/// a new home may go to, else the replica; ARGV[4..]: the candidates, those
-/// a new home may go to first, in the placing gateway's order. Returns
-/// `{replica, 1 if written there now else 0}`: `place` answers the home
-/// (found, or new on the candidate with the fewest homes, the earlier of
-/// equals); `touch` keeps the replica's home (or writes it where there is
+/// KEYS[1]: the prefix's home; KEYS[1 + i] and KEYS[1 + n + i]: the
+/// prefixes homed on, and the cold prefills counted on, candidate i (of n,
+/// named ARGV[4 + i]). ARGV[1]: `place`, `touch` or `move`; ARGV[2]: the
+/// homes' time to live in ms; ARGV[3]: for `place`, how many of the
+/// candidates (the first) a new home may go to, else the replica; ARGV[4]:
+/// for `place`, how long a new home's cold prefill is counted at most, in
+/// ms (0: not counted); ARGV[5..]: the candidates, those a new home may go
+/// to first, in the placing gateway's order. Returns `{replica, 1 if
+/// written there now else 0}`: `place` answers the home (found, or new on
+/// the candidate with the fewest homes, then the fewest cold prefills under
+/// way, the earlier of equals, and counts the new home's cold prefill
+/// there); `touch` keeps the replica's home (or writes it where there is
 /// none) and answers another home where there is one; `move` writes it
 /// over.
 const HOMES: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
+local n = #ARGV - 4
 local home = redis.call('GET', KEYS[1])
-local function homes_on(name)
-  for i = 4, #ARGV do
-    if ARGV[i] == name then return KEYS[i - 2] end
+local function at(name)
+  for i = 1, n do
+    if ARGV[4 + i] == name then return i end
   end
 end
 local function hold(name)
   redis.call('SET', KEYS[1], name, 'PX', ttl)
-  local z = homes_on(name)
-  if z then
-    redis.call('ZADD', z, now, KEYS[1])
-    redis.call('PEXPIRE', z, ttl)
+  local i = at(name)
+  if i then
+    redis.call('ZADD', KEYS[1 + i], now, KEYS[1])
+    redis.call('PEXPIRE', KEYS[1 + i], ttl)
   end
 end
 if ARGV[1] == 'place' then
@@ -127,24 +135,30 @@ if ARGV[1] == 'place' then
     hold(home)
     return {home, 0}
   end
-  local best, fewest
-  for i = 4, 3 + tonumber(ARGV[3]) do
-    local z = KEYS[i - 2]
+  local best, fewest, coldest
+  for i = 1, tonumber(ARGV[3]) do
+    local z, c = KEYS[1 + i], KEYS[1 + n + i]
     redis.call('ZREMRANGEBYSCORE', z, '-inf', now - ttl)
-    local n = redis.call('ZCARD', z)
-    if not fewest or n < fewest then
-      best, fewest = ARGV[i], n
+    redis.call('ZREMRANGEBYSCORE', c, '-inf', now)
+    local h, k = redis.call('ZCARD', z), redis.call('ZCARD', c)
+    if not fewest or h < fewest or (h == fewest and k < coldest) then
+      best, fewest, coldest = i, h, k
     end
   end
-  hold(best)
-  return {best, 1}
+  hold(ARGV[4 + best])
+  local cold = tonumber(ARGV[4])
+  if cold > 0 then
+    redis.call('ZADD', KEYS[1 + n + best], now + cold, KEYS[1])
+    redis.call('PEXPIRE', KEYS[1 + n + best], cold)
+  end
+  return {ARGV[4 + best], 1}
 end
 if home and home ~= ARGV[3] then
   if ARGV[1] == 'touch' then
     return {home, 0}
   end
-  local z = homes_on(home)
-  if z then redis.call('ZREM', z, KEYS[1]) end
+  local i = at(home)
+  if i then redis.call('ZREM', KEYS[1 + i], KEYS[1]) end
 end
 hold(ARGV[3])
 return {ARGV[3], 1}
@@ -161,6 +175,13 @@ pub(crate) fn home_key(hashes: &[u64], home_blocks: usize) -> Option<u64> {
 /// After a prefix lookup failed, lookups are skipped this long (the prefix
 /// is placed as without the table).
 const PAUSE: Duration = Duration::from_secs(2);
+
+/// A new home's cold prefill is counted on its replica until its first
+/// token, its attempt's end, or at the latest this long (its gateway died:
+/// a stale count only breaks ties between replicas with equal homes, the
+/// longest a prompt waits for its first token before the gateway's
+/// deadlines give up on it is of this order).
+const COLD_FOR: Duration = Duration::from_secs(30);
 
 /// A prefix's decision, for the table.
 pub(crate) struct HomeAt<'a> {
@@ -199,6 +220,63 @@ pub(crate) struct TableHome {
     pub(crate) replica: Arc<str>,
     /// Placed by this lookup (else another gateway placed it).
     pub(crate) new: bool,
+    /// A new home's cold prefill, counted on `replica` by every gateway's
+    /// placing until the request sent there has its first token (then
+    /// [`ColdMark::clear`]; see [`TableHome::cold_on`]).
+    cold: Option<Arc<ColdMark>>,
+}
+
+/// A new home's cold prefill as the table counts it on its replica (the
+/// placing script's tie between replicas with equal homes: through one
+/// gateway a new prompt goes, among those, where no prompt like it is being
+/// prefilled, which that gateway knows of every prompt it sent; through
+/// several, each knew only its own, and cold prefills queued behind one
+/// another's: docs/benchmarks-log.md, "Where three gateways' cold-start
+/// tail comes from"). Cleared once, in the background: at the first token
+/// of the request sent there, when its attempt ends without one, when the
+/// request went elsewhere, or when dropped (SGLang's disaggregation
+/// protocol: its prefill leg has no placement of its own, so the count
+/// ends once both legs are sent).
+pub(crate) struct ColdMark {
+    table: Arc<SharedTable>,
+    /// The replica's sorted set, and the prefix's member in it.
+    set: String,
+    member: String,
+    cleared: std::sync::atomic::AtomicBool,
+}
+
+impl ColdMark {
+    pub(crate) fn clear(&self) {
+        if self
+            .cleared
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let table = self.table.clone();
+        let mut cmd = redis::cmd("ZREM");
+        cmd.arg(&self.set).arg(&self.member);
+        rt.spawn(async move {
+            let mut conn = table.conn.clone();
+            let r: Result<i64, String> = table.query(cmd, &mut conn).await;
+            table.count_home("cold", if r.is_ok() { "ok" } else { "error" });
+        });
+    }
+}
+
+impl Drop for ColdMark {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+impl std::fmt::Debug for ColdMark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ColdMark").field("set", &self.set).finish()
+    }
 }
 
 impl TableHome {
@@ -207,6 +285,19 @@ impl TableHome {
         super::SharedHome {
             replica: &self.replica,
             new: self.new,
+        }
+    }
+
+    /// The cold prefill's count, for the placement of the request sent to
+    /// `replica`: the mark when that is the new home, else `None` (and a
+    /// new home's count is cleared: the prefill is not there).
+    pub(crate) fn cold_on(&self, replica: &str) -> Option<Arc<ColdMark>> {
+        let mark = self.cold.as_ref()?;
+        if *self.replica == *replica {
+            Some(mark.clone())
+        } else {
+            mark.clear();
+            None
         }
     }
 }
@@ -218,6 +309,23 @@ pub(crate) enum HomeWrite {
     Touch,
     /// Moved, or placed without the table: written over.
     Move,
+}
+
+/// The script's call being built: its ARGV[4], then the candidates.
+struct Invocation<'a>(redis::ScriptInvocation<'a>);
+
+impl<'a> Invocation<'a> {
+    fn arg(mut self, a: impl redis::ToRedisArgs) -> Self {
+        self.0.arg(a);
+        self
+    }
+
+    fn with_candidates(mut self, candidates: &[Arc<str>]) -> redis::ScriptInvocation<'a> {
+        for c in candidates {
+            self.0.arg(&**c);
+        }
+        self.0
+    }
 }
 
 pub struct SharedTable {
@@ -434,7 +542,7 @@ impl SharedTable {
     /// table could not say within `redis.timeout` (or failed within the last
     /// [`PAUSE`]: a Redis gone quiet costs each prompt nothing more then).
     pub(crate) async fn place_home(
-        &self,
+        self: &Arc<Self>,
         model: &str,
         leg: Leg,
         key: u64,
@@ -453,7 +561,16 @@ impl SharedTable {
             return None;
         }
         let mut conn = self.conn.clone();
-        let inv = self.homes(model, leg, key, "place", &open.to_string(), candidates);
+        // A decode leg's prompt is prefilled in the prefill pool: no cold
+        // prefill on its home.
+        let cold = match leg {
+            Leg::Decode => Duration::ZERO,
+            Leg::Serve | Leg::Prefill => COLD_FOR,
+        };
+        let inv = self
+            .homes(model, leg, key, "place", &open.to_string(), candidates)
+            .arg(cold.as_millis().to_string())
+            .with_candidates(candidates);
         let got: Result<(String, i64), String> =
             match tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await {
                 Ok(r) => r.map_err(|e| e.to_string()),
@@ -461,10 +578,20 @@ impl SharedTable {
             };
         match got {
             Ok((replica, new)) => {
-                self.count_home("place", if new == 1 { "placed" } else { "found" });
+                let new = new == 1;
+                self.count_home("place", if new { "placed" } else { "found" });
+                let cold = (new && !cold.is_zero()).then(|| {
+                    Arc::new(ColdMark {
+                        table: self.clone(),
+                        set: self.cold_set(model, leg, &replica),
+                        member: self.home(model, leg, key),
+                        cleared: false.into(),
+                    })
+                });
                 Some(TableHome {
                     replica: Arc::from(replica),
-                    new: new == 1,
+                    new,
+                    cold,
                 })
             }
             Err(e) => {
@@ -510,7 +637,10 @@ impl SharedTable {
                 HomeWrite::Move => "move",
             };
             let mut conn = this.conn.clone();
-            let inv = this.homes(&model, leg, key, op, &replica, &candidates);
+            let inv = this
+                .homes(&model, leg, key, op, &replica, &candidates)
+                .arg(0)
+                .with_candidates(&candidates);
             let r: Result<Result<(String, i64), _>, _> =
                 tokio::time::timeout(this.timeout * 4, inv.invoke_async(&mut conn)).await;
             match r {
@@ -531,7 +661,8 @@ impl SharedTable {
     }
 
     /// The script's call for prefix `key` (see [`HOMES`]; `arg`: its
-    /// ARGV[3]).
+    /// ARGV[3]), its ARGV[4] and candidates to follow
+    /// ([`Invocation::with_candidates`]).
     fn homes<'a>(
         &'a self,
         model: &str,
@@ -540,21 +671,42 @@ impl SharedTable {
         op: &str,
         arg: &str,
         candidates: &[Arc<str>],
-    ) -> redis::ScriptInvocation<'a> {
-        // One hash tag per model and pool: its keys share a cluster slot.
-        let tag = format!("{{{model}/{}}}", leg.as_str());
+    ) -> Invocation<'a> {
         let mut inv = self.script.prepare_invoke();
-        inv.key(format!("{}:home:{tag}:{key:016x}", self.prefix));
+        inv.key(self.home(model, leg, key));
         for c in candidates {
-            inv.key(format!("{}:homes:{tag}:{c}", self.prefix));
+            inv.key(self.set(model, leg, "homes", c));
+        }
+        for c in candidates {
+            inv.key(self.cold_set(model, leg, c));
         }
         inv.arg(op)
             .arg(u64::try_from(HOME_TTL.as_millis()).unwrap_or(u64::MAX))
             .arg(arg);
-        for c in candidates {
-            inv.arg(&**c);
-        }
-        inv
+        Invocation(inv)
+    }
+
+    /// Prefix `key`'s home. One hash tag per model and pool: the script's
+    /// keys share a cluster slot.
+    fn home(&self, model: &str, leg: Leg, key: u64) -> String {
+        format!(
+            "{}:home:{{{model}/{}}}:{key:016x}",
+            self.prefix,
+            leg.as_str()
+        )
+    }
+
+    /// A replica's sorted set of `what` (`homes`, `cold`).
+    fn set(&self, model: &str, leg: Leg, what: &str, replica: &str) -> String {
+        format!(
+            "{}:{what}:{{{model}/{}}}:{replica}",
+            self.prefix,
+            leg.as_str()
+        )
+    }
+
+    fn cold_set(&self, model: &str, leg: Leg, replica: &str) -> String {
+        self.set(model, leg, "cold", replica)
     }
 
     fn count_home(&self, op: &'static str, outcome: &'static str) {
@@ -598,7 +750,7 @@ mod tests {
         n.iter().map(|&s| Arc::from(s)).collect()
     }
 
-    async fn place(t: &SharedTable, key: u64, order: &[&str]) -> (String, bool) {
+    async fn place(t: &Arc<SharedTable>, key: u64, order: &[&str]) -> (String, bool) {
         let h = t
             .place_home("m", Leg::Serve, key, &names(order), order.len())
             .await
@@ -657,10 +809,66 @@ mod tests {
         assert!(h.new && &*h.replica == "r3", "{h:?}");
     }
 
+    /// Among replicas with equal homes, a new home goes where no other new
+    /// home's cold prefill is under way, whichever gateway placed it; the
+    /// count ends with the prefill (its first token), and a decode leg's
+    /// home counts none.
+    #[tokio::test]
+    async fn a_new_prefix_goes_where_no_cold_prefill_is_under_way() {
+        let redis = crate::limits::tests::redis_server().await;
+        let (a, metrics) = table(redis.port);
+        let (b, b_metrics) = table(redis.port);
+        let order = names(&["r1", "r2"]);
+        let first = a.place_home("m", Leg::Serve, 1, &order, 2).await.unwrap();
+        assert_eq!((&*first.replica, first.new), ("r1", true));
+        let mark = first
+            .cold_on("r1")
+            .expect("a new home's prefill is counted");
+        // r1 holds one home: the next goes to r2 whatever the order.
+        let h = b.place_home("m", Leg::Serve, 2, &order, 2).await.unwrap();
+        assert_eq!(&*h.replica, "r2");
+        drop(h);
+        wait_for(&b, &b_metrics, 1).await;
+        // One home each, a cold prefill under way on r1 only (prefix 2's
+        // count ended with its lookup's answer, dropped unsent): the other
+        // gateway's first choice r1 is passed over.
+        let h = b.place_home("m", Leg::Serve, 3, &order, 2).await.unwrap();
+        assert_eq!(&*h.replica, "r2", "{h:?}");
+        assert!(h.cold_on("r1").is_none(), "sent elsewhere: not counted");
+        // r1's prefill done: with equal homes and no prefill under way, the
+        // gateway's order again.
+        drop(first);
+        mark.clear();
+        wait_for(&a, &metrics, 1).await;
+        let h = b.place_home("m", Leg::Serve, 4, &order, 2).await.unwrap();
+        assert_eq!(&*h.replica, "r1", "{h:?}");
+        // A decode leg's new home is not counted.
+        let h = a.place_home("m", Leg::Decode, 5, &order, 2).await.unwrap();
+        assert!(h.new && h.cold_on(&h.replica).is_none(), "{h:?}");
+    }
+
+    /// Until `n` cold counts ended in the background on gateway `t` (its
+    /// writes share one connection: each round trip after them).
+    async fn wait_for(t: &SharedTable, metrics: &Metrics, n: u64) {
+        let done = || metrics.home_store.get(&("cold", "ok")).get();
+        for _ in 0..1000 {
+            if done() >= n {
+                return;
+            }
+            let mut conn = t.conn.clone();
+            let _: String = t.query(redis::cmd("PING"), &mut conn).await.unwrap();
+        }
+        panic!("{} of {n} cold counts ended", done());
+    }
+
     /// What `write_home` sends in the background, awaited.
     async fn write(t: &SharedTable, key: u64, to: &str, op: &str) {
         let mut conn = t.conn.clone();
-        let inv = t.homes("m", Leg::Serve, key, op, to, &names(&["r1", "r2", "r3"]));
+        let c = names(&["r1", "r2", "r3"]);
+        let inv = t
+            .homes("m", Leg::Serve, key, op, to, &c)
+            .arg(0)
+            .with_candidates(&c);
         let _: (String, i64) = inv.invoke_async(&mut conn).await.unwrap();
     }
 

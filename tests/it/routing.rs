@@ -692,3 +692,140 @@ async fn a_gateway_follows_a_prefix_home_another_gateway_moved() {
         1.0
     );
 }
+
+/// Through gateways sharing prefix homes, a new prefix goes, among replicas
+/// with equal homes, where no other gateway's new home is being prefilled
+/// (each gateway alone sees only its own prefills: through three, cold
+/// prefills queued behind one another's). The count ends at the first
+/// token.
+#[tokio::test]
+async fn gateways_sharing_prefix_homes_spread_cold_prefills() {
+    let redis = crate::common::redis::start().await;
+    // Every answer's first token 1.5 s after it arrives: a prefill under
+    // way for as long as the steps below take.
+    let mut sims = Vec::new();
+    for _ in 0..2 {
+        sims.push(
+            start_sim(SimConfig {
+                prefill_delay: Duration::from_millis(1500),
+                ..fast_sim()
+            })
+            .await,
+        );
+    }
+    let mut gws = Vec::new();
+    for _ in 0..2 {
+        let mut c = routing_config(&urls(&sims));
+        shared_table(&mut c, &redis);
+        gws.push(start_routed(c, 2).await);
+    }
+    let (a, b) = (api(&gws[0]), api(&gws[1]));
+    let (gw_a, gw_b) = (&gws[0], &gws[1]);
+    let conn = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let sims = &sims;
+    let counted = |conn: &::redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let mut n = [0u64; 2];
+            for (i, s) in sims.iter().enumerate() {
+                n[i] = ::redis::cmd("ZCARD")
+                    .arg(format!("sluice:cold:{{sim-model/serve}}:{}", s.addr))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+            n
+        }
+    };
+    let ended = "sluice_routing_home_store_total{op=\"cold\",outcome=\"ok\"}";
+    // Gateway b homes three prefixes (two on y, one on x), and they end.
+    let mut q = Vec::new();
+    for p in 0..3 {
+        q.push(served_via(&b, sims, &prefixed(p, 0)).await);
+    }
+    let y = if q.iter().filter(|&&r| r == 0).count() == 2 {
+        0
+    } else {
+        1
+    };
+    assert_eq!(q.iter().filter(|&&r| r == y).count(), 2, "{q:?}");
+    wait_until(
+        "b's prefills no longer counted",
+        Duration::from_secs(5),
+        || async move { gateway_metric(gw_b, ended).await == 3.0 },
+    )
+    .await;
+    assert_eq!(counted(&conn).await, [0, 0]);
+    // Gateway a places a new prefix on x (the fewest homes); its prefill is
+    // under way there.
+    let before: Vec<u64> = sims
+        .iter()
+        .map(|s| s.state.metrics.received.get())
+        .collect();
+    let (a_url, a_body) = (format!("{a}/v1/chat/completions"), prefixed(3, 0));
+    let via_a = post(&a_url, &a_body);
+    let rest = async {
+        let x = std::cell::Cell::new(None);
+        let (x_ref, conn) = (&x, &conn);
+        wait_until(
+            "a's new home counted",
+            Duration::from_secs(5),
+            || async move {
+                let n = counted(conn).await;
+                x_ref.set(n.iter().position(|&c| c == 1));
+                x_ref.get().is_some()
+            },
+        )
+        .await;
+        let x = x.get().unwrap();
+        assert_eq!(x, 1 - y);
+        // Gateway b's own view prefers x: it has just sent a prefix it
+        // homed on y there again (in flight), and sent x one prompt of three.
+        let held_on_y = q.iter().position(|&r| r == y).unwrap();
+        let (b_url, b_body) = (format!("{b}/v1/chat/completions"), prefixed(held_on_y, 1));
+        let again = post(&b_url, &b_body);
+        let new = async {
+            let routed = "sluice_routing_decisions_total{model=\"sim-model\",reason=\"affinity\"}";
+            wait_until(
+                "b routed the held prefix",
+                Duration::from_secs(5),
+                || async move { gateway_metric(gw_b, routed).await == 1.0 },
+            )
+            .await;
+            // b meets a new prefix: homes are equal (two each), so the cold
+            // prefill under way on x sends it to y.
+            post(&format!("{b}/v1/chat/completions"), &prefixed(4, 0)).await
+        };
+        let (again, new) = tokio::join!(again, new);
+        assert_eq!((again.0, new.0), (200, 200), "{} {}", again.2, new.2);
+        x
+    };
+    let (first, x) = tokio::join!(via_a, rest);
+    assert_eq!(first.0, 200, "{}", first.2);
+    let got: Vec<u64> = (0..2)
+        .map(|i| sims[i].state.metrics.received.get() - before[i])
+        .collect();
+    assert_eq!(
+        (got[x], got[1 - x]),
+        (1, 2),
+        "the new prefix went where a's cold prefill was under way"
+    );
+    // Every count ended with its prefill.
+    wait_until(
+        "b's new prefill no longer counted",
+        Duration::from_secs(5),
+        || async move { gateway_metric(gw_b, ended).await == 4.0 },
+    )
+    .await;
+    wait_until(
+        "a's prefill no longer counted",
+        Duration::from_secs(5),
+        || async move { gateway_metric(gw_a, ended).await == 1.0 },
+    )
+    .await;
+    assert_eq!(counted(&conn).await, [0, 0]);
+}
