@@ -66,7 +66,7 @@ use crate::config::PdProtocol;
 use crate::error::GatewayError;
 use crate::routing::placement::Placement;
 use crate::routing::shared_table::Leg;
-use crate::routing::shared_table::TableHome;
+use crate::routing::shared_table::{ColdMark, TableHome};
 use crate::routing::{ReplicaView, RouteCtx, SessionKey};
 use crate::state::AppState;
 use crate::telemetry::record::PdRecord;
@@ -295,7 +295,9 @@ pub(crate) async fn prefill(
         let Some(pick) = pick_in(&pool, true) else {
             return Ok(local(PdReason::LocalNoPrefill));
         };
-        return sglang(&a, body, pool.swap_remove(pick.index), pick.reason);
+        let replica = pool.swap_remove(pick.index);
+        let cold = home.as_ref().and_then(|h| h.cold_on(&replica.name));
+        return sglang(&a, body, replica, pick.reason, cold);
     }
     for tried in 0..PREFILL_TRIES {
         let Some(pick) = pick_in(&pool, tried == 0) else {
@@ -410,11 +412,14 @@ impl Drop for SglangLeg {
 /// (the prefill replica's, `null` for the engine's default) and a random
 /// `bootstrap_room`, goes to the prefill replica now (drained and checked in
 /// a task) and to the decode replica by the caller ([`send_beside`]).
+/// (`cold`: a new prefill home's cold prefill, counted by the shared table
+/// until the prefill replica's answer, which comes with its KV ready.)
 fn sglang(
     a: &Attempt<'_>,
     body: &Bytes,
     replica: Arc<Replica>,
     why: RouteReason,
+    cold: Option<Arc<ColdMark>>,
 ) -> Result<Planned, GatewayError> {
     let host = url::Url::parse(&replica.base)
         .ok()
@@ -452,7 +457,9 @@ fn sglang(
         let started = Instant::now();
         let result = async {
             let (_, mut conn) = send::send(&replica, req, by, false).await?;
-            match conn.collect(MAX_PREFILL_ANSWER, by).await {
+            let answer = conn.collect(MAX_PREFILL_ANSWER, by).await;
+            drop(cold);
+            match answer {
                 Ok(Ok(_)) => {
                     replica.conns.checkin(conn);
                     Ok(())

@@ -110,7 +110,7 @@ const TOUCHED: usize = 65_536;
 /// way, the earlier of equals, and counts the new home's cold prefill
 /// there); `touch` keeps the replica's home (or writes it where there is
 /// none) and answers another home where there is one; `move` writes it
-/// over.
+/// over (and the old home counts its cold prefill no more).
 const HOMES: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -158,7 +158,10 @@ if home and home ~= ARGV[3] then
     return {home, 0}
   end
   local i = at(home)
-  if i then redis.call('ZREM', KEYS[1 + i], KEYS[1]) end
+  if i then
+    redis.call('ZREM', KEYS[1 + i], KEYS[1])
+    redis.call('ZREM', KEYS[1 + n + i], KEYS[1])
+  end
 end
 hold(ARGV[3])
 return {ARGV[3], 1}
@@ -234,9 +237,9 @@ pub(crate) struct TableHome {
 /// another's: docs/benchmarks-log.md, "Where three gateways' cold-start
 /// tail comes from"). Cleared once, in the background: at the first token
 /// of the request sent there, when its attempt ends without one, when the
-/// request went elsewhere, or when dropped (SGLang's disaggregation
-/// protocol: its prefill leg has no placement of its own, so the count
-/// ends once both legs are sent).
+/// request went elsewhere, or when dropped (a non-streamed answer's first
+/// token is its end; SGLang's disaggregation protocol: at the prefill
+/// replica's answer).
 pub(crate) struct ColdMark {
     table: Arc<SharedTable>,
     /// The replica's sorted set, and the prefix's member in it.
@@ -247,15 +250,16 @@ pub(crate) struct ColdMark {
 
 impl ColdMark {
     pub(crate) fn clear(&self) {
+        // (Outside a runtime, nothing to send it with: it expires.)
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         if self
             .cleared
             .swap(true, std::sync::atomic::Ordering::Relaxed)
         {
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let table = self.table.clone();
         let mut cmd = redis::cmd("ZREM");
         cmd.arg(&self.set).arg(&self.member);
@@ -562,7 +566,8 @@ impl SharedTable {
         }
         let mut conn = self.conn.clone();
         // A decode leg's prompt is prefilled in the prefill pool: no cold
-        // prefill on its home.
+        // prefill counted on its home (one the decode replica prefills
+        // itself, when the plan says so, is not counted).
         let cold = match leg {
             Leg::Decode => Duration::ZERO,
             Leg::Serve | Leg::Prefill => COLD_FOR,
@@ -835,12 +840,27 @@ mod tests {
         let h = b.place_home("m", Leg::Serve, 3, &order, 2).await.unwrap();
         assert_eq!(&*h.replica, "r2", "{h:?}");
         assert!(h.cold_on("r1").is_none(), "sent elsewhere: not counted");
-        // r1's prefill done: with equal homes and no prefill under way, the
-        // gateway's order again.
+        // r1's prefill done: its count ends.
+        let cold_on_r1 = async || -> u64 {
+            let mut conn = a.conn.clone();
+            let mut cmd = redis::cmd("ZCARD");
+            cmd.arg(a.cold_set("m", Leg::Serve, "r1"));
+            a.query(cmd, &mut conn).await.unwrap()
+        };
+        assert_eq!(cold_on_r1().await, 1);
         drop(first);
         mark.clear();
         wait_for(&a, &metrics, 1).await;
-        let h = b.place_home("m", Leg::Serve, 4, &order, 2).await.unwrap();
+        assert_eq!(cold_on_r1().await, 0);
+        // r1 takes the next by the fewest homes; once its prefill is done
+        // (and prefix 3's count, sent elsewhere), homes are equal and none is
+        // under way: the gateway's order again.
+        let h = a.place_home("m", Leg::Serve, 4, &order, 2).await.unwrap();
+        assert_eq!(&*h.replica, "r1", "{h:?}");
+        drop(h);
+        wait_for(&a, &metrics, 2).await;
+        wait_for(&b, &b_metrics, 2).await;
+        let h = b.place_home("m", Leg::Serve, 5, &order, 2).await.unwrap();
         assert_eq!(&*h.replica, "r1", "{h:?}");
         // A decode leg's new home is not counted.
         let h = a.place_home("m", Leg::Decode, 5, &order, 2).await.unwrap();
