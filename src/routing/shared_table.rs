@@ -51,7 +51,9 @@
 //!   placement to the first token, [`ColdMark`]; ties in this gateway's own
 //!   order: fewer prompts queued, less work, the prefix's rendezvous order),
 //!   atomically, so two gateways meeting a new prefix at once place it
-//!   alike, and cold prefills spread as through one gateway;
+//!   alike, and a new prefix does not join another gateway's cold prefill
+//!   where a replica with as few homes has none (8 such of 160 new homes
+//!   before, 1 after: docs/benchmarks-log.md, "2026-12-02 (evening)");
 //! - after routing, in the background: a prefix routed by its prefix to a
 //!   holder pushes its home's expiry back (at most once a quarter of
 //!   [`HOME_TTL`] per prefix and gateway), and where the table names another
