@@ -25,6 +25,7 @@ Cells (`--cells`, default all):
                   token, 13 requests/s (the same load relative to capacity)
   many_keys       64 prompts of ~1,500 tokens on 4 replicas of 2,048 blocks (more
                   keys than the fleet caches), 40 requests/s
+  many_keys_3gw   `many_keys` through three Sluice gateways (as `few_keys_3gw`)
   sessions        200 coding-agent sessions, 48 at once (`sluice bench --workload
                   agentic`: a shared 3,000-token system prompt, growing histories,
                   3,000-token tool results in 20% of turns, 1 s think time), on the
@@ -111,6 +112,8 @@ CELLS = {
                          gateways=3),
     "few_keys_tight_3gw": dict(kind="prefix", engine=FAST, blocks=512, prefixes=16, rate=40.0,
                                gateways=3),
+    "many_keys_3gw": dict(kind="prefix", engine=FAST, blocks=2048, prefixes=64, rate=40.0,
+                          gateways=3),
     "sessions_3gw": dict(kind="sessions", engine=FAST, blocks=4096, gateways=3),
     "sessions_heavy_3gw": dict(kind="sessions", engine=FAST, blocks=4096, heavy=True, gateways=3),
 }

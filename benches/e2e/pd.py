@@ -284,6 +284,25 @@ def prefill_sessions(per_request):
     return {"most_apart": gap, "busiest_share": round(statistics.mean(shares), 3) if shares else None}
 
 
+def tcp_counters():
+    """The machine's TCP retransmissions and retransmission timeouts so far
+    (/proc/net/snmp, /proc/net/netstat): a gap of ~200 ms in a loopback
+    stream is Linux's minimum retransmission timeout when a segment was
+    dropped. Machine-wide: only meaningful with nothing else on the network."""
+    out = {}
+    for path in ("/proc/net/snmp", "/proc/net/netstat"):
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for head, vals in zip(lines[::2], lines[1::2]):
+            for k, v in zip(head.split()[1:], vals.split()[1:]):
+                if k in ("RetransSegs", "TCPTimeouts", "TCPLossProbes", "TCPBacklogDrop", "ListenDrops"):
+                    out[k] = int(v)
+    return out
+
+
 def run(name, workload, args, seed):
     procs = Procs()
     ADMINS.clear()
@@ -319,6 +338,7 @@ def run(name, workload, args, seed):
         os.makedirs(d, exist_ok=True)
         per_request = os.path.join(d, f"{workload}_{name}_seed{seed}.jsonl")
         cmd += ["--requests-json", per_request]
+        tcp_before = tcp_counters()
         bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         killed_at = None
         if args.kill_prefill_after is not None:
@@ -341,6 +361,7 @@ def run(name, workload, args, seed):
             "itl_p50_ms": round(r["inter_token_seconds"]["p50"] * 1e3, 2),
             "itl_p99_ms": round(r["inter_token_seconds"]["p99"] * 1e3, 2),
             "itl_max_ms": round(r["inter_token_seconds"]["max"] * 1e3, 1),
+            "tcp": {k: v - tcp_before.get(k, 0) for k, v in tcp_counters().items()},
         }
         if workload == "agentic":
             warm = None
@@ -439,7 +460,7 @@ def main():
                 runs[n].append(row)
                 print(f"{w:10s} seed {seed} {n:22s} TTFT p50 {row['ttft_p50_ms']:8.1f} p99 {row['ttft_p99_ms']:8.1f}"
                       f" warm {row.get('warm_ttft_p99_ms') or 0:7.1f} floor {row.get('cold_floor_p99_ms') or 0:6.1f} ms"
-                      f" | ITL p99 {row['itl_p99_ms']:6.2f} max {row['itl_max_ms']:6.1f} ms | ok {row['ok']}/{row['requests']} {row['errors']}"
+                      f" | ITL p99 {row['itl_p99_ms']:6.2f} max {row['itl_max_ms']:6.1f} ms | tcp {row['tcp']} | ok {row['ok']}/{row['requests']} {row['errors']}"
                       f" | {row.get('decisions', '')} {row.get('routes', '')}"
                       f"{' | warm tail ' + str(row['warm_tail_pd']) if row.get('warm_tail_pd') else ''}"
                       f"{' | tail ' + str(row['tail_turns']) if row.get('tail_turns') else ''}"

@@ -387,8 +387,10 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
 /// `x-request-id` (as the gateway's access log has it), when (seconds
 /// from the start), its TTFT and end to end, the replica that answered
 /// where it says (`system_fingerprint`), its cached and prompt tokens,
-/// and the shared prefix its prompt opened with (or the agentic turn it
-/// was: its session, its number in it, whether it answers a tool result).
+/// its longest gap between two tokens and when that gap ended (seconds
+/// from the start: to find what its replica was doing then), and the
+/// shared prefix its prompt opened with (or the agentic turn it was: its
+/// session, its number in it, whether it answers a tool result).
 fn write_requests(path: &std::path::Path, samples: &mut [Sample]) -> anyhow::Result<()> {
     samples.sort_by_key(|s| s.index);
     let mut out = String::new();
@@ -405,6 +407,10 @@ fn write_requests(path: &std::path::Path, samples: &mut [Sample]) -> anyhow::Res
             "prefix": s.prefix,
             "error": s.error,
         });
+        if let (Some(ttft), Some((at, gap))) = (s.ttft, longest_gap(&s.gaps)) {
+            line["itl_max_s"] = gap.as_secs_f64().into();
+            line["itl_max_end_s"] = (s.sent + ttft + at).as_secs_f64().into();
+        }
         if let Some(t) = &s.turn {
             line["session"] = t.session.into();
             line["turn"] = t.turn.into();
@@ -414,6 +420,20 @@ fn write_requests(path: &std::path::Path, samples: &mut [Sample]) -> anyhow::Res
         out.push('\n');
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The longest of a stream's gaps between tokens, and when it ended after
+/// the first token.
+fn longest_gap(gaps: &[Duration]) -> Option<(Duration, Duration)> {
+    let mut since = Duration::ZERO;
+    let mut best: Option<(Duration, Duration)> = None;
+    for &g in gaps {
+        since += g;
+        if best.is_none_or(|(_, b)| g > b) {
+            best = Some((since, g));
+        }
+    }
+    best
 }
 
 fn write_json(cfg: &BenchConfig, report: Report) -> anyhow::Result<Report> {
@@ -764,6 +784,17 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_streams_longest_gap_and_when_it_ended() {
+        let ms = Duration::from_millis;
+        assert_eq!(longest_gap(&[]), None);
+        // The first of equal gaps; its end counted from the first token.
+        assert_eq!(
+            longest_gap(&[ms(10), ms(30), ms(20), ms(30)]),
+            Some((ms(40), ms(30)))
+        );
+    }
 
     #[test]
     fn nearest_rank_percentiles() {
