@@ -306,8 +306,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Write every request's timing to this file, one JSON line each (when
-    /// sent, TTFT, end to end, the replica that answered where it says,
-    /// cached tokens, the shared prefix of a `shared-prefix` prompt; with
+    /// sent, TTFT, end to end, the longest gap between two tokens and when
+    /// it ended, the replica that answered where it says, cached tokens,
+    /// the shared prefix of a `shared-prefix` prompt; with
     /// `--workload agentic`, each turn's session, number and whether it
     /// answers a tool result).
     #[arg(long, value_name = "FILE")]

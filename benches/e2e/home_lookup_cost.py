@@ -155,7 +155,7 @@ def main():
                     # bench numbers them from 0, so Redis is emptied and the
                     # gateway's index would hold them; a new seed does not
                     # change them, hence a fresh gateway below).
-                    paced = None
+                    steady = None
                     if args.rate:
                         gw.send_signal(signal.SIGTERM)
                         gw.wait(timeout=15)
@@ -165,11 +165,12 @@ def main():
                                               env={**os.environ, "RUST_LOG": "warn"})
                         procs.append(gw)
                         wait_http(f"http://127.0.0.1:{admin}/readyz")
-                        paced = bench(url, int(args.rate * args.paced_seconds), k + 1, rate=args.rate)
+                        steady = bench(url, int(args.rate * args.paced_seconds), k + 1, rate=args.rate)
                 finally:
-                    gw.send_signal(signal.SIGTERM)
-                    gw.wait(timeout=15)
-                    procs.remove(gw)
+                    if gw in procs:
+                        gw.send_signal(signal.SIGTERM)
+                        gw.wait(timeout=15)
+                        procs.remove(gw)
                 n = rep["requests"]
                 runs[label].append({
                     "round": k + 1, "ok": rep["ok"], "errors": sum(rep["errors"].values()),
@@ -180,11 +181,11 @@ def main():
                     "redis_cpu_s_per_1000": rcpu / n * 1000,
                     "home_store": store,
                 })
-                if paced:
+                if steady:
                     runs[label][-1].update({
-                        "paced_ok": paced["ok"], "paced_errors": sum(paced["errors"].values()),
-                        "paced_ttft_p50_ms": paced["ttft_seconds"]["p50"] * 1e3,
-                        "paced_ttft_p99_ms": paced["ttft_seconds"]["p99"] * 1e3,
+                        "paced_ok": steady["ok"], "paced_errors": sum(steady["errors"].values()),
+                        "paced_ttft_p50_ms": steady["ttft_seconds"]["p50"] * 1e3,
+                        "paced_ttft_p99_ms": steady["ttft_seconds"]["p99"] * 1e3,
                     })
                 print(label, json.dumps(runs[label][-1]), file=sys.stderr)
     finally:
@@ -228,7 +229,7 @@ def report(meta, runs):
     for label, rs in runs.items():
         def med(k):
             return statistics.median(r[k] for r in rs)
-        looked = statistics.median(sum(v for key, v in r["home_store"].items() if key.startswith("place/"))
+        looked = statistics.median(r["home_store"].get("place/placed", 0) + r["home_store"].get("place/found", 0)
                                    for r in rs)
         placed = statistics.median(r["home_store"].get("place/placed", 0) for r in rs)
         sessions = statistics.median(sum(v for key, v in r["home_store"].items() if key.startswith("session:"))

@@ -31,7 +31,9 @@ sent after the first 5 s: the cold start over; with Sluice, the PD decisions of 
 requests that make it, from its access log), the floor the cold start sets under any
 router's p99 on the same arrivals (`cold_floor`), errors, and Sluice's decisions
 (`sluice_pd_decisions_total`: remote prefills against local ones, and why; and the
-decode replicas' `sluice_routing_decisions_total` by reason).
+decode replicas' `sluice_routing_decisions_total` by reason), and the machine's TCP
+retransmissions over the run (`tcp`: a ~200 ms gap in a loopback stream would be a
+retransmission timeout).
 
     cargo build --release
     python3 -m venv /tmp/routers && /tmp/routers/bin/pip install vllm-router sglang-router
@@ -208,12 +210,13 @@ def join_access_log(per_request, logs, warm):
     """Add each request's line of the gateway's access log (by the
     `x-request-id` `sluice bench` sent) to its per-request row: the PD
     decision (`pd`), the decode and prefill replicas, the remote prefill's
-    time. Returns the decisions of the warm requests at or above the warm
-    p99 `warm` (seconds): what the warm p99 is made of."""
+    time; with several gateways, which one served it (`gateway`, 0-based).
+    Returns the decisions of the warm requests at or above the warm p99
+    `warm` (seconds): what the warm p99 is made of."""
     keep = ("pd", "backend", "route_reason", "prefill_backend", "prefill_route_reason",
             "prefill_cached_tokens", "prefill_ms")
     by_id = {}
-    for path in logs:
+    for g, path in enumerate(logs):
         with open(path) as f:
             for line in f:
                 try:
@@ -221,6 +224,8 @@ def join_access_log(per_request, logs, warm):
                 except ValueError:
                     continue
                 by_id[e.get("request_id")] = {k: e.get(k) for k in keep}
+                if len(logs) > 1:
+                    by_id[e.get("request_id")]["gateway"] = g
         os.unlink(path)
     with open(per_request) as f:
         rows = [json.loads(line) for line in f]

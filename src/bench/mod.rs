@@ -332,9 +332,12 @@ pub(crate) async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
         let (done, failed, api) = (done.clone(), failed.clone(), cfg.api);
         let stream = cfg.stream;
         let each = cfg.requests_out.is_some();
-        let (index, sent) = (n, started.elapsed());
+        let index = n;
         tasks.spawn(async move {
             let body = body.to_string();
+            // When the request goes out (the task may start late on a busy
+            // machine): its TTFT and gaps are counted from about here.
+            let sent = started.elapsed();
             // Kept per request: its number as `x-request-id`, so that the
             // gateway's access log joins the client's timing.
             let id = format!("bench-{index}");

@@ -25,10 +25,11 @@ for path in sys.argv[1:]:
         if (r.get("itl_max_s") or 0) < 0.1:
             break
         end = r["itl_max_end_s"]
-        during = [x for x in local if x["backend"] == r["backend"] and x["i"] != r["i"]
+        during = [x for x in local if x.get("backend") == r.get("backend") and x["i"] != r["i"]
                   and x["sent_s"] <= end <= x["sent_s"] + x["ttft_s"] + 0.05]
-        print(f"  request {r['i']} ({r.get('pd')}) on {r['backend']}: gap {r['itl_max_s'] * 1e3:.1f} ms "
+        gw = lambda x: f" via gateway {x['gateway']}" if "gateway" in x else ""  # noqa: E731
+        print(f"  request {r['i']} ({r.get('pd')}{gw(r)}) on {r.get('backend')}: gap {r['itl_max_s'] * 1e3:.1f} ms "
               f"ending at {end:.3f} s; local prefills there then: "
-              + (", ".join(f"{x['i']} ({x['pd']}, {x['prompt_tokens'] - (x.get('cached_tokens') or 0)} "
+              + (", ".join(f"{x['i']} ({x['pd']}{gw(x)}, {x['prompt_tokens'] - (x.get('cached_tokens') or 0)} "
                            f"uncached tokens, {x['sent_s']:.3f}-{x['sent_s'] + x['ttft_s']:.3f} s)"
                            for x in during) or "none"))
