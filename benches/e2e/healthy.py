@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stream_overhead import free_port, wait_http  # noqa: E402  (shared helpers)
+from stream_overhead import free_port, stop, wait_http  # noqa: E402  (shared helpers)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, "target", "release", "sluice")
@@ -163,13 +162,7 @@ def main():
                    "shared_prefix": json.loads(chat.stdout.read())}
         metrics = get_text(admin + "/metrics")
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
     load = {
         name: {

@@ -27,7 +27,6 @@ Everything listens on 127.0.0.1 only and every process is stopped at the end.
 """
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -42,7 +41,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from stream_overhead import ROOT, cpu_seconds, free_port, machine, wait_http  # noqa: E402
+from stream_overhead import ROOT, cpu_seconds, free_port, run_meta, stop, wait_http  # noqa: E402
 
 BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "target", "release", "sluice"))
 
@@ -189,24 +188,11 @@ def main():
                     })
                 print(label, json.dumps(runs[label][-1]), file=sys.stderr)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine(),
-        "git": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True).stdout.strip(),
-        "requests": args.requests, "concurrency": args.concurrency, "rounds": args.rounds,
-        "rate": args.rate, "paced_seconds": args.paced_seconds,
-    }
+    meta = run_meta(requests=args.requests, concurrency=args.concurrency, rounds=args.rounds,
+                    rate=args.rate, paced_seconds=args.paced_seconds)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "runs": runs}, f, indent=2)

@@ -97,6 +97,29 @@ def free_port():
         return s.getsockname()[1]
 
 
+def stop(procs):
+    """Stops every process still running (SIGTERM, then SIGKILL after 15 s)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def run_meta(**extra):
+    """When, where and at which commit a run was made, with `extra`."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "git": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip(),
+        **extra,
+    }
+
+
 def cpu_seconds(pids):
     total = 0
     for pid in pids:
