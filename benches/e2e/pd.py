@@ -33,7 +33,8 @@ router's p99 on the same arrivals (`cold_floor`), errors, and Sluice's decisions
 (`sluice_pd_decisions_total`: remote prefills against local ones, and why; and the
 decode replicas' `sluice_routing_decisions_total` by reason), and the machine's TCP
 retransmissions over the run (`tcp`: a ~200 ms gap in a loopback stream would be a
-retransmission timeout).
+retransmission timeout), and the streams with an inter-token gap over 100 ms, how many of
+them under a local prefill on their decode replica (`stalls`).
 
     cargo build --release
     python3 -m venv /tmp/routers && /tmp/routers/bin/pip install vllm-router sglang-router
@@ -204,6 +205,31 @@ def cold_floor(path):
     bounds = sorted(max(0.0, first[r["prefix"]]["sent_s"] + cold - r["sent_s"]) for r in rows)
     rank = min(len(bounds), max(1, -(-99 * len(bounds) // 100)))
     return round(bounds[rank - 1] * 1e3, 1)
+
+
+def stalls(per_request, over=0.1):
+    """Streams whose longest gap between tokens exceeded `over` seconds, and
+    how many of them had it while another prompt was prefilled on their
+    decode replica (`pd` not `remote`, from when it was sent to 50 ms past
+    its first token: the step carrying its last chunk), the same gateway's
+    decision or another's. What a local prefill costs the streams decoding
+    beside it (`docs/bench/pd_itl_gap_2026-12-03/`)."""
+    with open(per_request) as f:
+        rows = [json.loads(line) for line in f]
+    local = [r for r in rows if r.get("pd") not in (None, "remote") and r.get("ttft_s") is not None]
+    out = {"streams": 0, "under_local_prefill": 0, "by_another_gateway": 0}
+    for r in rows:
+        if (r.get("itl_max_s") or 0) <= over:
+            continue
+        out["streams"] += 1
+        end = r["itl_max_end_s"]
+        during = [x for x in local if x.get("backend") == r.get("backend") and x["i"] != r["i"]
+                  and x["sent_s"] <= end <= x["sent_s"] + x["ttft_s"] + 0.05]
+        if during:
+            out["under_local_prefill"] += 1
+            if all(x.get("gateway") != r.get("gateway") for x in during) and "gateway" in r:
+                out["by_another_gateway"] += 1
+    return out
 
 
 def join_access_log(per_request, logs, warm):
@@ -398,6 +424,8 @@ def run(name, workload, args, seed):
             tail = join_access_log(per_request, ACCESS_LOG, warm)
             if workload != "agentic":
                 row["warm_tail_pd"] = tail
+        if ACCESS_LOG:
+            row["stalls"] = stalls(per_request)
         if workload == "agentic":
             row["tail_turns"] = agentic_tail(per_request, r["ttft_seconds"]["p99"])
             if ACCESS_LOG:
@@ -469,6 +497,7 @@ def main():
                       f" | {row.get('decisions', '')} {row.get('routes', '')}"
                       f"{' | warm tail ' + str(row['warm_tail_pd']) if row.get('warm_tail_pd') else ''}"
                       f"{' | tail ' + str(row['tail_turns']) if row.get('tail_turns') else ''}"
+                      f"{' | stalls ' + str(row['stalls']) if row.get('stalls', {}).get('streams') else ''}"
                       f"{' | prefill sessions ' + str(row['prefill_sessions']) if row.get('prefill_sessions') else ''}", flush=True)
         summary = {n: {k: statistics.median([r[k] for r in rows]) for k in
                        ("ttft_p50_ms", "ttft_p99_ms", "warm_ttft_p99_ms", "itl_p99_ms", "itl_max_ms")
