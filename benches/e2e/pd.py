@@ -207,27 +207,35 @@ def cold_floor(path):
     return round(bounds[rank - 1] * 1e3, 1)
 
 
-def stalls(per_request, over=0.1):
-    """Streams whose longest gap between tokens exceeded `over` seconds, and
-    how many of them had it while another prompt was prefilled on their
-    decode replica (`pd` not `remote`, from when it was sent to 50 ms past
-    its first token: the step carrying its last chunk), the same gateway's
-    decision or another's. What a local prefill costs the streams decoding
-    beside it (`docs/bench/pd_itl_gap_2026-12-03/`)."""
+def stalled_streams(rows, over=0.1):
+    """The streams whose longest gap between tokens exceeded `over` seconds,
+    longest first, each with the requests prefilled on its decode replica
+    (`pd` not `remote`) while the gap ended: from when such a request was
+    sent to 50 ms past its first token (the step carrying its last chunk).
+    What a local prefill costs the streams decoding beside it
+    (`docs/bench/pd_itl_gap_2026-12-03/`)."""
+    local = [r for r in rows if r.get("pd") not in (None, "remote") and r.get("ttft_s") is not None]
+    out = []
+    for r in sorted(rows, key=lambda r: -(r.get("itl_max_s") or 0)):
+        if (r.get("itl_max_s") or 0) <= over:
+            break
+        end = r["itl_max_end_s"]
+        out.append((r, [x for x in local if x.get("backend") == r.get("backend") and x["i"] != r["i"]
+                        and x["sent_s"] <= end <= x["sent_s"] + x["ttft_s"] + 0.05]))
+    return out
+
+
+def stalls(per_request):
+    """How many streams stalled over 100 ms ([`stalled_streams`]), how many of
+    them under a local prefill, and how many under another gateway's only."""
     with open(per_request) as f:
         rows = [json.loads(line) for line in f]
-    local = [r for r in rows if r.get("pd") not in (None, "remote") and r.get("ttft_s") is not None]
     out = {"streams": 0, "under_local_prefill": 0, "by_another_gateway": 0}
-    for r in rows:
-        if (r.get("itl_max_s") or 0) <= over:
-            continue
+    for r, during in stalled_streams(rows):
         out["streams"] += 1
-        end = r["itl_max_end_s"]
-        during = [x for x in local if x.get("backend") == r.get("backend") and x["i"] != r["i"]
-                  and x["sent_s"] <= end <= x["sent_s"] + x["ttft_s"] + 0.05]
         if during:
             out["under_local_prefill"] += 1
-            if all(x.get("gateway") != r.get("gateway") for x in during) and "gateway" in r:
+            if "gateway" in r and all(x.get("gateway") != r["gateway"] for x in during):
                 out["by_another_gateway"] += 1
     return out
 
