@@ -314,6 +314,22 @@ impl RequestGuard {
         // 3. Release the replica, with what it taught us.
         if let Some(attempt) = self.attempt.take() {
             let r = &self.record;
+            // A disaggregated model's decode replica earns the stalled gaps
+            // its local prefills may cause (`api::disagg`) by its streams'.
+            // A local prefill that had more to prefill than predicted (the
+            // replica evicted part of what routing's index listed) owes the
+            // stalls of its extra chunks.
+            if let (Some(pd), Some(p)) = (&r.pd, &self.placement) {
+                let now = crate::turn::now_std();
+                let mut ledger = p.stall_ledger();
+                if r.output_events >= 2 {
+                    ledger.relayed(r.output_events - 1, now);
+                }
+                if let (Some(c), Some(u), Some(cached)) = (pd.stall_charge, r.usage, served_cached)
+                {
+                    ledger.owe(c.shortfall(u.prompt_tokens.saturating_sub(cached)), now);
+                }
+            }
             if let (Some(mut p), Some(actual)) = (self.placement.take(), served_cached) {
                 // Closed loop: what routing expected cached against the engine.
                 p.finished(actual, r.usage.as_ref().map(|u| u.prompt_tokens));

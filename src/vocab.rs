@@ -276,6 +276,10 @@ pub enum PdReason {
     /// Locally: the decode replica decoded nothing and the prefill
     /// replicas' predicted wait was longer than the local prefill.
     LocalIdle,
+    /// Locally: the prefill replicas' predicted wait was longer than the
+    /// local prefill, and the stalled gaps it causes the decode replica's
+    /// streams fit the gateway's allowance (`local_stall_share`).
+    LocalStallBudget,
     /// Locally: no prefill replica could be used.
     LocalNoPrefill,
     /// Locally: the remote prefill failed, was refused or timed out.
@@ -297,6 +301,7 @@ impl PdReason {
             PdReason::LocalCached => "local_cached",
             PdReason::LocalPoolBusy => "local_pool_busy",
             PdReason::LocalIdle => "local_idle",
+            PdReason::LocalStallBudget => "local_stall_budget",
             PdReason::LocalNoPrefill => "local_no_prefill_replica",
             PdReason::LocalFallback => "local_fallback",
             PdReason::LocalNoKv => "local_no_kv",
@@ -305,11 +310,12 @@ impl PdReason {
         }
     }
 
-    pub const ALL: [PdReason; 9] = [
+    pub const ALL: [PdReason; 10] = [
         PdReason::Remote,
         PdReason::LocalCached,
         PdReason::LocalPoolBusy,
         PdReason::LocalIdle,
+        PdReason::LocalStallBudget,
         PdReason::LocalNoPrefill,
         PdReason::LocalFallback,
         PdReason::LocalNoKv,

@@ -10,7 +10,11 @@
 //!    their calibrated rate) is longer than the local prefill would take
 //!    (`local_pool_busy`), both within `local_max_tokens` uncached tokens;
 //!    past it, on a decode replica that decodes nothing, when the pool is
-//!    busy as above (`local_idle`: no stream pays for it).
+//!    busy as above (`local_idle`: no stream pays for it); past it, on one
+//!    that decodes streams, when the pool is busy and the stalled gaps it
+//!    causes them fit this gateway's allowance on that replica
+//!    (`local_stall_budget`: a share of the gaps relayed from it,
+//!    [`crate::routing::stall_budget`]).
 //!    Otherwise the prefill is remote (`remote`).
 //! 2. **Which prefill replica:** the routing policy's pick among the
 //!    `prefill` and `mixed` replicas (not the decode replica): prefix
@@ -67,6 +71,7 @@ use crate::error::GatewayError;
 use crate::routing::placement::Placement;
 use crate::routing::shared_table::Leg;
 use crate::routing::shared_table::{ColdMark, TableHome};
+use crate::routing::stall_budget::StallCharge;
 use crate::routing::{ReplicaView, RouteCtx, SessionKey};
 use crate::state::AppState;
 use crate::telemetry::record::PdRecord;
@@ -130,7 +135,7 @@ pub(crate) struct DecodeSide<'a> {
 /// Where a prefill goes: the decode replica itself (and why), or the
 /// prefill replicas to pick from, in the routing context of their pick.
 enum Route<'a> {
-    Local(PdReason),
+    Local(PdRecord),
     Pool(Vec<Arc<Replica>>, RouteCtx<'a>),
 }
 
@@ -144,7 +149,7 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
         .local_max_tokens
         .is_none_or(|m| s.ctx.prompt_tokens.saturating_sub(s.decode_cached) <= m);
     if light && f64::from(s.decode_cached) >= cfg.local_share * f64::from(prompt) {
-        return Route::Local(PdReason::LocalCached);
+        return Route::Local(PdRecord::local(PdReason::LocalCached));
     }
     let pool: Vec<Arc<Replica>> = prefills
         .iter()
@@ -152,10 +157,11 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
         .cloned()
         .collect();
     if pool.is_empty() {
-        return Route::Local(PdReason::LocalNoPrefill);
+        return Route::Local(PdRecord::local(PdReason::LocalNoPrefill));
     }
-    if light && pool_busy(s, &pool) {
-        return Route::Local(PdReason::LocalPoolBusy);
+    let wait = pool_wait(s, &pool);
+    if light && wait.busy() {
+        return Route::Local(PdRecord::local(PdReason::LocalPoolBusy));
     }
     // A decode replica that decodes nothing: a prefill there lengthens no
     // stream's step, whatever its length, so it takes what the busy pool
@@ -166,8 +172,30 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
     // ms, no token cached: most likely the index still listed what the
     // engine had evicted); warm TTFT p99 533-690 ms against 64-431 ms before;
     // docs/benchmarks-log.md.)
-    if !light && cfg.local_when_idle && decode_idle(s) && pool_busy(s, &pool) {
-        return Route::Local(PdReason::LocalIdle);
+    if !light && cfg.local_when_idle && decode_idle(s) && wait.busy() {
+        return Route::Local(PdRecord::local(PdReason::LocalIdle));
+    }
+    // A decode replica that decodes streams: a prefill there stalls each of
+    // them once a chunk, which leaves their inter-token p99 alone while
+    // under 1% of their gaps (`local_stall_share`, [`spend_stalls`]). On
+    // agentic sessions, 32 at once over 2 prefill + 2 decode replicas, the
+    // prefill pool was every router's bottleneck (TTFT p50 ~2.7 s) while
+    // the decode replicas decoded 1.2-1.7 streams on average and a local
+    // prefill's first token came in ~36 ms (docs/benchmarks-log.md). The
+    // allowance is small (a few local prefills a second), so it goes to the
+    // prompts bound for the longer queues of the pool: the TTFT tail is
+    // their queue (sessions kept on one prefill replica whose queue was 2-3x
+    // the other's for 40 s).
+    if !light
+        && cfg.local_stall_share > 0.0
+        && wait.busy()
+        && wait.target >= wait.mean
+        && let Some(charge) = spend_stalls(s)
+    {
+        return Route::Local(PdRecord {
+            stall_charge: Some(charge),
+            ..PdRecord::local(PdReason::LocalStallBudget)
+        });
     }
     // A session's prefills go to one prefill replica, where the KV of its
     // history stays cached from its last turn (only the new message and the
@@ -207,9 +235,9 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
 pub(crate) async fn choose(
     s: &DecodeSide<'_>,
     prefills: &[Arc<Replica>],
-) -> Result<(Arc<Replica>, Placement, RouteReason), PdReason> {
+) -> Result<(Arc<Replica>, Placement, RouteReason), PdRecord> {
     let (mut pool, ctx) = match route(s, prefills) {
-        Route::Local(reason) => return Err(reason),
+        Route::Local(record) => return Err(record),
         Route::Pool(pool, ctx) => (pool, ctx),
     };
     // With shared prefix homes, as the proxy's prefill leg (`prefill`).
@@ -230,7 +258,7 @@ pub(crate) async fn choose(
         .state
         .policy
         .pick(&ctx, &views)
-        .ok_or(PdReason::LocalNoPrefill)?;
+        .ok_or_else(|| PdRecord::local(PdReason::LocalNoPrefill))?;
     homes::record_home(s.state, &ctx, &pool, Leg::Prefill, &pick);
     let replica = pool.swap_remove(pick.index);
     let placement = Placement::new(
@@ -257,15 +285,16 @@ pub(crate) async fn prefill(
     body: &Bytes,
     prefills: &[Arc<Replica>],
 ) -> Result<Planned, GatewayError> {
-    let local = |reason| Planned {
+    let planned_local = |record| Planned {
         body: body.clone(),
-        record: PdRecord::local(reason),
+        record,
         sglang: None,
     };
+    let local = |reason| planned_local(PdRecord::local(reason));
     let cfg = &a.state.config.routing.disaggregation;
     let prompt = a.ctx.prompt_tokens.max(1);
     let (mut pool, ctx) = match route(&a.side(), prefills) {
-        Route::Local(reason) => return Ok(local(reason)),
+        Route::Local(record) => return Ok(planned_local(record)),
         Route::Pool(pool, ctx) => (pool, ctx),
     };
     // With shared prefix homes, a prefix new here is homed in the prefill
@@ -336,6 +365,7 @@ pub(crate) async fn prefill(
                         prefill: Some(took),
                         prefill_done: None,
                         prefill_cached: cached,
+                        stall_charge: None,
                     },
                     sglang: None,
                 });
@@ -503,6 +533,7 @@ fn sglang(
             prefill: None,
             prefill_done: Some(done),
             prefill_cached: None,
+            stall_charge: None,
         },
         sglang: Some(SglangLeg { outcome, task }),
     })
@@ -562,11 +593,28 @@ fn request(a: &Attempt<'_>, replica: &Replica, body: &[u8]) -> crate::upstream::
     proxied_request(&Method::POST, path, &a.parts.headers, a.rid, &added, body)
 }
 
-/// Whether the prefill replicas would make the prompt wait longer than the
-/// decode replica takes to prefill it itself: the shortest predicted wait
-/// among them (tokens queued ahead, at their calibrated rate) against the
-/// decode replica's rate times the prompt's uncached tokens there.
-fn pool_busy(a: &DecodeSide<'_>, pool: &[Arc<Replica>]) -> bool {
+/// The prefill pool's predicted wait for the prompt against the decode
+/// replica's own prefill of what it lacks: tokens queued ahead at the prefill
+/// replicas' calibrated rates, against the decode replica's rate times the
+/// prompt's uncached tokens there.
+struct PoolWait {
+    /// At the prefill replica the prompt would go to: its session's
+    /// prefill home while it has one in the pool (its turns keep it), else
+    /// the shortest wait.
+    target: f64,
+    /// The pool's mean.
+    mean: f64,
+    local: f64,
+}
+
+impl PoolWait {
+    /// The pool would make the prompt wait longer than the local prefill.
+    fn busy(&self) -> bool {
+        self.target > self.local
+    }
+}
+
+fn pool_wait(a: &DecodeSide<'_>, pool: &[Arc<Replica>]) -> PoolWait {
     let now = a.ctx.now;
     let rate_and_ahead = |r: &Replica| {
         let m = a.state.affinity.of(&r.name, now);
@@ -574,18 +622,27 @@ fn pool_busy(a: &DecodeSide<'_>, pool: &[Arc<Replica>]) -> bool {
         (m.load.rate(), m.load.ahead(waiting))
     };
     let (decode_rate, _) = rate_and_ahead(a.decode);
-    let pool: Vec<(Option<f64>, f64)> = pool.iter().map(|p| rate_and_ahead(p)).collect();
+    let ahead: Vec<(Option<f64>, f64)> = pool.iter().map(|p| rate_and_ahead(p)).collect();
     // A rate not learned yet is taken from the other side (a decode replica
     // that never prefilled has none); none known: the same unit on both
     // sides (tokens).
-    let any_pool_rate = pool.iter().find_map(|(rate, _)| *rate);
+    let any_pool_rate = ahead.iter().find_map(|(rate, _)| *rate);
     let local_rate = decode_rate.or(any_pool_rate).unwrap_or(1.0);
     let uncached = f64::from(a.ctx.prompt_tokens.saturating_sub(a.decode_cached));
-    let wait = pool
+    let waits: Vec<f64> = ahead
         .iter()
         .map(|(rate, ahead)| rate.unwrap_or(local_rate) * ahead)
-        .fold(f64::INFINITY, f64::min);
-    wait > local_rate * uncached
+        .collect();
+    let home = a.ctx.session.and_then(|k| {
+        let name = a.state.affinity.sessions.get(prefill_session(k.key), now)?;
+        pool.iter().position(|p| p.name == name)
+    });
+    let shortest = waits.iter().copied().fold(f64::INFINITY, f64::min);
+    PoolWait {
+        target: home.map_or(shortest, |i| waits[i]),
+        mean: waits.iter().sum::<f64>() / waits.len().max(1) as f64,
+        local: local_rate * uncached,
+    }
 }
 
 /// The decode replica decodes nothing: none of this gateway's requests in
@@ -599,6 +656,51 @@ fn decode_idle(s: &DecodeSide<'_>) -> bool {
     v.in_flight == 0
         && v.fresh_load(s.ctx.now, max_age)
             .is_some_and(|l| l.running.is_some_and(|r| r < 0.5) && l.waiting.unwrap_or(0.0) < 0.5)
+}
+
+/// Whether the stalled gaps a local prefill of the prompt would cause on
+/// the decode replica fit this gateway's allowance there
+/// ([`crate::routing::stall_budget`]); spent if so. Only a prefill of one
+/// chunk. The streams it stalls:
+/// this gateway's requests in flight there, or the engine's running
+/// sequences (every gateway's) when its fresh scrape shows more; each
+/// stalled once per `prefill_chunk_tokens` of what the replica lacks.
+fn spend_stalls(s: &DecodeSide<'_>) -> Option<StallCharge> {
+    let cfg = &s.state.config.routing.disaggregation;
+    let uncached = s.ctx.prompt_tokens.saturating_sub(s.decode_cached);
+    // One chunk at most, as routing's index sees it: each stream there is
+    // stalled once, by one step. (A turn whose history the decode replica
+    // had evicted is still prefilled whole there, 10,000 tokens: five
+    // ~210-ms steps for every stream decoding there; it owes them when it
+    // ends. Refusing replicas found evicting in the last 5-10 s instead left
+    // 10 such prefills a run on agentic sessions, where their decode
+    // replicas evict all the time; docs/benchmarks-log.md.)
+    if uncached > cfg.prefill_chunk_tokens {
+        return None;
+    }
+    let v = (s.view)(s.decode);
+    let max_age = s.state.config.routing.metrics.stale_after;
+    let running = v
+        .fresh_load(s.ctx.now, max_age)
+        .and_then(|l| l.running)
+        .map_or(0, |r| r.max(0.0).round() as u32);
+    let streams = v.in_flight.max(running);
+    // Nothing decoding there: `local_idle`'s case (`local_when_idle`).
+    if streams == 0 {
+        return None;
+    }
+    let charge = StallCharge {
+        streams,
+        uncached,
+        chunk_tokens: cfg.prefill_chunk_tokens,
+    };
+    s.state
+        .affinity
+        .of(&s.decode.name, s.ctx.now)
+        .stalls
+        .lock()
+        .spend(charge.stalls(), cfg.local_stall_share, s.ctx.now)
+        .then_some(charge)
 }
 
 fn tokens_per_block(state: &AppState) -> u32 {

@@ -485,6 +485,20 @@ pub struct DisaggregationConfig {
     /// stream's steps are lengthened by it. A cold start's burst of new
     /// prompts is then prefilled by the whole fleet.
     pub local_when_idle: bool,
+    /// A decode replica that decodes streams prefills a prompt it lacks at
+    /// most one chunk of itself, beyond `local_max_tokens`, when the prefill
+    /// pool's predicted wait is longer than the local prefill and the
+    /// stalled gaps it causes there
+    /// (each stream decoding there once per `prefill_chunk_tokens` of the
+    /// prompt) keep this gateway's stalls on that replica within this share
+    /// of the inter-token gaps it relayed from it over the last ~30 s
+    /// (`local_stall_budget`): under 1%, the streams' inter-token p99 stays
+    /// a decode step's. 0: never.
+    pub local_stall_share: f64,
+    /// The engines' prefill chunk, in tokens (vLLM's
+    /// `max_num_batched_tokens`, SGLang's `chunked_prefill_size`): a local
+    /// prefill stalls each stream on its replica once per chunk.
+    pub prefill_chunk_tokens: u32,
     /// Where a session's prefills start (its prefill home, apart from its
     /// decode home): `least_loaded` (the default: the prefill replica with
     /// the fewest sessions lately), or any value of
@@ -523,6 +537,8 @@ impl Default for DisaggregationConfig {
             local_share: 0.5,
             local_max_tokens: Some(0),
             local_when_idle: true,
+            local_stall_share: 0.005,
+            prefill_chunk_tokens: 2048,
             session_placement: SessionPlacement::LeastLoaded,
         }
     }
@@ -1213,6 +1229,18 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
         bad(
             "routing.disaggregation.local_share".into(),
             "must be between 0 and 1".into(),
+        );
+    }
+    if !(0.0..0.01).contains(&dg.local_stall_share) {
+        bad(
+            "routing.disaggregation.local_stall_share".into(),
+            "must be at least 0 and under 0.01 (a stream's gaps over its p99)".into(),
+        );
+    }
+    if dg.prefill_chunk_tokens == 0 {
+        bad(
+            "routing.disaggregation.prefill_chunk_tokens".into(),
+            "must be at least 1".into(),
         );
     }
     if dg.prefill_timeout.is_zero() {

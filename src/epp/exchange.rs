@@ -321,19 +321,20 @@ impl Exchange {
                 decode_cached: decision.cached_tokens,
                 view: proxy::view,
             };
-            let (reason, named, why) = match Box::pin(disagg::choose(&side, &c.prefill)).await {
+            let (record, named) = match Box::pin(disagg::choose(&side, &c.prefill)).await {
                 Ok((replica, placement, why)) => {
                     self.prefill = Some(placement);
-                    (PdReason::Remote, Some(replica), Some(why))
+                    let record = PdRecord {
+                        prefill_backend: Some(replica.name.clone()),
+                        prefill_route: Some(why),
+                        ..PdRecord::local(PdReason::Remote)
+                    };
+                    (record, Some(replica))
                 }
-                Err(reason) => (reason, None, None),
+                Err(local) => (local, None),
             };
             prefiller = Some(named.as_ref().map(|r| endpoint_of(r).to_string()));
-            guard.record.pd = Some(Box::new(PdRecord {
-                prefill_backend: named.map(|r| r.name.clone()),
-                prefill_route: why,
-                ..PdRecord::local(reason)
-            }));
+            guard.record.pd = Some(Box::new(record));
         }
         self.picks
             .push((endpoint_of(&primary).to_string(), primary.clone()));

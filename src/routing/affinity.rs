@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use super::index::PrefixIndex;
 use super::load::Load;
 use super::sessions::Sessions;
+use super::stall_budget::StallLedger;
 use crate::telemetry::metrics::epoch;
 
 /// Replicas not routed to for this long are forgotten (a DNS-discovered pod
@@ -32,6 +33,9 @@ pub(crate) struct ReplicaMemory {
     /// Sessions served here lately (`session_placement: least_loaded`,
     /// see [`SessionsHere`]).
     pub(crate) sessions: Mutex<SessionsHere>,
+    /// The stalled gaps this gateway's local prefills may still cause here
+    /// (a decode replica of a disaggregated model: `api::disagg`).
+    pub(crate) stalls: Mutex<StallLedger>,
     /// Nanoseconds since `epoch()` of the last decision that looked here.
     used: AtomicU64,
 }
@@ -198,6 +202,7 @@ impl Affinity {
             prefixes: PrefixIndex::new(self.capacity),
             load: Load::default(),
             sessions: Mutex::new(SessionsHere::default()),
+            stalls: Mutex::new(StallLedger::default()),
             used: AtomicU64::new(0),
         });
         fresh.touch(now);

@@ -17,6 +17,7 @@ mod prefix_kv;
 mod round_robin;
 pub(crate) mod sessions;
 pub(crate) mod shared_table;
+pub mod stall_budget;
 
 pub use affinity::Affinity;
 pub use index::{PrefixIndex, longest_prefix};

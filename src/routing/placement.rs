@@ -192,6 +192,14 @@ impl Placement {
         }
     }
 
+    /// The replica's stall ledger ([`super::stall_budget`]): what a
+    /// disaggregated model's request relayed from it and owes it.
+    pub(crate) fn stall_ledger(
+        &self,
+    ) -> parking_lot::MutexGuard<'_, super::stall_budget::StallLedger> {
+        self.memory.stalls.lock()
+    }
+
     /// The engine reported `actual` cached tokens of the `engine_prompt` it
     /// counted: count both sides, and if it had less than predicted by more
     /// than a block (a session's turn: more than its history's last blocks),

@@ -127,6 +127,9 @@ pub struct PdRecord {
     /// Prompt tokens the prefill replica had cached (reported as the
     /// request's cached tokens: the decode replica's count the transfer).
     pub prefill_cached: Option<u32>,
+    /// A local prefill under running streams (`local_stall_budget`): what
+    /// it spent of the decode replica's allowance, checked at the end.
+    pub stall_charge: Option<crate::routing::stall_budget::StallCharge>,
 }
 
 impl PdRecord {
@@ -140,6 +143,7 @@ impl PdRecord {
             prefill: None,
             prefill_done: None,
             prefill_cached: None,
+            stall_charge: None,
         }
     }
 

@@ -848,6 +848,102 @@ async fn with_local_when_idle_off_the_busy_pool_queues_it() {
     }
 }
 
+/// With `local_stall_share`, a decode replica that decodes a stream
+/// prefills a prompt the busy pool would queue while the stalled gaps it
+/// causes fit the share of the gaps this gateway relayed from it, and not
+/// once they no longer do.
+#[tokio::test]
+async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
+    // The prefill replica holds every request 30 s; the decode replica
+    // answers up to 200 tokens.
+    let p = replica(SimRole::Prefill, |c| {
+        c.faults = Faults::parse("first_token=30s").unwrap();
+    })
+    .await;
+    let d = replica(SimRole::Decode, |c| c.output_tokens = 200).await;
+    // (Its startup scrape alone: the streams counted are this gateway's.)
+    let gw = gateway_over(&[(&p, Role::Prefill), (&d, Role::Decode)], |c| {
+        c.routing.disaggregation.local_stall_share = 0.009;
+    })
+    .await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let decode = d.url().trim_start_matches("http://").to_string();
+    let pool = gw.state().pool.clone();
+    let in_flight_on_decode = || {
+        pool.replicas()
+            .iter()
+            .find(|r| *r.name == *decode)
+            .map(|r| r.in_flight())
+    };
+    // A first prompt queued in the pool (sent remote: it was idle).
+    let mut held = vec![tokio::spawn({
+        let url = url.clone();
+        async move {
+            let _ = post(&url, &chat(0, 200, true)).await;
+        }
+    })];
+    wait_until(
+        "the first prefill queued",
+        Duration::from_secs(5),
+        || async { p.state.metrics.received.get() == 1 },
+    )
+    .await;
+    // A stream of 200 tokens prefilled and decoded on the idle decode
+    // replica: 199 gaps relayed, an allowance of 0.009 x 199 = 1.8 stalls.
+    let mut long = chat(1, 20, true);
+    long["max_tokens"] = 200.into();
+    let (status, _, text) = post(&url, &long).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(pd_decisions(&gw, "local_idle").await, 1.0);
+    wait_until(
+        "the stream's end counted",
+        Duration::from_secs(5),
+        || async { in_flight_on_decode() == Some(0) },
+    )
+    .await;
+    // A stream held mid-way on the decode replica (idle: prefilled there
+    // too).
+    let mut running = client()
+        .post(&url)
+        .header("x-sim-fault", "stall=2:30s")
+        .json(&chat(2, 20, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(running.status(), 200);
+    assert!(running.chunk().await.unwrap().is_some());
+    // (Decisions are counted when their request ends.)
+    assert_eq!(p.state.metrics.received.get(), 1, "prefilled there");
+    assert_eq!(d.state.metrics.received.get(), 2);
+    assert_eq!(in_flight_on_decode(), Some(1));
+    // The next prompt stalls that one stream once (one chunk): within the
+    // allowance, prefilled there.
+    let (status, _, text) = post(&url, &chat(3, 20, false)).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(pd_decisions(&gw, "local_stall_budget").await, 1.0);
+    assert_eq!(
+        p.state.metrics.received.get(),
+        1,
+        "no second remote prefill"
+    );
+    assert_eq!(d.state.metrics.received.get(), 3);
+    // The one after would spend 2 of 1.8: it goes to the pool.
+    held.push(tokio::spawn(async move {
+        let _ = post(&url, &chat(4, 20, false)).await;
+    }));
+    wait_until(
+        "the fourth prompt sent to the prefill pool",
+        Duration::from_secs(5),
+        || async { p.state.metrics.received.get() == 2 },
+    )
+    .await;
+    assert_eq!(pd_decisions(&gw, "local_stall_budget").await, 1.0);
+    drop(running);
+    for h in held {
+        h.abort();
+    }
+}
+
 #[tokio::test]
 async fn a_client_that_leaves_during_the_prefill_cancels_it() {
     // The prefill replica holds each request 30 s before starting it.
@@ -879,7 +975,7 @@ async fn a_client_that_leaves_during_the_prefill_cancels_it() {
 }
 
 #[tokio::test]
-async fn a_bootstrap_port_on_a_decode_replica_is_a_config_error_naming_the_key() {
+async fn disaggregation_config_errors_name_the_key_and_line() {
     let (ok, err) = check_config(
         "backends:\n  - url: http://10.0.0.1:8000\n    role: prefill\n    bootstrap_port: 8998\n  - url: http://10.0.0.2:8000\n    role: decode\n    bootstrap_port: 8998\n",
     );
@@ -888,6 +984,31 @@ async fn a_bootstrap_port_on_a_decode_replica_is_a_config_error_naming_the_key()
     let (ok, err) = check_config("backends:\n  - url: http://10.0.0.1:8000\n    role: prefil\n");
     assert!(!ok);
     assert!(err.contains("role") && err.contains("line 3"), "{err}");
+    // A stall share of 1% or more would make every stalled gap a p99 gap.
+    for (yaml, key) in [
+        (
+            "local_stall_share: 0.01",
+            "routing.disaggregation.local_stall_share",
+        ),
+        (
+            "local_stall_share: -0.1",
+            "routing.disaggregation.local_stall_share",
+        ),
+        (
+            "prefill_chunk_tokens: 0",
+            "routing.disaggregation.prefill_chunk_tokens",
+        ),
+    ] {
+        let (ok, err) = check_config(&format!(
+            "backends:\n  - url: http://10.0.0.1:8000\nrouting:\n  disaggregation:\n    {yaml}\n"
+        ));
+        assert!(!ok, "{yaml}");
+        assert!(err.contains(key), "{yaml}: {err}");
+    }
+    let (ok, err) = check_config(
+        "backends:\n  - url: http://10.0.0.1:8000\nrouting:\n  disaggregation:\n    local_stall_share: 0.002\n    prefill_chunk_tokens: 8192\n",
+    );
+    assert!(ok, "{err}");
 }
 
 #[tokio::test]
