@@ -8,11 +8,13 @@
 //!    can be used (`local_no_prefill_replica`), or when the prefill
 //!    replicas' predicted wait (the prompt tokens queued ahead there, over
 //!    their calibrated rate) is longer than the local prefill would take
-//!    (`local_pool_busy`), both within `local_max_tokens` uncached tokens;
+//!    (`local_pool_busy`; a session's turn: at its prefill home), both
+//!    within `local_max_tokens` uncached tokens;
 //!    past it, on a decode replica that decodes nothing, when the pool is
 //!    busy as above (`local_idle`: no stream pays for it); past it, on one
-//!    that decodes streams, when the pool is busy and the stalled gaps it
-//!    causes them fit this gateway's allowance on that replica
+//!    that decodes streams, when the prefill replica the prompt would go
+//!    to waits longer than that and at least the pool's mean, and the
+//!    stalled gaps it causes them fit this gateway's allowance there
 //!    (`local_stall_budget`: a share of the gaps relayed from it,
 //!    [`crate::routing::stall_budget`]).
 //!    Otherwise the prefill is remote (`remote`).
@@ -181,15 +183,16 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
     // agentic sessions, 32 at once over 2 prefill + 2 decode replicas, the
     // prefill pool was every router's bottleneck (TTFT p50 ~2.7 s) while
     // the decode replicas decoded 1.2-1.7 streams on average and a local
-    // prefill's first token came in ~36 ms (docs/benchmarks-log.md). The
-    // allowance is small (a few local prefills a second), so it goes to the
+    // prefill's first token came in ~36 ms (docs/benchmarks-log.md). Being
+    // small (a few local prefills a second), the allowance goes to the
     // prompts bound for the longer queues of the pool: the TTFT tail is
-    // their queue (sessions kept on one prefill replica whose queue was 2-3x
-    // the other's for 40 s).
+    // their queue (a session's turns keep their prefill replica, one of
+    // which queued 6.2-6.6 s while the other 1.1-4.2 s for 40 s). A
+    // session's turn lacks little on its decode replica, which holds its
+    // history (~200 tokens: one short step for the streams it stalls).
     if !light
         && cfg.local_stall_share > 0.0
-        && wait.busy()
-        && wait.target >= wait.mean
+        && wait.long_queue()
         && let Some(charge) = spend_stalls(s)
     {
         return Route::Local(PdRecord {
@@ -599,8 +602,8 @@ fn request(a: &Attempt<'_>, replica: &Replica, body: &[u8]) -> crate::upstream::
 /// prompt's uncached tokens there.
 struct PoolWait {
     /// At the prefill replica the prompt would go to: its session's
-    /// prefill home while it has one in the pool (its turns keep it), else
-    /// the shortest wait.
+    /// prefill home while this gateway knows one in the pool (its turns
+    /// keep it), else the shortest wait.
     target: f64,
     /// The pool's mean.
     mean: f64,
@@ -611,6 +614,13 @@ impl PoolWait {
     /// The pool would make the prompt wait longer than the local prefill.
     fn busy(&self) -> bool {
         self.target > self.local
+    }
+
+    /// ...and the prompt is bound for one of its longer queues: at least
+    /// the pool's mean (in a pool of several, a prompt without a prefill
+    /// home only while its replicas wait alike).
+    fn long_queue(&self) -> bool {
+        self.busy() && self.target >= self.mean
     }
 }
 

@@ -71,15 +71,7 @@ impl StallLedger {
     }
 }
 
-/// What a local prefill spent of its decode replica's allowance: the
-/// streams it stalls and the uncached tokens predicted, checked against the
-/// engine's count when the request ends ([`StallCharge::shortfall`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StallCharge {
-    pub streams: u32,
-    pub uncached: u32,
-    pub chunk_tokens: u32,
-}
+pub use crate::telemetry::record::StallCharge;
 
 impl StallCharge {
     /// The stalled gaps spent.
@@ -145,7 +137,7 @@ mod tests {
             50.0 / std::f64::consts::E,
         );
         assert!((l.gaps - gaps).abs() < 1e-6 && (l.stalled - stalled).abs() < 1e-6);
-        assert!(l.spend(5.0, 0.005, t0 + WINDOW));
+        assert!(l.spend(4.9, 0.005, t0 + WINDOW));
         // A clock read a little earlier on another thread fades nothing back.
         l.relayed(0, t0);
         assert!((l.gaps - gaps).abs() < 1e-6);

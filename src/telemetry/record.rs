@@ -129,7 +129,17 @@ pub struct PdRecord {
     pub prefill_cached: Option<u32>,
     /// A local prefill under running streams (`local_stall_budget`): what
     /// it spent of the decode replica's allowance, checked at the end.
-    pub stall_charge: Option<crate::routing::stall_budget::StallCharge>,
+    pub stall_charge: Option<StallCharge>,
+}
+
+/// What a local prefill spent of its decode replica's allowance
+/// (`routing::stall_budget`): the streams it stalls and the uncached tokens
+/// predicted, checked against the engine's count when the request ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StallCharge {
+    pub streams: u32,
+    pub uncached: u32,
+    pub chunk_tokens: u32,
 }
 
 impl PdRecord {
