@@ -70,6 +70,9 @@ pub(crate) fn record_home(
         _ if !decision.by_prefix => return,
         RouteReason::Affinity => HomeWrite::Touch,
         RouteReason::PrefixNew if placed_now => return,
+        // Placed without the table while new prompts share nothing with it
+        // (`SharedTable::novel`): written only if used again (a touch).
+        RouteReason::PrefixNew if ctx.shared_home.is_none() && table.novel() => return,
         RouteReason::PrefixNew | RouteReason::Rehome => HomeWrite::Move,
         _ => return,
     };

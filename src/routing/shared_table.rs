@@ -61,7 +61,12 @@
 //!   and made a holder of its own) this gateway forgets its holder, so that
 //!   its next request is looked up; one this gateway moves (`rehome`) or
 //!   places itself (the table did not answer) is written over. Retries and
-//!   decisions a session made write nothing.
+//!   decisions a session made write nothing;
+//! - a gateway whose new prompts share nothing with the table (a thousand
+//!   and more in 5-10 s, none homed by another gateway: all-distinct
+//!   prompts) looks up one in [`NOVEL_SAMPLE`] and places the others as
+//!   without the table, writing nothing for them ([`Novelty`]); one used
+//!   again is written by its touch, and a home found elsewhere ends it.
 //!
 //! Per prefix and pool (`serve`, `decode`, `prefill`: a disaggregated
 //! request's legs have homes of their own) one string,
@@ -180,6 +185,46 @@ pub(crate) fn home_key(hashes: &[u64], home_blocks: usize) -> Option<u64> {
 /// After a prefix lookup failed, lookups are skipped this long (the prefix
 /// is placed as without the table).
 const PAUSE: Duration = Duration::from_secs(2);
+
+/// Prompts new to this gateway (held nowhere in its index) in the last 5-10
+/// s from which, while the table found none of them homed by another
+/// gateway, it stops looking up every one ([`Novelty`]): 100 a second and
+/// more. Below that the lookups cost a gateway at most ~0.5% of a core
+/// (~50 us of its own and Redis's CPU each: docs/BENCHMARKS.md, "The shared
+/// routing table on prompts that share nothing").
+const NOVEL_FROM: u64 = 1_000;
+
+/// While the prompts met are all new and their prefixes nobody else's, one
+/// new prompt in this many is still looked up (the others are placed as
+/// without the table, and not written): enough to find within a window that
+/// another gateway homes such prefixes.
+const NOVEL_SAMPLE: u64 = 16;
+
+/// Whether this gateway's prompts lately share nothing with the table: many
+/// new prompts ([`NOVEL_FROM`]), none of them found homed by another gateway
+/// (a lookup that found one, or a touch that found the home elsewhere). On
+/// prompts that share nothing, every request is such a prompt, and its
+/// lookup and its cold mark's clear are two Redis calls for nothing: with
+/// them a CPU-bound gateway served 0.73x the requests of one without
+/// (docs/BENCHMARKS.md). There all but one in [`NOVEL_SAMPLE`] are placed
+/// as without the table and not written; a prefix among them that is used
+/// again is written by its first touch (where the table has no home for
+/// it), and one found homed elsewhere ends the sampling at once.
+#[derive(Default)]
+struct Novelty {
+    /// New prompts met (looked up or not).
+    new: super::load::Recent,
+    /// Of those, and of touches, homes found that another gateway placed.
+    found: super::load::Recent,
+    /// New prompts met, for sampling one in [`NOVEL_SAMPLE`].
+    seen: std::sync::atomic::AtomicU64,
+}
+
+impl Novelty {
+    fn sampling(&self, now: Instant) -> bool {
+        self.found.get(now) == 0 && self.new.get(now) >= NOVEL_FROM
+    }
+}
 
 /// A new home's cold prefill is counted on its replica until its first
 /// token, its attempt's end, or at the latest this long (its gateway died:
@@ -350,6 +395,7 @@ pub struct SharedTable {
     touched: Sessions,
     /// Until when prefix lookups are skipped, after one failed.
     paused: parking_lot::Mutex<Option<Instant>>,
+    novelty: Novelty,
 }
 
 /// What routing did with a session, for the table.
@@ -409,6 +455,7 @@ impl SharedTable {
             script: Script::new(HOMES),
             touched: Sessions::new(TOUCHED, HOME_TTL / 4),
             paused: parking_lot::Mutex::new(None),
+            novelty: Novelty::default(),
         })))
     }
 
@@ -558,6 +605,17 @@ impl SharedTable {
         if open == 0 || open > candidates.len() {
             return None;
         }
+        let now = crate::turn::now_std();
+        let sampling = self.novelty.sampling(now);
+        self.novelty.new.add(now);
+        let seen = self
+            .novelty
+            .seen
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if sampling && !seen.is_multiple_of(NOVEL_SAMPLE) {
+            self.count_home("place", "novel");
+            return None;
+        }
         if self
             .paused
             .lock()
@@ -587,6 +645,9 @@ impl SharedTable {
             Ok((replica, new)) => {
                 let new = new == 1;
                 self.count_home("place", if new { "placed" } else { "found" });
+                if !new {
+                    self.novelty.found.add(now);
+                }
                 let cold = (new && !cold.is_zero()).then(|| {
                     Arc::new(ColdMark {
                         table: self.clone(),
@@ -654,6 +715,7 @@ impl SharedTable {
                 Ok(Ok((home, _))) if *home != *replica => {
                     this.count_home(op, "elsewhere");
                     let now = crate::turn::now_std();
+                    this.novelty.found.add(now);
                     affinity.of(&replica, now).prefixes.forget(&blocks);
                     this.touched.forget(seen);
                 }
@@ -714,6 +776,12 @@ impl SharedTable {
 
     fn cold_set(&self, model: &str, leg: Leg, replica: &str) -> String {
         self.set(model, leg, "cold", replica)
+    }
+
+    /// This gateway's new prompts lately share nothing with the table
+    /// ([`Novelty`]): a prompt placed without it is not written either.
+    pub(crate) fn novel(&self) -> bool {
+        self.novelty.sampling(crate::turn::now_std())
     }
 
     fn count_home(&self, op: &'static str, outcome: &'static str) {
@@ -867,6 +935,37 @@ mod tests {
         // A decode leg's new home is not counted.
         let h = a.place_home("m", Leg::Decode, 5, &order, 2).await.unwrap();
         assert!(h.new && h.cold_on(&h.replica).is_none(), "{h:?}");
+    }
+
+    /// A gateway meeting only new prompts looks up one in sixteen once it
+    /// met a thousand in 5-10 s; one found homed by another gateway (on a
+    /// lookup of the sample) ends that: every prompt is looked up again.
+    #[tokio::test]
+    async fn a_gateway_meeting_only_new_prompts_looks_up_a_sample_until_one_is_found() {
+        let redis = crate::limits::tests::redis_server().await;
+        let (a, metrics) = table(redis.port);
+        let (b, _) = table(redis.port);
+        let order = names(&["r1", "r2"]);
+        let looked_up = async |t: &Arc<SharedTable>, keys: std::ops::Range<u64>| {
+            let mut n = 0;
+            for k in keys {
+                n += usize::from(t.place_home("m", Leg::Serve, k, &order, 2).await.is_some());
+            }
+            n
+        };
+        assert_eq!(looked_up(&a, 0..NOVEL_FROM).await, NOVEL_FROM as usize);
+        assert!(a.novel());
+        assert_eq!(looked_up(&a, NOVEL_FROM..NOVEL_FROM + 32).await, 2);
+        assert_eq!(metrics.home_store.get(&("place", "novel")).get(), 30);
+        // Another gateway homes prefixes; this one meets them: eight not
+        // looked up, the ninth (its 1,040th new prompt) looked up as the
+        // sample and found, and sampling ends: the seven after it too.
+        let theirs = 1_000_000..1_000_000 + NOVEL_SAMPLE;
+        assert_eq!(looked_up(&b, theirs.clone()).await, NOVEL_SAMPLE as usize);
+        assert_eq!(looked_up(&a, theirs).await, 8);
+        assert_eq!(metrics.home_store.get(&("place", "found")).get(), 8);
+        assert!(!a.novel());
+        assert_eq!(looked_up(&a, 2_000_000..2_000_010).await, 10);
     }
 
     /// Until `n` cold counts ended in the background on gateway `t` (its

@@ -693,6 +693,68 @@ async fn a_gateway_follows_a_prefix_home_another_gateway_moved() {
     );
 }
 
+/// A gateway meeting only new prompts (a thousand and more in 5-10 s, none
+/// homed by another gateway) looks up one in sixteen: the others are placed
+/// as without the table and not written, until used again: then the touch
+/// writes each where the table has none, on the replica that holds it.
+#[tokio::test]
+async fn a_gateway_meeting_only_new_prompts_looks_up_a_sample_and_writes_what_is_used_again() {
+    let redis = crate::common::redis::start().await;
+    let sims = sims(2).await;
+    let mut c = routing_config(&urls(&sims));
+    shared_table(&mut c, &redis);
+    let gw = start_routed(c, 2).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    const PROMPTS: usize = 1_100;
+    // Every prompt twice, 16 at a time (within a replica's bounded load):
+    // first all new, then again.
+    for question in 0..2 {
+        for batch in (0..PROMPTS).collect::<Vec<_>>().chunks(16) {
+            let mut sent = tokio::task::JoinSet::new();
+            for &p in batch {
+                let url = url.clone();
+                sent.spawn(async move { post(&url, &prefixed(p, question)).await.0 });
+            }
+            while let Some(status) = sent.join_next().await {
+                assert_eq!(status.unwrap(), 200);
+            }
+        }
+    }
+    let metric = |op: &str, outcome: &str| {
+        format!("sluice_routing_home_store_total{{op=\"{op}\",outcome=\"{outcome}\"}}")
+    };
+    let placed = gateway_metric(&gw, &metric("place", "placed")).await;
+    let novel = gateway_metric(&gw, &metric("place", "novel")).await;
+    // From the thousandth on, 15 in 16 not looked up.
+    assert_eq!(placed + novel, PROMPTS as f64);
+    assert!(
+        (30.0..=100.0).contains(&novel),
+        "{placed} placed, {novel} not looked up"
+    );
+    assert_eq!(reasons(&gw, "prefix_new").await, PROMPTS as f64);
+    // Used again: every prefix is in the table, those placed without it
+    // written by their touch; none was written as placed without the table.
+    let (gw, touched) = (&gw, metric("touch", "ok"));
+    wait_until("every prefix touched", Duration::from_secs(10), || {
+        let touched = touched.clone();
+        async move { gateway_metric(gw, &touched).await >= PROMPTS as f64 }
+    })
+    .await;
+    let mut conn = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("sluice:home:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), PROMPTS);
+    assert_eq!(gateway_metric(gw, &metric("move", "ok")).await, 0.0);
+    assert_eq!(gateway_metric(gw, &metric("touch", "elsewhere")).await, 0.0);
+}
+
 /// Through gateways sharing prefix homes, a new prefix goes, among replicas
 /// with equal homes, where no other gateway's new home is being prefilled
 /// (each gateway alone sees only its own prefills: through three, cold
