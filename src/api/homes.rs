@@ -72,7 +72,9 @@ pub(crate) fn record_home(
         RouteReason::PrefixNew if placed_now => return,
         // Placed without the table while new prompts share nothing with it
         // (`SharedTable::novel`): written only if used again (a touch).
-        RouteReason::PrefixNew if ctx.shared_home.is_none() && table.novel() => return,
+        RouteReason::PrefixNew if ctx.shared_home.is_none() && table.novel(ctx.model, leg) => {
+            return;
+        }
         RouteReason::PrefixNew | RouteReason::Rehome => HomeWrite::Move,
         _ => return,
     };

@@ -493,7 +493,10 @@ pub struct DisaggregationConfig {
     /// prompt) keep this gateway's stalls on that replica within this share
     /// of the inter-token gaps it relayed from it over the last ~30 s
     /// (`local_stall_budget`): under 1%, the streams' inter-token p99 stays
-    /// a decode step's. 0: never.
+    /// a decode step's. 0: never. Through several gateways set 0: each
+    /// counts the others' streams only from the last scrape (three
+    /// gateways: 33-46 streams a run stalled over 100 ms against 5-19
+    /// through one; docs/benchmarks-log.md).
     pub local_stall_share: f64,
     /// The engines' prefill chunk, in tokens (vLLM's
     /// `max_num_batched_tokens`, SGLang's `chunked_prefill_size`): a local

@@ -62,11 +62,12 @@
 //!   its next request is looked up; one this gateway moves (`rehome`) or
 //!   places itself (the table did not answer) is written over. Retries and
 //!   decisions a session made write nothing;
-//! - a gateway whose new prompts share nothing with the table (a thousand
-//!   and more in 5-10 s, none homed by another gateway: all-distinct
-//!   prompts) looks up one in [`NOVEL_SAMPLE`] and places the others as
-//!   without the table, writing nothing for them ([`Novelty`]); one used
-//!   again is written by its touch, and a home found elsewhere ends it.
+//! - a gateway whose new prompts of a model and pool share nothing with the
+//!   table (a thousand and more in 5-10 s, none found homed elsewhere:
+//!   all-distinct prompts) looks up only the prefixes whose key is a
+//!   multiple of [`NOVEL_SAMPLE`] and places the others as without the
+//!   table, writing nothing for them ([`Novelty`]); one used again is
+//!   written by its touch, and a home found elsewhere ends it.
 //!
 //! Per prefix and pool (`serve`, `decode`, `prefill`: a disaggregated
 //! request's legs have homes of their own) one string,
@@ -186,38 +187,40 @@ pub(crate) fn home_key(hashes: &[u64], home_blocks: usize) -> Option<u64> {
 /// is placed as without the table).
 const PAUSE: Duration = Duration::from_secs(2);
 
-/// Prompts new to this gateway (held nowhere in its index) in the last 5-10
-/// s from which, while the table found none of them homed by another
-/// gateway, it stops looking up every one ([`Novelty`]): 100 a second and
-/// more. Below that the lookups cost a gateway at most ~0.5% of a core
-/// (~50 us of its own and Redis's CPU each: docs/BENCHMARKS.md, "The shared
-/// routing table on prompts that share nothing").
+/// Prompts new to this gateway (held nowhere in its index) of a model and
+/// pool in the last 5-10 s from which, while the table found none of them
+/// homed elsewhere, it stops looking up every one ([`Novelty`]): 100-200 a
+/// second and more. Below that the lookups cost a gateway at most ~1% of a
+/// core (~50 us of its own and Redis's CPU each: docs/BENCHMARKS.md, "The
+/// shared routing table on prompts that share nothing").
 const NOVEL_FROM: u64 = 1_000;
 
-/// While the prompts met are all new and their prefixes nobody else's, one
-/// new prompt in this many is still looked up (the others are placed as
-/// without the table, and not written): enough to find within a window that
-/// another gateway homes such prefixes.
+/// While a model's new prompts share nothing with the table, the prefixes
+/// whose key is a multiple of this are still looked up (the others are
+/// placed as without the table, and not written). By key, not by count:
+/// every gateway samples the same prefixes, so a prefix that two gateways
+/// meet is found by the second with that chance, not its square.
 const NOVEL_SAMPLE: u64 = 16;
 
-/// Whether this gateway's prompts lately share nothing with the table: many
-/// new prompts ([`NOVEL_FROM`]), none of them found homed by another gateway
-/// (a lookup that found one, or a touch that found the home elsewhere). On
-/// prompts that share nothing, every request is such a prompt, and its
-/// lookup and its cold mark's clear are two Redis calls for nothing: with
-/// them a CPU-bound gateway served 0.73x the requests of one without
-/// (docs/BENCHMARKS.md). There all but one in [`NOVEL_SAMPLE`] are placed
-/// as without the table and not written; a prefix among them that is used
-/// again is written by its first touch (where the table has no home for
-/// it), and one found homed elsewhere ends the sampling at once.
+/// Whether this gateway's prompts of a model and pool lately share nothing
+/// with the table: many new prompts ([`NOVEL_FROM`]), none of them found
+/// homed elsewhere (a lookup that found one placed before, or a touch that
+/// found the home elsewhere). On prompts that share nothing, every request
+/// is such a prompt, and its lookup and its cold mark's clear are two Redis
+/// calls for nothing: with them a CPU-bound gateway served 0.73-0.74x the
+/// requests of one without (0.98x with this; docs/BENCHMARKS.md). There all but one in
+/// [`NOVEL_SAMPLE`] (by key) are placed as without the table and not
+/// written; a prefix among them that is used again is written by its first
+/// touch (where the table has no home for it), and one found homed
+/// elsewhere ends the sampling at once. The cost: a prefix that another
+/// gateway meets while both sample is placed by each on its own until one
+/// touch finds the other's home (a cold prefill more).
 #[derive(Default)]
 struct Novelty {
     /// New prompts met (looked up or not).
     new: super::load::Recent,
-    /// Of those, and of touches, homes found that another gateway placed.
+    /// Of those, and of touches, homes found placed before or elsewhere.
     found: super::load::Recent,
-    /// New prompts met, for sampling one in [`NOVEL_SAMPLE`].
-    seen: std::sync::atomic::AtomicU64,
 }
 
 impl Novelty {
@@ -247,7 +250,7 @@ pub(crate) struct HomeAt<'a> {
 /// Which of a model's decisions a prefix home is for: a disaggregated
 /// request's prefill and decode legs are placed in their own pools, apart
 /// from a request served whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Leg {
     Serve,
     Decode,
@@ -395,7 +398,8 @@ pub struct SharedTable {
     touched: Sessions,
     /// Until when prefix lookups are skipped, after one failed.
     paused: parking_lot::Mutex<Option<Instant>>,
-    novelty: Novelty,
+    /// Per model and pool: [`Novelty`].
+    novelty: parking_lot::RwLock<std::collections::HashMap<(String, Leg), Arc<Novelty>>>,
 }
 
 /// What routing did with a session, for the table.
@@ -455,7 +459,7 @@ impl SharedTable {
             script: Script::new(HOMES),
             touched: Sessions::new(TOUCHED, HOME_TTL / 4),
             paused: parking_lot::Mutex::new(None),
-            novelty: Novelty::default(),
+            novelty: Default::default(),
         })))
     }
 
@@ -606,13 +610,10 @@ impl SharedTable {
             return None;
         }
         let now = crate::turn::now_std();
-        let sampling = self.novelty.sampling(now);
-        self.novelty.new.add(now);
-        let seen = self
-            .novelty
-            .seen
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if sampling && !seen.is_multiple_of(NOVEL_SAMPLE) {
+        let novelty = self.novelty_of(model, leg);
+        let sampling = novelty.sampling(now);
+        novelty.new.add(now);
+        if sampling && !key.is_multiple_of(NOVEL_SAMPLE) {
             self.count_home("place", "novel");
             return None;
         }
@@ -646,7 +647,7 @@ impl SharedTable {
                 let new = new == 1;
                 self.count_home("place", if new { "placed" } else { "found" });
                 if !new {
-                    self.novelty.found.add(now);
+                    novelty.found.add(now);
                 }
                 let cold = (new && !cold.is_zero()).then(|| {
                     Arc::new(ColdMark {
@@ -715,7 +716,7 @@ impl SharedTable {
                 Ok(Ok((home, _))) if *home != *replica => {
                     this.count_home(op, "elsewhere");
                     let now = crate::turn::now_std();
-                    this.novelty.found.add(now);
+                    this.novelty_of(&model, leg).found.add(now);
                     affinity.of(&replica, now).prefixes.forget(&blocks);
                     this.touched.forget(seen);
                 }
@@ -778,10 +779,23 @@ impl SharedTable {
         self.set(model, leg, "cold", replica)
     }
 
-    /// This gateway's new prompts lately share nothing with the table
-    /// ([`Novelty`]): a prompt placed without it is not written either.
-    pub(crate) fn novel(&self) -> bool {
-        self.novelty.sampling(crate::turn::now_std())
+    /// This gateway's new prompts of `model` for `leg` lately share nothing
+    /// with the table ([`Novelty`]): a prompt placed without it (sampled
+    /// out, or the table not asked) is not written either; its touch writes
+    /// it if it is used again.
+    pub(crate) fn novel(&self, model: &str, leg: Leg) -> bool {
+        self.novelty_of(model, leg).sampling(crate::turn::now_std())
+    }
+
+    fn novelty_of(&self, model: &str, leg: Leg) -> Arc<Novelty> {
+        if let Some(n) = self.novelty.read().get(&(model.to_string(), leg)) {
+            return n.clone();
+        }
+        self.novelty
+            .write()
+            .entry((model.to_string(), leg))
+            .or_default()
+            .clone()
     }
 
     fn count_home(&self, op: &'static str, outcome: &'static str) {
@@ -937,35 +951,50 @@ mod tests {
         assert!(h.new && h.cold_on(&h.replica).is_none(), "{h:?}");
     }
 
-    /// A gateway meeting only new prompts looks up one in sixteen once it
-    /// met a thousand in 5-10 s; one found homed by another gateway (on a
-    /// lookup of the sample) ends that: every prompt is looked up again.
+    /// A gateway meeting only new prompts of a model looks up one prefix in
+    /// sixteen (by key) once it met a thousand in 5-10 s; one found homed
+    /// elsewhere (on the sample's lookup) ends that: every prompt is looked
+    /// up again. Another model's or pool's prompts are counted apart.
     #[tokio::test]
     async fn a_gateway_meeting_only_new_prompts_looks_up_a_sample_until_one_is_found() {
         let redis = crate::limits::tests::redis_server().await;
         let (a, metrics) = table(redis.port);
         let (b, _) = table(redis.port);
         let order = names(&["r1", "r2"]);
-        let looked_up = async |t: &Arc<SharedTable>, keys: std::ops::Range<u64>| {
+        let looked_up = async |t: &Arc<SharedTable>, leg: Leg, keys: std::ops::Range<u64>| {
             let mut n = 0;
             for k in keys {
-                n += usize::from(t.place_home("m", Leg::Serve, k, &order, 2).await.is_some());
+                n += usize::from(t.place_home("m", leg, k, &order, 2).await.is_some());
             }
             n
         };
-        assert_eq!(looked_up(&a, 0..NOVEL_FROM).await, NOVEL_FROM as usize);
-        assert!(a.novel());
-        assert_eq!(looked_up(&a, NOVEL_FROM..NOVEL_FROM + 32).await, 2);
+        let serve = Leg::Serve;
+        assert_eq!(
+            looked_up(&a, serve, 0..NOVEL_FROM).await,
+            NOVEL_FROM as usize
+        );
+        assert!(a.novel("m", serve));
+        assert!(!a.novel("m", Leg::Prefill) && !a.novel("other", serve));
+        // Of 1,000-1,031, the keys 1,008 and 1,024.
+        assert_eq!(looked_up(&a, serve, NOVEL_FROM..NOVEL_FROM + 32).await, 2);
         assert_eq!(metrics.home_store.get(&("place", "novel")).get(), 30);
-        // Another gateway homes prefixes; this one meets them: eight not
-        // looked up, the ninth (its 1,040th new prompt) looked up as the
-        // sample and found, and sampling ends: the seven after it too.
+        // Another pool's new prompts are looked up.
+        assert_eq!(looked_up(&a, Leg::Prefill, 0..10).await, 10);
+        // Another gateway homes prefixes; this one meets them: the first,
+        // 1,000,000 (a multiple of 16), is looked up and found, and sampling
+        // ends: the fifteen after it are looked up too.
         let theirs = 1_000_000..1_000_000 + NOVEL_SAMPLE;
-        assert_eq!(looked_up(&b, theirs.clone()).await, NOVEL_SAMPLE as usize);
-        assert_eq!(looked_up(&a, theirs).await, 8);
-        assert_eq!(metrics.home_store.get(&("place", "found")).get(), 8);
-        assert!(!a.novel());
-        assert_eq!(looked_up(&a, 2_000_000..2_000_010).await, 10);
+        assert_eq!(
+            looked_up(&b, serve, theirs.clone()).await,
+            NOVEL_SAMPLE as usize
+        );
+        assert_eq!(looked_up(&a, serve, theirs).await, NOVEL_SAMPLE as usize);
+        assert_eq!(
+            metrics.home_store.get(&("place", "found")).get(),
+            NOVEL_SAMPLE
+        );
+        assert!(!a.novel("m", serve));
+        assert_eq!(looked_up(&a, serve, 2_000_001..2_000_011).await, 10);
     }
 
     /// Until `n` cold counts ended in the background on gateway `t` (its

@@ -13,8 +13,11 @@
 //! Both sums fade by `e` over [`WINDOW`]: the allowance follows the
 //! replica's recent traffic, and a burst of local prefills cannot spend
 //! what was earned long ago. Each gateway keeps its own ledger from what it
-//! relays and what it decides (no shared state): their stalls add up to at
-//! most the share of all the gaps relayed.
+//! relays and what it decides (no shared state), and counts a replica's
+//! streams by its own and the last scrape's: through several gateways the
+//! streams another started since that scrape are stalled uncounted (three
+//! gateways: 33-46 streams a run stalled over 100 ms against 5-19 through
+//! one; docs/benchmarks-log.md), so the share holds for one gateway only.
 
 use std::time::{Duration, Instant};
 

@@ -575,6 +575,28 @@ async fn a_hot_prefix_spills_to_other_replicas_once_its_home_queues() {
     assert!(reasons(&gw, "spill_load").await + reasons(&gw, "spill_queue").await >= 1.0);
 }
 
+/// `sluice_routing_home_store_total` of `op` and `outcome`.
+fn home_store(op: &str, outcome: &str) -> String {
+    format!("sluice_routing_home_store_total{{op=\"{op}\",outcome=\"{outcome}\"}}")
+}
+
+/// A connection to the shared table's Redis, and the prefix homes it holds.
+async fn home_keys(
+    redis: &crate::common::redis::Redis,
+) -> (::redis::aio::MultiplexedConnection, Vec<String>) {
+    let mut conn = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("sluice:home:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    (conn, keys)
+}
+
 /// Two gateways sharing prefix homes through a real Redis
 /// (`routing.sessions.store: redis`, `routing.prefix_kv.shared_homes`)
 /// whose indexes differ: each first placed three prefixes of its own, so
@@ -611,13 +633,10 @@ async fn gateways_sharing_prefix_homes_place_a_new_prefix_alike_whatever_their_i
     // Fourteen homes by the fewest over both gateways: 4/4/3/3.
     homes.sort_unstable();
     assert_eq!(homes, [3, 3, 4, 4]);
-    let metric = |op: &str, outcome: &str| {
-        format!("sluice_routing_home_store_total{{op=\"{op}\",outcome=\"{outcome}\"}}")
-    };
     let (mut placed, mut found) = (0.0, 0.0);
     for gw in &gws {
-        placed += gateway_metric(gw, &metric("place", "placed")).await;
-        found += gateway_metric(gw, &metric("place", "found")).await;
+        placed += gateway_metric(gw, &home_store("place", "placed")).await;
+        found += gateway_metric(gw, &home_store("place", "found")).await;
         // Counted as new where placed, and as affinity after.
         assert!(reasons(gw, "affinity").await >= 4.0);
     }
@@ -647,16 +666,7 @@ async fn a_gateway_follows_a_prefix_home_another_gateway_moved() {
     let url = api(&gw);
     let first = served_via(&url, &sims, &prefixed(7, 0)).await;
     // Another gateway moves it: the table names another replica.
-    let mut conn = ::redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let keys: Vec<String> = ::redis::cmd("KEYS")
-        .arg("sluice:home:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (mut conn, keys) = home_keys(&redis).await;
     assert_eq!(keys.len(), 1, "{keys:?}");
     let home: String = ::redis::cmd("GET")
         .arg(&keys[0])
@@ -672,25 +682,18 @@ async fn a_gateway_follows_a_prefix_home_another_gateway_moved() {
         .await
         .unwrap();
     assert_eq!(served_via(&url, &sims, &prefixed(7, 1)).await, first);
-    let (gw, elsewhere) = (
-        &gw,
-        "sluice_routing_home_store_total{op=\"touch\",outcome=\"elsewhere\"}",
-    );
+    let (gw, elsewhere) = (&gw, home_store("touch", "elsewhere"));
     wait_until(
         "the touch found the other home",
         Duration::from_secs(5),
-        || async move { gateway_metric(gw, elsewhere).await == 1.0 },
+        || {
+            let elsewhere = elsewhere.clone();
+            async move { gateway_metric(gw, &elsewhere).await == 1.0 }
+        },
     )
     .await;
     assert_eq!(served_via(&url, &sims, &prefixed(7, 2)).await, other);
-    assert_eq!(
-        gateway_metric(
-            gw,
-            "sluice_routing_home_store_total{op=\"place\",outcome=\"found\"}"
-        )
-        .await,
-        1.0
-    );
+    assert_eq!(gateway_metric(gw, &home_store("place", "found")).await, 1.0);
 }
 
 /// A gateway meeting only new prompts (a thousand and more in 5-10 s, none
@@ -720,12 +723,10 @@ async fn a_gateway_meeting_only_new_prompts_looks_up_a_sample_and_writes_what_is
             }
         }
     }
-    let metric = |op: &str, outcome: &str| {
-        format!("sluice_routing_home_store_total{{op=\"{op}\",outcome=\"{outcome}\"}}")
-    };
-    let placed = gateway_metric(&gw, &metric("place", "placed")).await;
-    let novel = gateway_metric(&gw, &metric("place", "novel")).await;
-    // From the thousandth on, 15 in 16 not looked up.
+    let placed = gateway_metric(&gw, &home_store("place", "placed")).await;
+    let novel = gateway_metric(&gw, &home_store("place", "novel")).await;
+    // After the thousandth, those whose key is not a multiple of 16 are not
+    // looked up (about 94 of the last 100).
     assert_eq!(placed + novel, PROMPTS as f64);
     assert!(
         (30.0..=100.0).contains(&novel),
@@ -734,25 +735,18 @@ async fn a_gateway_meeting_only_new_prompts_looks_up_a_sample_and_writes_what_is
     assert_eq!(reasons(&gw, "prefix_new").await, PROMPTS as f64);
     // Used again: every prefix is in the table, those placed without it
     // written by their touch; none was written as placed without the table.
-    let (gw, touched) = (&gw, metric("touch", "ok"));
+    let (gw, touched) = (&gw, home_store("touch", "ok"));
     wait_until("every prefix touched", Duration::from_secs(10), || {
         let touched = touched.clone();
         async move { gateway_metric(gw, &touched).await >= PROMPTS as f64 }
     })
     .await;
-    let mut conn = ::redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let keys: Vec<String> = ::redis::cmd("KEYS")
-        .arg("sluice:home:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(keys.len(), PROMPTS);
-    assert_eq!(gateway_metric(gw, &metric("move", "ok")).await, 0.0);
-    assert_eq!(gateway_metric(gw, &metric("touch", "elsewhere")).await, 0.0);
+    assert_eq!(home_keys(&redis).await.1.len(), PROMPTS);
+    assert_eq!(gateway_metric(gw, &home_store("move", "ok")).await, 0.0);
+    assert_eq!(
+        gateway_metric(gw, &home_store("touch", "elsewhere")).await,
+        0.0
+    );
 }
 
 /// Through gateways sharing prefix homes, a new prefix goes, among replicas
@@ -803,7 +797,7 @@ async fn gateways_sharing_prefix_homes_spread_cold_prefills() {
             n
         }
     };
-    let ended = "sluice_routing_home_store_total{op=\"cold\",outcome=\"ok\"}";
+    let ended = &home_store("cold", "ok");
     // Gateway b homes three prefixes (two on y, one on x), and they end.
     let mut q = Vec::new();
     for p in 0..3 {

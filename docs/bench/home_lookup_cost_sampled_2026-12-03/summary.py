@@ -3,17 +3,20 @@
 without prefix homes, run in the same round): throughput ratio, gateway and Redis CPU per
 request added, TTFT p50 added at 500 req/s; then per build the medians and ranges.
 
-    python3 summary.py      (reads {1,2}_{head,novel}.json here)
+    python3 summary.py [DIR] [BUILD ...]   (reads DIR/{1,2}_{BUILD}.json; default: here,
+                                           head sampled)
 """
 import json
 import os
 import statistics
+import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+BUILDS = sys.argv[2:] or ["head", "sampled"]
 S, H = "redis, sessions only", "redis, shared homes (default)"
 NAMES = ["throughput vs shared_homes: false", "gateway CPU us / request added",
          "Redis CPU us / request added", "TTFT p50 at 500 req/s added, ms", "lookups a round"]
-for build in ("head", "novel"):
+for build in BUILDS:
     rows = []
     for run in (1, 2):
         with open(os.path.join(HERE, f"{run}_{build}.json")) as f:
