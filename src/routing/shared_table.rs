@@ -995,6 +995,37 @@ mod tests {
         );
         assert!(!a.novel("m", serve));
         assert_eq!(looked_up(&a, serve, 2_000_001..2_000_011).await, 10);
+        // So does a touch that finds the home elsewhere: a prefix this
+        // gateway placed without the table (sampled out) and served again
+        // at its holder, which another gateway homed on another replica.
+        let (c, c_metrics) = table(redis.port);
+        let fresh = 5_000_000..5_000_000 + NOVEL_FROM;
+        assert_eq!(looked_up(&c, serve, fresh).await, NOVEL_FROM as usize);
+        assert!(c.novel("m", serve));
+        let key = 3_000_001;
+        assert_eq!(looked_up(&c, serve, key..key + 1).await, 0);
+        write(&b, key, "r2", "move").await;
+        let t = (16, Duration::from_secs(60));
+        let at = HomeAt {
+            model: "m",
+            leg: serve,
+            key,
+            blocks: &[key],
+            replica: &Arc::from("r1"),
+        };
+        c.write_home(&Affinity::new(64, t, t), at, HomeWrite::Touch, || {
+            order.clone()
+        });
+        let elsewhere = || c_metrics.home_store.get(&("touch", "elsewhere")).get();
+        for _ in 0..1000 {
+            if elsewhere() > 0 {
+                break;
+            }
+            let mut conn = c.conn.clone();
+            let _: String = c.query(redis::cmd("PING"), &mut conn).await.unwrap();
+        }
+        assert_eq!(elsewhere(), 1);
+        assert!(!c.novel("m", serve));
     }
 
     /// Until `n` cold counts ended in the background on gateway `t` (its
