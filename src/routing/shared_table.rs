@@ -250,7 +250,7 @@ pub(crate) struct HomeAt<'a> {
 /// Which of a model's decisions a prefix home is for: a disaggregated
 /// request's prefill and decode legs are placed in their own pools, apart
 /// from a request served whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Leg {
     Serve,
     Decode,
@@ -398,8 +398,10 @@ pub struct SharedTable {
     touched: Sessions,
     /// Until when prefix lookups are skipped, after one failed.
     paused: parking_lot::Mutex<Option<Instant>>,
-    /// Per model and pool: [`Novelty`].
-    novelty: parking_lot::RwLock<std::collections::HashMap<(String, Leg), Arc<Novelty>>>,
+    /// Per pool (by [`Leg`]) and model: [`Novelty`]. (Keyed by the model
+    /// alone within a pool: read on every new prompt, found without
+    /// allocating a key.)
+    novelty: [parking_lot::RwLock<std::collections::HashMap<String, Arc<Novelty>>>; 3],
 }
 
 /// What routing did with a session, for the table.
@@ -788,14 +790,11 @@ impl SharedTable {
     }
 
     fn novelty_of(&self, model: &str, leg: Leg) -> Arc<Novelty> {
-        if let Some(n) = self.novelty.read().get(&(model.to_string(), leg)) {
+        let pool = &self.novelty[leg as usize];
+        if let Some(n) = pool.read().get(model) {
             return n.clone();
         }
-        self.novelty
-            .write()
-            .entry((model.to_string(), leg))
-            .or_default()
-            .clone()
+        pool.write().entry(model.to_string()).or_default().clone()
     }
 
     fn count_home(&self, op: &'static str, outcome: &'static str) {
