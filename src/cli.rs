@@ -295,6 +295,11 @@ pub struct BenchArgs {
     /// Seed of the request generator (same seed, same requests).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Text opening each prompt's unique part (after a shared prefix):
+    /// bench processes with different salts send distinct prompts (the same
+    /// seed and workload otherwise send the same ones). Not with agentic.
+    #[arg(long, default_value = "")]
+    pub salt: String,
     /// Sent as `Authorization: Bearer KEY`.
     #[arg(long, env = "SLUICE_BENCH_API_KEY")]
     pub api_key: Option<String>,

@@ -236,6 +236,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                     max_tokens: args.max_tokens,
                     prefixes: args.prefixes,
                     prefix_tokens: args.prefix_tokens,
+                    salt: args.salt.clone(),
                 },
                 agentic: Some(bench::agentic::AgenticShape {
                     sessions: args.sessions,

@@ -421,6 +421,10 @@ def run(name, workload, args, seed):
         if ADMINS:
             row["decisions"] = {k.split('reason="')[1].rstrip('"}'): v for k, v in gateway_counts(
                 ADMINS, ["sluice_pd_decisions_total"]).items() if v}
+            # Looks at a decode engine before a local prefill, by outcome
+            # (builds from 2026-12-03 evening on).
+            row["looks"] = {k.split('outcome="')[1].rstrip('"}'): v for k, v in gateway_counts(
+                ADMINS, ["sluice_pd_decode_looks_total"]).items() if v}
             # The decode replicas' routing decisions, by reason.
             routes = {}
             for k, v in gateway_counts(ADMINS, ["sluice_routing_decisions_total"]).items():
@@ -506,6 +510,7 @@ def main():
                       f"{' | warm tail ' + str(row['warm_tail_pd']) if row.get('warm_tail_pd') else ''}"
                       f"{' | tail ' + str(row['tail_turns']) if row.get('tail_turns') else ''}"
                       f"{' | stalls ' + str(row['stalls']) if row.get('stalls', {}).get('streams') else ''}"
+                      f"{' | looks ' + str(row['looks']) if row.get('looks') else ''}"
                       f"{' | prefill sessions ' + str(row['prefill_sessions']) if row.get('prefill_sessions') else ''}", flush=True)
         summary = {n: {k: statistics.median([r[k] for r in rows]) for k in
                        ("ttft_p50_ms", "ttft_p99_ms", "warm_ttft_p99_ms", "itl_p99_ms", "itl_max_ms")

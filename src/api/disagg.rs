@@ -16,7 +16,10 @@
 //!    to waits longer than that and at least the pool's mean, and the
 //!    stalled gaps it causes them fit this gateway's allowance there
 //!    (`local_stall_budget`: a share of the gaps relayed from it,
-//!    [`crate::routing::stall_budget`]).
+//!    [`crate::routing::stall_budget`]). The streams past the bound are
+//!    counted by a look at the decode replica's engine when the last scrape
+//!    allows the prefill (other gateways may have started streams since:
+//!    [`scrape::glance`], `sluice_pd_decode_looks_total`).
 //!    Otherwise the prefill is remote (`remote`).
 //! 2. **Which prefill replica:** the routing policy's pick among the
 //!    `prefill` and `mixed` replicas (not the decode replica): prefix
@@ -80,6 +83,7 @@ use crate::telemetry::record::PdRecord;
 use crate::telemetry::tracecontext::TRACEPARENT;
 use crate::upstream::client::proxied_request;
 use crate::upstream::pool::{InFlight, Replica};
+use crate::upstream::scrape;
 use crate::vocab::{Endpoint, PdReason, RouteReason, Wire};
 
 /// Prefill replicas tried for one request before it is prefilled locally.
@@ -143,7 +147,7 @@ enum Route<'a> {
 
 /// Steps 1 and 2's inputs: local (and why) or the pool, with a session's
 /// prefill key (see [`prefill`]).
-fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
+async fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
     let cfg = &s.state.config.routing.disaggregation;
     let prompt = s.ctx.prompt_tokens.max(1);
     // What a local prefill would add to the decode replica's steps.
@@ -165,40 +169,91 @@ fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
     if light && wait.busy() {
         return Route::Local(PdRecord::local(PdReason::LocalPoolBusy));
     }
-    // A decode replica that decodes nothing: a prefill there lengthens no
-    // stream's step, whatever its length, so it takes what the busy pool
-    // would queue. (Not also what it holds by routing's index, as
-    // `local_cached` past the bound: tried on retrieval, 8 documents of
-    // ~6,000 tokens over decode caches of ~32,000, 54-69 prompts a run went
-    // local so, and the slowest warm ones were prefilled whole there (~630
-    // ms, no token cached: most likely the index still listed what the
-    // engine had evicted); warm TTFT p99 533-690 ms against 64-431 ms before;
-    // docs/benchmarks-log.md.)
-    if !light && cfg.local_when_idle && decode_idle(s) && wait.busy() {
-        return Route::Local(PdRecord::local(PdReason::LocalIdle));
-    }
-    // A decode replica that decodes streams: a prefill there stalls each of
-    // them once a chunk, which leaves their inter-token p99 alone while
-    // under 1% of their gaps (`local_stall_share`, [`spend_stalls`]). On
-    // agentic sessions, 32 at once over 2 prefill + 2 decode replicas, the
-    // prefill pool was every router's bottleneck (TTFT p50 ~2.7 s) while
-    // the decode replicas decoded 1.2-1.7 streams on average and a local
-    // prefill's first token came in ~36 ms (docs/benchmarks-log.md). Being
-    // small (a few local prefills a second), the allowance goes to the
-    // prompts bound for the longer queues of the pool: the TTFT tail is
-    // their queue (a session's turns keep their prefill replica, one of
-    // which queued 6.2-6.6 s while the other 1.1-4.2 s for 40 s). A
-    // session's turn lacks little on its decode replica, which holds its
-    // history (~200 tokens: one short step for the streams it stalls).
-    if !light
-        && cfg.local_stall_share > 0.0
-        && wait.long_queue()
-        && let Some(charge) = spend_stalls(s)
-    {
-        return Route::Local(PdRecord {
-            stall_charge: Some(charge),
-            ..PdRecord::local(PdReason::LocalStallBudget)
-        });
+    // Past the bound, a local prefill lengthens the steps of the streams the
+    // decode replica decodes, counted by this gateway's requests in flight
+    // there and the engine's own count. The last scrape's is up to an
+    // interval old and, through several gateways, misses the streams the
+    // others started since, so what it allows is confirmed by a look at the
+    // engine now ([`scrape::glance`]). (Three gateways sharing the table,
+    // agentic sessions: 22-42 streams a run stalled over 100 ms counted by
+    // the scrape, most under another gateway's local prefill; 8-25 with
+    // the look, none under `local_idle`; docs/benchmarks-log.md.)
+    if !light && wait.busy() {
+        let idle_wanted = cfg.local_when_idle;
+        let stalls_wanted = cfg.local_stall_share > 0.0 && wait.long_queue();
+        let scraped = decoding_scraped(s);
+        // The allowance's charge for `d`'s streams, if wanted and it fits.
+        let fits = |d: Decoding| {
+            let charge = stalls_wanted.then(|| stall_charge(s, d.streams)).flatten();
+            charge.filter(|c| {
+                s.state
+                    .affinity
+                    .of(&s.decode.name, s.ctx.now)
+                    .stalls
+                    .lock()
+                    .fits(c.stalls(), cfg.local_stall_share, s.ctx.now)
+            })
+        };
+        if (idle_wanted && scraped.idle) || fits(scraped).is_some() {
+            let now = decoding_now(s).await;
+            let local = now.and_then(|d| {
+                // A decode replica that decodes nothing: a prefill there
+                // lengthens no stream's step, whatever its length, so it
+                // takes what the busy pool would queue. (Not also what it
+                // holds by routing's index, as `local_cached` past the
+                // bound: tried on retrieval, 8 documents of ~6,000 tokens
+                // over decode caches of ~32,000, 54-69 prompts a run went
+                // local so, and the slowest warm ones were prefilled whole
+                // there (~630 ms, no token cached: most likely the index
+                // still listed what the engine had evicted); warm TTFT p99
+                // 533-690 ms against 64-431 ms before;
+                // docs/benchmarks-log.md.)
+                if idle_wanted && d.idle {
+                    return Some(PdRecord::local(PdReason::LocalIdle));
+                }
+                // A decode replica that decodes streams: a prefill there
+                // stalls each of them once a chunk, which leaves their
+                // inter-token p99 alone while under 1% of their gaps
+                // (`local_stall_share`, [`stall_charge`]). On agentic
+                // sessions, 32 at once over 2 prefill + 2 decode replicas,
+                // the prefill pool was every router's bottleneck (TTFT p50
+                // ~2.7 s) while the decode replicas decoded 1.2-1.7 streams
+                // on average and a local prefill's first token came in ~36
+                // ms (docs/benchmarks-log.md). Being small (a few local
+                // prefills a second), the allowance goes to the prompts
+                // bound for the longer queues of the pool: the TTFT tail is
+                // their queue (a session's turns keep their prefill
+                // replica, one of which queued 6.2-6.6 s while the other
+                // 1.1-4.2 s for 40 s). A session's turn lacks little on its
+                // decode replica, which holds its history (~200 tokens: one
+                // short step for the streams it stalls).
+                let charge = fits(d).filter(|c| {
+                    s.state
+                        .affinity
+                        .of(&s.decode.name, s.ctx.now)
+                        .stalls
+                        .lock()
+                        .spend(c.stalls(), cfg.local_stall_share, s.ctx.now)
+                })?;
+                Some(PdRecord {
+                    stall_charge: Some(charge),
+                    ..PdRecord::local(PdReason::LocalStallBudget)
+                })
+            });
+            let outcome = match (now, &local) {
+                (None, _) => "failed",
+                (Some(_), Some(_)) => "confirmed",
+                (Some(_), None) => "refused",
+            };
+            s.state
+                .metrics
+                .pd_decode_looks
+                .get(&(s.ctx.model.into(), outcome))
+                .inc();
+            if let Some(record) = local {
+                return Route::Local(record);
+            }
+        }
     }
     // A session's prefills go to one prefill replica, where the KV of its
     // history stays cached from its last turn (only the new message and the
@@ -239,7 +294,7 @@ pub(crate) async fn choose(
     s: &DecodeSide<'_>,
     prefills: &[Arc<Replica>],
 ) -> Result<(Arc<Replica>, Placement, RouteReason), PdRecord> {
-    let (mut pool, ctx) = match route(s, prefills) {
+    let (mut pool, ctx) = match route(s, prefills).await {
         Route::Local(record) => return Err(record),
         Route::Pool(pool, ctx) => (pool, ctx),
     };
@@ -296,7 +351,7 @@ pub(crate) async fn prefill(
     let local = |reason| planned_local(PdRecord::local(reason));
     let cfg = &a.state.config.routing.disaggregation;
     let prompt = a.ctx.prompt_tokens.max(1);
-    let (mut pool, ctx) = match route(&a.side(), prefills) {
+    let (mut pool, ctx) = match route(&a.side(), prefills).await {
         Route::Local(record) => return Ok(planned_local(record)),
         Route::Pool(pool, ctx) => (pool, ctx),
     };
@@ -655,27 +710,60 @@ fn pool_wait(a: &DecodeSide<'_>, pool: &[Arc<Replica>]) -> PoolWait {
     }
 }
 
-/// The decode replica decodes nothing: none of this gateway's requests in
-/// flight there, and its engine's latest scrape (fresh) shows nothing
-/// running or waiting (another gateway's streams). A prefill there now
-/// lengthens no stream's step; a stream that arrives during it waits for
-/// its first token (TTFT), as behind any prefill.
-fn decode_idle(s: &DecodeSide<'_>) -> bool {
-    let v = (s.view)(s.decode);
-    let max_age = s.state.config.routing.metrics.stale_after;
-    v.in_flight == 0
-        && v.fresh_load(s.ctx.now, max_age)
-            .is_some_and(|l| l.running.is_some_and(|r| r < 0.5) && l.waiting.unwrap_or(0.0) < 0.5)
+/// The streams a decode replica decodes, as this gateway counts them.
+#[derive(Debug, Clone, Copy)]
+struct Decoding {
+    streams: u32,
+    /// Nothing running or waiting there (a prefill now lengthens no
+    /// stream's step; a stream that arrives during it waits for its first
+    /// token, as behind any prefill).
+    idle: bool,
 }
 
-/// Whether the stalled gaps a local prefill of the prompt would cause on
-/// the decode replica fit this gateway's allowance there
-/// ([`crate::routing::stall_budget`]); spent if so. Only a prefill of one
-/// chunk. The streams it stalls:
-/// this gateway's requests in flight there, or the engine's running
-/// sequences (every gateway's) when its fresh scrape shows more; each
-/// stalled once per `prefill_chunk_tokens` of what the replica lacks.
-fn spend_stalls(s: &DecodeSide<'_>) -> Option<StallCharge> {
+/// By this gateway's requests in flight there and the engine's latest
+/// scrape (when fresh: idle only by a fresh one), whichever shows more.
+fn decoding_scraped(s: &DecodeSide<'_>) -> Decoding {
+    let v = (s.view)(s.decode);
+    let max_age = s.state.config.routing.metrics.stale_after;
+    let fresh = v.fresh_load(s.ctx.now, max_age);
+    let running = fresh
+        .and_then(|l| l.running)
+        .map_or(0, |r| r.max(0.0).round() as u32);
+    Decoding {
+        streams: v.in_flight.max(running),
+        idle: v.in_flight == 0
+            && fresh.is_some_and(|l| {
+                l.running.is_some_and(|r| r < 0.5) && l.waiting.unwrap_or(0.0) < 0.5
+            }),
+    }
+}
+
+/// By a look at the engine now ([`scrape::glance`]): the streams other
+/// gateways run there (the engine's count beyond this gateway's in flight
+/// at the look) plus this gateway's in flight now, or the engine's count
+/// if more. `None` when the engine did not answer; without scrapes
+/// (`routing.metrics.enabled: false`), this gateway's count alone.
+async fn decoding_now(s: &DecodeSide<'_>) -> Option<Decoding> {
+    let m = &s.state.config.routing.metrics;
+    if !m.enabled {
+        return Some(decoding_scraped(s));
+    }
+    let g = scrape::glance(s.decode, &s.state.client, m.engine).await?;
+    let in_flight = (s.view)(s.decode).in_flight;
+    let running = g.running.max(0.0).round() as u32;
+    let streams = (in_flight + running.saturating_sub(g.in_flight)).max(running);
+    Some(Decoding {
+        streams,
+        idle: streams == 0 && g.waiting < 0.5,
+    })
+}
+
+/// The stalled gaps a local prefill of the prompt would cause on the
+/// decode replica's `streams` ([`crate::routing::stall_budget`]): each
+/// stalled once per `prefill_chunk_tokens` of what the replica lacks. Only
+/// a prefill of one chunk, and not where nothing decodes (`local_idle`'s
+/// case).
+fn stall_charge(s: &DecodeSide<'_>, streams: u32) -> Option<StallCharge> {
     let cfg = &s.state.config.routing.disaggregation;
     let uncached = s.ctx.prompt_tokens.saturating_sub(s.decode_cached);
     // One chunk at most, as routing's index sees it: each stream there is
@@ -685,32 +773,14 @@ fn spend_stalls(s: &DecodeSide<'_>) -> Option<StallCharge> {
     // ends. Refusing replicas found evicting in the last 5-10 s instead left
     // 10 such prefills a run on agentic sessions, where their decode
     // replicas evict all the time; docs/benchmarks-log.md.)
-    if uncached > cfg.prefill_chunk_tokens {
+    if uncached > cfg.prefill_chunk_tokens || streams == 0 {
         return None;
     }
-    let v = (s.view)(s.decode);
-    let max_age = s.state.config.routing.metrics.stale_after;
-    let running = v
-        .fresh_load(s.ctx.now, max_age)
-        .and_then(|l| l.running)
-        .map_or(0, |r| r.max(0.0).round() as u32);
-    let streams = v.in_flight.max(running);
-    // Nothing decoding there: `local_idle`'s case (`local_when_idle`).
-    if streams == 0 {
-        return None;
-    }
-    let charge = StallCharge {
+    Some(StallCharge {
         streams,
         uncached,
         chunk_tokens: cfg.prefill_chunk_tokens,
-    };
-    s.state
-        .affinity
-        .of(&s.decode.name, s.ctx.now)
-        .stalls
-        .lock()
-        .spend(charge.stalls(), cfg.local_stall_share, s.ctx.now)
-        .then_some(charge)
+    })
 }
 
 fn tokens_per_block(state: &AppState) -> u32 {

@@ -31,6 +31,9 @@ pub(crate) struct Shape {
     pub max_tokens: u32,
     pub prefixes: u32,
     pub prefix_tokens: u32,
+    /// Opens each prompt's unique part (`--salt`): bench processes with
+    /// different salts send prompts that share nothing but the prefixes.
+    pub salt: String,
 }
 
 /// Builds prompts; deterministic for a given seed.
@@ -77,8 +80,8 @@ impl Generator {
 
     /// The chat messages and `max_tokens` of request number `n`.
     pub(crate) fn next(&mut self, n: u64) -> (serde_json::Value, u32) {
+        let unique = format!("{}#{n} ", self.shape.salt);
         let s = self.shape.clone();
-        let unique = format!("#{n} ");
         self.last_prefix = None;
         let (system, user, max_tokens) = match s.workload {
             // Agentic sessions are built by `bench::agentic`, not here.
@@ -131,6 +134,7 @@ mod tests {
             max_tokens: 50,
             prefixes: 3,
             prefix_tokens: 1000,
+            salt: String::new(),
         }
     }
 
@@ -155,6 +159,24 @@ mod tests {
             );
         }
         assert_eq!(seen.len(), 3);
+    }
+
+    #[test]
+    fn a_salt_makes_the_prompts_distinct_but_not_the_prefixes() {
+        let (a, _) = Generator::new(shape(Workload::SharedPrefix), 7).next(0);
+        let salted = Shape {
+            salt: "g1".into(),
+            ..shape(Workload::SharedPrefix)
+        };
+        let (b, _) = Generator::new(salted, 7).next(0);
+        assert_eq!(a[0], b[0], "the same shared prefix");
+        assert_eq!(a[1]["content"].as_str().unwrap().get(..3), Some("#0 "));
+        assert_eq!(b[1]["content"].as_str().unwrap().get(..5), Some("g1#0 "));
+        assert_eq!(
+            crate::tokens::estimate(b[1]["content"].as_str().unwrap()),
+            100,
+            "the same length"
+        );
     }
 
     #[test]

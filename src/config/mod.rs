@@ -479,7 +479,8 @@ pub struct DisaggregationConfig {
     /// that decodes nothing (`local_when_idle`); unset, no bound.
     pub local_max_tokens: Option<u32>,
     /// A decode replica that decodes nothing (no stream there, by this
-    /// gateway's requests in flight and its engine's latest scrape) prefills
+    /// gateway's requests in flight, its engine's latest scrape and a look
+    /// at its engine then) prefills
     /// a prompt itself, beyond `local_max_tokens`, when the prefill pool's
     /// predicted wait is longer than the local prefill (`local_idle`): no
     /// stream's steps are lengthened by it. A cold start's burst of new
@@ -493,10 +494,9 @@ pub struct DisaggregationConfig {
     /// prompt) keep this gateway's stalls on that replica within this share
     /// of the inter-token gaps it relayed from it over the last ~30 s
     /// (`local_stall_budget`): under 1%, the streams' inter-token p99 stays
-    /// a decode step's. 0: never. Through several gateways set 0: each
-    /// counts the others' streams only from the last scrape (three
-    /// gateways: 33-46 streams a run stalled over 100 ms against 5-19
-    /// through one; docs/benchmarks-log.md).
+    /// a decode step's. 0: never. The streams are every gateway's, as a
+    /// look at the decode replica's engine shows them when the last scrape
+    /// allows the prefill (`upstream::scrape::glance`).
     pub local_stall_share: f64,
     /// The engines' prefill chunk, in tokens (vLLM's
     /// `max_num_batched_tokens`, SGLang's `chunked_prefill_size`): a local

@@ -266,6 +266,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             max_tokens: 128,
             prefixes: 4,
             prefix_tokens: 1000,
+            salt: String::new(),
         },
         agentic: None,
         seed: 1,
@@ -291,6 +292,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             max_tokens: 64,
             prefixes: 1,
             prefix_tokens: 0,
+            salt: String::new(),
         },
         agentic: None,
         seed: 2,
@@ -314,6 +316,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             max_tokens,
             prefixes: 1,
             prefix_tokens: 0,
+            salt: String::new(),
         };
         for (arrival, concurrency, shape, seed) in [
             (bench::Arrival::Closed, 30, shape(50, 1500), 3),

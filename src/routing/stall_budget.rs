@@ -13,11 +13,14 @@
 //! Both sums fade by `e` over [`WINDOW`]: the allowance follows the
 //! replica's recent traffic, and a burst of local prefills cannot spend
 //! what was earned long ago. Each gateway keeps its own ledger from what it
-//! relays and what it decides (no shared state), and counts a replica's
-//! streams by its own and the last scrape's: through several gateways the
-//! streams another started since that scrape are stalled uncounted (three
-//! gateways: 33-46 streams a run stalled over 100 ms against 5-19 through
-//! one; docs/benchmarks-log.md), so the share holds for one gateway only.
+//! relays and what it decides (no shared state): it earns by the gaps it
+//! relays and charges every stream the engine decodes, its own and other
+//! gateways', as a look at the engine shows them when it decides
+//! (`api::disagg`), so several gateways' stalls add up to at most the
+//! share of all the gaps they relay. (Counted by the last scrape instead,
+//! the streams another gateway started since went uncharged: three
+//! gateways, 22-42 streams a run stalled over 100 ms against 8-25 with the
+//! look; docs/benchmarks-log.md.)
 
 use std::time::{Duration, Instant};
 
@@ -62,11 +65,17 @@ impl StallLedger {
         self.stalled += stalls;
     }
 
-    /// Spend `stalls` expected stalled gaps if they keep the ledger's
-    /// stalls within `share` of its gaps; whether they were spent.
-    pub(crate) fn spend(&mut self, stalls: f64, share: f64, now: Instant) -> bool {
+    /// Whether `stalls` expected stalled gaps would keep the ledger's
+    /// stalls within `share` of its gaps.
+    pub(crate) fn fits(&mut self, stalls: f64, share: f64, now: Instant) -> bool {
         self.fade(now);
-        if self.stalled + stalls > share * self.gaps {
+        self.stalled + stalls <= share * self.gaps
+    }
+
+    /// Spend `stalls` expected stalled gaps if they [fit](Self::fits);
+    /// whether they were spent.
+    pub(crate) fn spend(&mut self, stalls: f64, share: f64, now: Instant) -> bool {
+        if !self.fits(stalls, share, now) {
             return false;
         }
         self.stalled += stalls;

@@ -227,6 +227,10 @@ pub(crate) struct KnownLabels {
 pub(crate) const FLOW_OUTCOMES: [&str; 4] =
     ["immediate", "waited", "shed_timeout", "shed_overflow"];
 
+/// Outcomes of a look at a decode replica's engine before a local prefill
+/// (`sluice_pd_decode_looks_total{outcome}`).
+pub(crate) const PD_LOOK_OUTCOMES: [&str; 3] = ["confirmed", "refused", "failed"];
+
 /// Decisions of the rate limiter that name no limit
 /// (`sluice_ratelimit_decisions_total{limit=""}`); a refusal by a limit is
 /// `rejected` with that limit.
@@ -274,6 +278,9 @@ pub struct Metrics {
     /// model, reason: how each request of a disaggregated model was
     /// prefilled (`remote`, or why locally).
     pub pd_decisions: Family<(Arc<str>, &'static str), Counter>,
+    /// model, outcome: looks at a decode replica's engine before a local
+    /// prefill past `local_max_tokens` (`confirmed`, `refused`, `failed`).
+    pub pd_decode_looks: Family<(Arc<str>, &'static str), Counter>,
     /// model: a remote prefill leg, sent to answered (TTFT's first part).
     pub pd_prefill: Family<(Arc<str>,), Histogram>,
     /// model: after a remote prefill, the decode leg sent to its first token
@@ -550,6 +557,7 @@ impl Metrics {
             }),
             flow_waiting: Family::new(&["model", "band"], Gauge::default),
             pd_decisions: Family::new(&["model", "reason"], Counter::default),
+            pd_decode_looks: Family::new(&["model", "outcome"], Counter::default),
             pd_prefill: Family::new(&["model"], {
                 let b = prefill_buckets.clone();
                 move || Histogram::seconds(b.clone())
@@ -660,6 +668,9 @@ impl Metrics {
         }
         for r in crate::vocab::PdReason::ALL {
             self.pd_decisions.get(&(model.clone(), r.as_str()));
+        }
+        for outcome in PD_LOOK_OUTCOMES {
+            self.pd_decode_looks.get(&(model.clone(), outcome));
         }
         self.pd_prefill.get(&(model.clone(),));
         self.pd_decode_first_token.get(&(model.clone(),));
@@ -923,6 +934,12 @@ impl Metrics {
             "sluice_pd_decisions_total",
             "Requests of disaggregated models, by how they were prefilled: `remote`, or locally on the decode replica and why.",
             &self.pd_decisions,
+            |c| c,
+        );
+        e.counters(
+            "sluice_pd_decode_looks_total",
+            "Looks at a decode replica's engine before prefilling a prompt past `local_max_tokens` there (`local_idle`, `local_stall_budget`), whose last scrape allowed it: `confirmed`, `refused` (the engine ran or queued streams the scrape did not show: the prompt went to the prefill pool), `failed` (no answer within 100 ms: to the pool).",
+            &self.pd_decode_looks,
             |c| c,
         );
         e.histograms(

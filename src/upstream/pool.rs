@@ -113,6 +113,20 @@ pub struct Replica {
     /// bootstrap port where it prefills.
     pub role: Role,
     pub bootstrap_port: Option<u16>,
+    /// The last look at its engine outside the scrape rounds
+    /// (`scrape::glance`): when, and what it showed (`None`: no answer);
+    /// held across the fetch, so concurrent lookers share one.
+    pub(crate) glance: tokio::sync::Mutex<Option<(std::time::Instant, Option<Glance>)>>,
+}
+
+/// What a replica's engine ran and queued at a look outside the scrape
+/// rounds (`scrape::glance`), and this gateway's requests in flight there
+/// then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Glance {
+    pub running: f64,
+    pub waiting: f64,
+    pub in_flight: u32,
 }
 
 impl Replica {
@@ -204,6 +218,7 @@ impl Replica {
             dcgm: b.dcgm_url.as_ref().map(|u| u.to_string()),
             role: b.role,
             bootstrap_port: b.bootstrap_port,
+            glance: tokio::sync::Mutex::new(None),
         }
     }
 

@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use crate::vocab::EngineKind;
 
 use super::client::HttpClient;
-use super::pool::{Pool, Replica};
+use super::pool::{Glance, Pool, Replica};
 use super::signals::LoadSample;
 
 #[derive(Default)]
@@ -319,6 +319,56 @@ pub(crate) async fn run(
             scrape_where(&pool, &client, engine, timeout, true, again).await;
         }
     }
+}
+
+/// How long a look's answer serves other lookers: what an engine starts
+/// in it is a fraction of a stream (on a GPU, a few decode steps; at two new
+/// streams a second, one look in 50 misses one).
+pub(crate) const GLANCE_REUSE: Duration = Duration::from_millis(20);
+
+/// How long a look may take: an engine whose metrics answer slower gives
+/// no look (its deciders then take the cautious side).
+pub(crate) const GLANCE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// A look at `r`'s engine now, outside the scrape rounds: what it runs and
+/// queues, for a decision the last scrape (up to an interval old) would get
+/// wrong: the disaggregated plan's local prefills under streams, which
+/// other gateways may have started since (`api::disagg`). Not kept as a
+/// scrape: seat learning and the doctor read the rounds' spacing. A look
+/// within [`GLANCE_REUSE`] of the last is that one (concurrent lookers wait
+/// for one fetch). `None` when the engine's page did not answer within
+/// [`GLANCE_TIMEOUT`] or shows no running count.
+pub(crate) async fn glance(r: &Replica, client: &HttpClient, engine: EngineKind) -> Option<Glance> {
+    let mut last = r.glance.lock().await;
+    if let Some((at, g)) = *last
+        && at.elapsed() <= GLANCE_REUSE
+    {
+        return g;
+    }
+    let in_flight = r.in_flight();
+    let url = format!("{}/metrics", r.base);
+    let page = tokio::time::timeout(GLANCE_TIMEOUT, fetch(client, &url, r.api_key.as_ref()));
+    let g = match page.await {
+        Ok(Ok(text)) => {
+            let s = parse(&text, engine, Instant::now());
+            s.running.map(|running| Glance {
+                running,
+                waiting: s.waiting.unwrap_or(0.0),
+                in_flight,
+            })
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(backend = %r.name, error = %e, "metrics look failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(backend = %r.name, "metrics look timed out");
+            None
+        }
+    };
+    // (A failed look also serves its waiters: they would each wait as long.)
+    *last = Some((Instant::now(), g));
+    g
 }
 
 /// GET `url` (the replica's `/metrics` with its key, or its DCGM exporter).

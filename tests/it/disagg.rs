@@ -856,6 +856,84 @@ async fn with_local_when_idle_off_the_busy_pool_queues_it() {
     }
 }
 
+async fn decode_looks(gw: &Gateway, outcome: &str) -> f64 {
+    gateway_metric(
+        gw,
+        &format!("sluice_pd_decode_looks_total{{model=\"sim-model\",outcome=\"{outcome}\"}}"),
+    )
+    .await
+}
+
+/// Two gateways in front of one prefill and one decode replica, each
+/// reading its startup scrape alone (idle engines). A stream gateway B
+/// started on the decode replica is in neither's scrape; gateway A, whose
+/// own count there is nothing, looks at the engine before prefilling a
+/// prompt there as on an idle replica, and sends it to the pool instead.
+#[tokio::test]
+async fn a_stream_another_gateway_started_since_the_scrape_keeps_a_prefill_off_its_replica() {
+    // The prefill replica holds every request 30 s.
+    let p = replica(SimRole::Prefill, |c| {
+        c.faults = Faults::parse("first_token=30s").unwrap();
+    })
+    .await;
+    let d = replica(SimRole::Decode, |_| {}).await;
+    let replicas = [(&p, Role::Prefill), (&d, Role::Decode)];
+    let (a, b) = (
+        gateway_over(&replicas, |_| {}).await,
+        gateway_over(&replicas, |_| {}).await,
+    );
+    let (url_a, url_b) = (
+        format!("{}/v1/chat/completions", api(&a)),
+        format!("{}/v1/chat/completions", api(&b)),
+    );
+    // Through B: a prompt queued in the pool, then a stream prefilled on
+    // the idle decode replica (the look confirms its scrape) and held
+    // there mid-way.
+    let mut held = vec![first_prompt_queued(&p, &url_b).await];
+    let mut running = client()
+        .post(&url_b)
+        .header("x-sim-fault", "stall=2:30s")
+        .json(&chat(2, 20, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(running.status(), 200);
+    assert!(running.chunk().await.unwrap().is_some());
+    assert_eq!(d.state.metrics.received.get(), 1, "prefilled there");
+    assert_eq!(decode_looks(&b, "confirmed").await, 1.0);
+    // Through A: a prompt queued in the pool (A's pool is busy too)...
+    held.push(tokio::spawn({
+        let url = url_a.clone();
+        async move {
+            let _ = post(&url, &chat(3, 200, true)).await;
+        }
+    }));
+    wait_until(
+        "A's first prefill reached the prefill replica",
+        Duration::from_secs(5),
+        || async { p.state.metrics.received.get() == 2 },
+    )
+    .await;
+    // ...then one its scrape would prefill on the idle decode replica: the
+    // engine runs B's stream, so it goes to the pool.
+    held.push(tokio::spawn(async move {
+        let _ = post(&url_a, &chat(4, 20, false)).await;
+    }));
+    wait_until(
+        "A's second prompt sent to the prefill pool",
+        Duration::from_secs(5),
+        || async { p.state.metrics.received.get() == 3 },
+    )
+    .await;
+    assert_eq!(d.state.metrics.received.get(), 1, "not prefilled there");
+    assert_eq!(decode_looks(&a, "refused").await, 1.0);
+    assert_eq!(decode_looks(&a, "confirmed").await, 0.0);
+    drop(running);
+    for h in held {
+        h.abort();
+    }
+}
+
 /// With `local_stall_share`, a decode replica that decodes a stream
 /// prefills a prompt the busy pool would queue while the stalled gaps it
 /// causes fit the share of the gaps this gateway relayed from it, and not
