@@ -210,6 +210,10 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 !args.no_stream || args.workload != bench::workload::Workload::Agentic,
                 "--workload agentic streams (no --no-stream)"
             );
+            anyhow::ensure!(
+                args.salt.is_empty() || args.workload != bench::workload::Workload::Agentic,
+                "--workload agentic builds its own prompts (no --salt)"
+            );
             let arrival = match (args.workload, args.rate) {
                 (bench::workload::Workload::Burst, _) => bench::Arrival::Burst {
                     size: args

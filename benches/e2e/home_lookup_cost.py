@@ -61,6 +61,22 @@ def redis_cli(port, *args):
                           check=True).stdout
 
 
+def start_redis(procs):
+    """A Redis server on a free loopback port (added to `procs`), once it accepts: its port."""
+    port = free_port()
+    procs.append(subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no"], stdout=subprocess.DEVNULL))
+    deadline = time.time() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return port
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def redis_cpu(port):
     info = redis_cli(port, "INFO", "cpu")
     vals = dict(line.strip().split(":", 1) for line in info.splitlines() if ":" in line)
@@ -107,18 +123,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="sluice-homecost-")
     runs = {label: [] for label, _ in SETTINGS}
     try:
-        rport = free_port()
-        procs.append(subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                                       "--appendonly", "no"], stdout=subprocess.DEVNULL))
-        deadline = time.time() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", rport), timeout=1).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.05)
+        rport = start_redis(procs)
         sims = []
         for _ in range(2):
             port = free_port()

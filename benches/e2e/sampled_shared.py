@@ -32,7 +32,6 @@ import collections
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from home_lookup_cost import home_store, redis_cli  # noqa: E402
+from home_lookup_cost import home_store, redis_cli, start_redis  # noqa: E402
 from stream_overhead import ROOT, free_port, run_meta, stop, wait_http  # noqa: E402
 
 BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "target", "release", "sluice"))
@@ -111,18 +110,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="sluice-sampled-")
     runs = {label: [] for label, _, _ in settings}
     try:
-        rport = free_port()
-        procs.append(subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                                       "--appendonly", "no"], stdout=subprocess.DEVNULL))
-        deadline = time.time() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", rport), timeout=1).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.05)
+        rport = start_redis(procs)
         # Answers take ~20 ms (4 tokens 5 ms apart): requests stay in flight
         # long enough for the replicas' loads to differ.
         sims = []

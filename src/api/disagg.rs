@@ -76,7 +76,7 @@ use crate::error::GatewayError;
 use crate::routing::placement::Placement;
 use crate::routing::shared_table::Leg;
 use crate::routing::shared_table::{ColdMark, TableHome};
-use crate::routing::stall_budget::StallCharge;
+use crate::routing::stall_budget::{StallCharge, StallLedger};
 use crate::routing::{ReplicaView, RouteCtx, SessionKey};
 use crate::state::AppState;
 use crate::telemetry::record::PdRecord;
@@ -182,19 +182,12 @@ async fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
         let idle_wanted = cfg.local_when_idle;
         let stalls_wanted = cfg.local_stall_share > 0.0 && wait.long_queue();
         let scraped = decoding_scraped(s);
-        // The allowance's charge for `d`'s streams, if wanted and it fits.
-        let fits = |d: Decoding| {
-            let charge = stalls_wanted.then(|| stall_charge(s, d.streams)).flatten();
-            charge.filter(|c| {
-                s.state
-                    .affinity
-                    .of(&s.decode.name, s.ctx.now)
-                    .stalls
-                    .lock()
-                    .fits(c.stalls(), cfg.local_stall_share, s.ctx.now)
-            })
-        };
-        if (idle_wanted && scraped.idle) || fits(scraped).is_some() {
+        // The allowance's charge for `d`'s streams, if wanted.
+        let charge = |d: Decoding| stalls_wanted.then(|| stall_charge(s, d.streams)).flatten();
+        let fits = charge(scraped).is_some_and(|c| {
+            with_ledger(s, |l| l.fits(c.stalls(), cfg.local_stall_share, s.ctx.now))
+        });
+        if (idle_wanted && scraped.idle) || fits {
             let now = decoding_now(s).await;
             let local = now.and_then(|d| {
                 // A decode replica that decodes nothing: a prefill there
@@ -227,29 +220,28 @@ async fn route<'a>(s: &DecodeSide<'a>, prefills: &[Arc<Replica>]) -> Route<'a> {
                 // 1.1-4.2 s for 40 s). A session's turn lacks little on its
                 // decode replica, which holds its history (~200 tokens: one
                 // short step for the streams it stalls).
-                let charge = fits(d).filter(|c| {
-                    s.state
-                        .affinity
-                        .of(&s.decode.name, s.ctx.now)
-                        .stalls
-                        .lock()
-                        .spend(c.stalls(), cfg.local_stall_share, s.ctx.now)
+                let charge = charge(d).filter(|c| {
+                    with_ledger(s, |l| l.spend(c.stalls(), cfg.local_stall_share, s.ctx.now))
                 })?;
                 Some(PdRecord {
                     stall_charge: Some(charge),
                     ..PdRecord::local(PdReason::LocalStallBudget)
                 })
             });
+            // (Without scrapes there was no look.)
             let outcome = match (now, &local) {
-                (None, _) => "failed",
-                (Some(_), Some(_)) => "confirmed",
-                (Some(_), None) => "refused",
+                _ if !s.state.config.routing.metrics.enabled => None,
+                (None, _) => Some("failed"),
+                (Some(_), Some(_)) => Some("confirmed"),
+                (Some(_), None) => Some("refused"),
             };
-            s.state
-                .metrics
-                .pd_decode_looks
-                .get(&(s.ctx.model.into(), outcome))
-                .inc();
+            if let Some(outcome) = outcome {
+                s.state
+                    .metrics
+                    .pd_decode_looks
+                    .get(&(s.ctx.model.into(), outcome))
+                    .inc();
+            }
             if let Some(record) = local {
                 return Route::Local(record);
             }
@@ -738,10 +730,11 @@ fn decoding_scraped(s: &DecodeSide<'_>) -> Decoding {
     }
 }
 
-/// By a look at the engine now ([`scrape::glance`]): the streams other
-/// gateways run there (the engine's count beyond this gateway's in flight
-/// at the look) plus this gateway's in flight now, or the engine's count
-/// if more. `None` when the engine did not answer; without scrapes
+/// By a look at the engine now ([`scrape::glance`]): other gateways'
+/// requests there (what the engine runs and queues beyond this gateway's
+/// in flight at the look: their queued decode legs start within a step or
+/// a KV transfer) plus this gateway's in flight now, or what the engine
+/// runs if more. `None` when the engine did not answer; without scrapes
 /// (`routing.metrics.enabled: false`), this gateway's count alone.
 async fn decoding_now(s: &DecodeSide<'_>) -> Option<Decoding> {
     let m = &s.state.config.routing.metrics;
@@ -751,11 +744,17 @@ async fn decoding_now(s: &DecodeSide<'_>) -> Option<Decoding> {
     let g = scrape::glance(s.decode, &s.state.client, m.engine).await?;
     let in_flight = (s.view)(s.decode).in_flight;
     let running = g.running.max(0.0).round() as u32;
-    let streams = (in_flight + running.saturating_sub(g.in_flight)).max(running);
+    let seen = (g.running + g.waiting).max(0.0).round() as u32;
+    let streams = (in_flight + seen.saturating_sub(g.in_flight)).max(running);
     Some(Decoding {
         streams,
         idle: streams == 0 && g.waiting < 0.5,
     })
+}
+
+/// `f` on this gateway's stall ledger of the decode replica.
+fn with_ledger<T>(s: &DecodeSide<'_>, f: impl FnOnce(&mut StallLedger) -> T) -> T {
+    f(&mut s.state.affinity.of(&s.decode.name, s.ctx.now).stalls.lock())
 }
 
 /// The stalled gaps a local prefill of the prompt would cause on the

@@ -480,11 +480,11 @@ pub struct DisaggregationConfig {
     pub local_max_tokens: Option<u32>,
     /// A decode replica that decodes nothing (no stream there, by this
     /// gateway's requests in flight, its engine's latest scrape and a look
-    /// at its engine then) prefills
-    /// a prompt itself, beyond `local_max_tokens`, when the prefill pool's
-    /// predicted wait is longer than the local prefill (`local_idle`): no
-    /// stream's steps are lengthened by it. A cold start's burst of new
-    /// prompts is then prefilled by the whole fleet.
+    /// at its engine then) prefills a prompt itself, beyond
+    /// `local_max_tokens`, when the prefill pool's predicted wait is longer
+    /// than the local prefill (`local_idle`): no stream's steps are
+    /// lengthened by it. A cold start's burst of new prompts is then
+    /// prefilled by the whole fleet.
     pub local_when_idle: bool,
     /// A decode replica that decodes streams prefills a prompt it lacks at
     /// most one chunk of itself, beyond `local_max_tokens`, when the prefill

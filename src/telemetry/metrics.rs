@@ -938,7 +938,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_pd_decode_looks_total",
-            "Looks at a decode replica's engine before prefilling a prompt past `local_max_tokens` there (`local_idle`, `local_stall_budget`), whose last scrape allowed it: `confirmed`, `refused` (the engine ran or queued streams the scrape did not show: the prompt went to the prefill pool), `failed` (no answer within 100 ms: to the pool).",
+            "Looks at a decode replica's engine before prefilling a prompt past `local_max_tokens` there (`local_idle`, `local_stall_budget`), whose last scrape allowed it: `confirmed` (prefilled there), `refused` (the engine ran or queued streams the scrape did not show, or the allowance no longer fitted: the prompt went to the prefill pool), `failed` (no answer within 100 ms, or within a second of such a look: to the pool).",
             &self.pd_decode_looks,
             |c| c,
         );

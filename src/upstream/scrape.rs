@@ -327,8 +327,13 @@ pub(crate) async fn run(
 pub(crate) const GLANCE_REUSE: Duration = Duration::from_millis(20);
 
 /// How long a look may take: an engine whose metrics answer slower gives
-/// no look (its deciders then take the cautious side).
+/// no look (its deciders then take the cautious side). Shorter than a
+/// scrape's (at least 200 ms): a look holds up the request deciding.
 pub(crate) const GLANCE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// How long a failed look stands for the next ones: a second, so that an
+/// engine whose metrics hang holds up one decision a second, not each.
+pub(crate) const GLANCE_FAILED_REUSE: Duration = Duration::from_secs(1);
 
 /// A look at `r`'s engine now, outside the scrape rounds: what it runs and
 /// queues, for a decision the last scrape (up to an interval old) would get
@@ -337,11 +342,12 @@ pub(crate) const GLANCE_TIMEOUT: Duration = Duration::from_millis(100);
 /// scrape: seat learning and the doctor read the rounds' spacing. A look
 /// within [`GLANCE_REUSE`] of the last is that one (concurrent lookers wait
 /// for one fetch). `None` when the engine's page did not answer within
-/// [`GLANCE_TIMEOUT`] or shows no running count.
+/// [`GLANCE_TIMEOUT`] or shows no running count (and for
+/// [`GLANCE_FAILED_REUSE`] after).
 pub(crate) async fn glance(r: &Replica, client: &HttpClient, engine: EngineKind) -> Option<Glance> {
     let mut last = r.glance.lock().await;
     if let Some((at, g)) = *last
-        && at.elapsed() <= GLANCE_REUSE
+        && at.elapsed() <= g.map_or(GLANCE_FAILED_REUSE, |_| GLANCE_REUSE)
     {
         return g;
     }

@@ -208,3 +208,44 @@ async fn the_cpu_swapping_scenario_is_named() {
         "{stdout}"
     );
 }
+
+#[tokio::test]
+async fn a_salt_opens_every_prompt_and_agentic_refuses_one() {
+    let sim = start_sim(SimConfig::engine("tiny", 10.0).unwrap()).await;
+    let url = sim.url().to_string();
+    let report = bench_json(&[
+        "--url",
+        &url,
+        "--requests",
+        "2",
+        "--workload",
+        "fixed",
+        "--max-tokens",
+        "2",
+        "--salt",
+        "g7-",
+    ])
+    .await;
+    assert_eq!(report["ok"], 2, "{report}");
+    let (_, text) = get_text(&format!("{url}/sim/last_request")).await;
+    let last: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let prompt = last["body"]["messages"][0]["content"].as_str().unwrap();
+    assert!(prompt.starts_with("g7-#"), "{prompt}");
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--url",
+            &url,
+            "--workload",
+            "agentic",
+            "--salt",
+            "x",
+        ])
+        .args(["--requests", "1", "--quiet"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--salt"), "{err}");
+}

@@ -745,16 +745,27 @@ async fn local_max_tokens_bounds_what_a_decode_replica_prefills_by_choice() {
 /// was idle: prefilled remotely), once prefill replica `p` has it (it holds
 /// every request 30 s: the pool is busy from then on).
 async fn first_prompt_queued(p: &SimHandle, url: &str) -> tokio::task::JoinHandle<()> {
+    prompt_queued(p, url, 0, 1).await
+}
+
+/// Prompt `i` of ~400 tokens sent through `url`, once prefill replica `p`
+/// has received `received` requests.
+async fn prompt_queued(
+    p: &SimHandle,
+    url: &str,
+    i: usize,
+    received: u64,
+) -> tokio::task::JoinHandle<()> {
     let first = tokio::spawn({
         let url = url.to_string();
         async move {
-            let _ = post(&url, &chat(0, 200, true)).await;
+            let _ = post(&url, &chat(i, 200, true)).await;
         }
     });
     wait_until(
-        "the first prefill reached the prefill replica",
+        "the prompt reached the prefill replica",
         Duration::from_secs(5),
-        || async { p.state.metrics.received.get() == 1 },
+        || async { p.state.metrics.received.get() == received },
     )
     .await;
     first
@@ -902,18 +913,7 @@ async fn a_stream_another_gateway_started_since_the_scrape_keeps_a_prefill_off_i
     assert_eq!(d.state.metrics.received.get(), 1, "prefilled there");
     assert_eq!(decode_looks(&b, "confirmed").await, 1.0);
     // Through A: a prompt queued in the pool (A's pool is busy too)...
-    held.push(tokio::spawn({
-        let url = url_a.clone();
-        async move {
-            let _ = post(&url, &chat(3, 200, true)).await;
-        }
-    }));
-    wait_until(
-        "A's first prefill reached the prefill replica",
-        Duration::from_secs(5),
-        || async { p.state.metrics.received.get() == 2 },
-    )
-    .await;
+    held.push(prompt_queued(&p, &url_a, 3, 2).await);
     // ...then one its scrape would prefill on the idle decode replica: the
     // engine runs B's stream, so it goes to the pool.
     held.push(tokio::spawn(async move {

@@ -1,4 +1,4 @@
-# 2026-12-03 evening, the 2 vCPU AMD EPYC VM; one benchmark or build at a time (/tmp/bench.lock).
+# 2026-12-03 evening, the 2 vCPU Intel Xeon VM, 24 GiB; one benchmark or build at a time (/tmp/bench.lock).
 # `sampled`: this directory's commit (target/release/sluice, also the load generator and the
 # replicas); `every lookup`: 5430d5b, the build before the sampling (/tmp/sluice-5430d5b).
 cd "$(git rev-parse --show-toplevel)"
