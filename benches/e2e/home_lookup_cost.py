@@ -77,6 +77,19 @@ def start_redis(procs):
             time.sleep(0.05)
 
 
+def fixed_sims(procs, n, token_delay, output_tokens):
+    """`n` load-independent `sluice sim` replicas (added to `procs`), once up: their URLs."""
+    sims = []
+    for _ in range(n):
+        port = free_port()
+        procs.append(subprocess.Popen(
+            [BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "fixed", "--prefill-delay", "0ms",
+             "--token-delay", token_delay, "--output-tokens", str(output_tokens)], stderr=subprocess.DEVNULL))
+        wait_http(f"http://127.0.0.1:{port}/health")
+        sims.append(f"http://127.0.0.1:{port}")
+    return sims
+
+
 def redis_cpu(port):
     info = redis_cli(port, "INFO", "cpu")
     vals = dict(line.strip().split(":", 1) for line in info.splitlines() if ":" in line)
@@ -124,14 +137,7 @@ def main():
     runs = {label: [] for label, _ in SETTINGS}
     try:
         rport = start_redis(procs)
-        sims = []
-        for _ in range(2):
-            port = free_port()
-            procs.append(subprocess.Popen(
-                [BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "fixed", "--prefill-delay", "0ms",
-                 "--token-delay", "0ms", "--output-tokens", "16"], stderr=subprocess.DEVNULL))
-            wait_http(f"http://127.0.0.1:{port}/health")
-            sims.append(f"http://127.0.0.1:{port}")
+        sims = fixed_sims(procs, 2, "0ms", 16)
         for k in range(args.rounds):
             order = SETTINGS[k % len(SETTINGS):] + SETTINGS[:k % len(SETTINGS)]
             for label, yaml in order:

@@ -39,7 +39,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from home_lookup_cost import home_store, redis_cli, start_redis  # noqa: E402
+from home_lookup_cost import fixed_sims, home_store, redis_cli, start_redis  # noqa: E402
 from stream_overhead import ROOT, free_port, run_meta, stop, wait_http  # noqa: E402
 
 BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "target", "release", "sluice"))
@@ -113,14 +113,7 @@ def main():
         rport = start_redis(procs)
         # Answers take ~20 ms (4 tokens 5 ms apart): requests stay in flight
         # long enough for the replicas' loads to differ.
-        sims = []
-        for _ in range(REPLICAS):
-            port = free_port()
-            procs.append(subprocess.Popen(
-                [BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "fixed", "--prefill-delay", "0ms",
-                 "--token-delay", "5ms", "--output-tokens", "4"], stderr=subprocess.DEVNULL))
-            wait_http(f"http://127.0.0.1:{port}/health")
-            sims.append(f"http://127.0.0.1:{port}")
+        sims = fixed_sims(procs, REPLICAS, "5ms", 4)
         for k in range(args.rounds):
             order = settings[k % len(settings):] + settings[:k % len(settings)]
             for label, binary, yaml in order:

@@ -867,6 +867,21 @@ async fn with_local_when_idle_off_the_busy_pool_queues_it() {
     }
 }
 
+/// A stream of prompt 2 sent through `url`, held by its replica after its
+/// second token for 30 s, once its first bytes came.
+async fn held_stream(url: &str) -> reqwest::Response {
+    let mut running = client()
+        .post(url)
+        .header("x-sim-fault", "stall=2:30s")
+        .json(&chat(2, 20, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(running.status(), 200);
+    assert!(running.chunk().await.unwrap().is_some());
+    running
+}
+
 async fn decode_looks(gw: &Gateway, outcome: &str) -> f64 {
     gateway_metric(
         gw,
@@ -901,15 +916,7 @@ async fn a_stream_another_gateway_started_since_the_scrape_keeps_a_prefill_off_i
     // the idle decode replica (the look confirms its scrape) and held
     // there mid-way.
     let mut held = vec![first_prompt_queued(&p, &url_b).await];
-    let mut running = client()
-        .post(&url_b)
-        .header("x-sim-fault", "stall=2:30s")
-        .json(&chat(2, 20, true))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(running.status(), 200);
-    assert!(running.chunk().await.unwrap().is_some());
+    let running = held_stream(&url_b).await;
     assert_eq!(d.state.metrics.received.get(), 1, "prefilled there");
     assert_eq!(decode_looks(&b, "confirmed").await, 1.0);
     // Through A: a prompt queued in the pool (A's pool is busy too)...
@@ -978,15 +985,7 @@ async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
     .await;
     // A stream held mid-way on the decode replica (idle: prefilled there
     // too).
-    let mut running = client()
-        .post(&url)
-        .header("x-sim-fault", "stall=2:30s")
-        .json(&chat(2, 20, true))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(running.status(), 200);
-    assert!(running.chunk().await.unwrap().is_some());
+    let running = held_stream(&url).await;
     // (Decisions are counted when their request ends.)
     assert_eq!(p.state.metrics.received.get(), 1, "prefilled there");
     assert_eq!(d.state.metrics.received.get(), 2);
