@@ -90,6 +90,21 @@ def fixed_sims(procs, n, token_delay, output_tokens):
     return sims
 
 
+def gateway_cmd(binary, conf, sims):
+    """`sluice serve` with `conf` in front of `sims` on free loopback ports: (command, port, admin port)."""
+    port, admin = free_port(), free_port()
+    cmd = [binary, "serve", "--config", conf, "--listen", f"127.0.0.1:{port}", "--admin-listen",
+           f"127.0.0.1:{admin}"]
+    for s in sims:
+        cmd += ["--backend", s]
+    return cmd, port, admin
+
+
+def start_gateway(cmd):
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "RUST_LOG": "warn"})
+
+
 def redis_cpu(port):
     info = redis_cli(port, "INFO", "cpu")
     vals = dict(line.strip().split(":", 1) for line in info.splitlines() if ":" in line)
@@ -145,13 +160,8 @@ def main():
                 conf = os.path.join(tmp, "sluice.yaml")
                 with open(conf, "w") as f:
                     f.write(yaml.format(redis=f"redis://127.0.0.1:{rport}"))
-                port, admin = free_port(), free_port()
-                cmd = [BIN, "serve", "--config", conf, "--listen", f"127.0.0.1:{port}",
-                       "--admin-listen", f"127.0.0.1:{admin}"]
-                for s in sims:
-                    cmd += ["--backend", s]
-                gw = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      env={**os.environ, "RUST_LOG": "warn"})
+                cmd, port, admin = gateway_cmd(BIN, conf, sims)
+                gw = start_gateway(cmd)
                 procs.append(gw)
                 try:
                     wait_http(f"http://127.0.0.1:{admin}/readyz")
@@ -171,8 +181,7 @@ def main():
                         gw.wait(timeout=15)
                         procs.remove(gw)
                         redis_cli(rport, "FLUSHALL")
-                        gw = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                              env={**os.environ, "RUST_LOG": "warn"})
+                        gw = start_gateway(cmd)
                         procs.append(gw)
                         wait_http(f"http://127.0.0.1:{admin}/readyz")
                         steady = bench(url, int(args.rate * args.paced_seconds), k + 1, rate=args.rate)

@@ -39,8 +39,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from home_lookup_cost import fixed_sims, home_store, redis_cli, start_redis  # noqa: E402
-from stream_overhead import ROOT, free_port, run_meta, stop, wait_http  # noqa: E402
+from home_lookup_cost import fixed_sims, gateway_cmd, home_store, redis_cli, start_gateway, start_redis  # noqa: E402
+from stream_overhead import ROOT, run_meta, stop, wait_http  # noqa: E402
 
 BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "target", "release", "sluice"))
 GATEWAYS = 3
@@ -124,13 +124,8 @@ def main():
                 gws = []
                 try:
                     for _ in range(GATEWAYS):
-                        port, admin = free_port(), free_port()
-                        cmd = [binary, "serve", "--config", conf, "--listen", f"127.0.0.1:{port}",
-                               "--admin-listen", f"127.0.0.1:{admin}"]
-                        for s in sims:
-                            cmd += ["--backend", s]
-                        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                             env={**os.environ, "RUST_LOG": "warn"})
+                        cmd, port, admin = gateway_cmd(binary, conf, sims)
+                        p = start_gateway(cmd)
                         procs.append(p)
                         gws.append((p, port, admin))
                     for _, _, admin in gws:

@@ -745,21 +745,21 @@ async fn local_max_tokens_bounds_what_a_decode_replica_prefills_by_choice() {
 /// was idle: prefilled remotely), once prefill replica `p` has it (it holds
 /// every request 30 s: the pool is busy from then on).
 async fn first_prompt_queued(p: &SimHandle, url: &str) -> tokio::task::JoinHandle<()> {
-    prompt_queued(p, url, 0, 1).await
+    sent_to_pool(p, url, chat(0, 200, true), 1).await
 }
 
-/// Prompt `i` of ~400 tokens sent through `url`, once prefill replica `p`
-/// has received `received` requests.
-async fn prompt_queued(
+/// `body` sent through `url`, once prefill replica `p` has received
+/// `received` requests (it went to the prefill pool).
+async fn sent_to_pool(
     p: &SimHandle,
     url: &str,
-    i: usize,
+    body: serde_json::Value,
     received: u64,
 ) -> tokio::task::JoinHandle<()> {
-    let first = tokio::spawn({
+    let sent = tokio::spawn({
         let url = url.to_string();
         async move {
-            let _ = post(&url, &chat(i, 200, true)).await;
+            let _ = post(&url, &body).await;
         }
     });
     wait_until(
@@ -768,7 +768,7 @@ async fn prompt_queued(
         || async { p.state.metrics.received.get() == received },
     )
     .await;
-    first
+    sent
 }
 
 /// The prefill replica holds every request 30 s, and a first prompt of ~400
@@ -920,18 +920,10 @@ async fn a_stream_another_gateway_started_since_the_scrape_keeps_a_prefill_off_i
     assert_eq!(d.state.metrics.received.get(), 1, "prefilled there");
     assert_eq!(decode_looks(&b, "confirmed").await, 1.0);
     // Through A: a prompt queued in the pool (A's pool is busy too)...
-    held.push(prompt_queued(&p, &url_a, 3, 2).await);
+    held.push(sent_to_pool(&p, &url_a, chat(3, 200, true), 2).await);
     // ...then one its scrape would prefill on the idle decode replica: the
     // engine runs B's stream, so it goes to the pool.
-    held.push(tokio::spawn(async move {
-        let _ = post(&url_a, &chat(4, 20, false)).await;
-    }));
-    wait_until(
-        "A's second prompt sent to the prefill pool",
-        Duration::from_secs(5),
-        || async { p.state.metrics.received.get() == 3 },
-    )
-    .await;
+    held.push(sent_to_pool(&p, &url_a, chat(4, 20, false), 3).await);
     assert_eq!(d.state.metrics.received.get(), 1, "not prefilled there");
     assert_eq!(decode_looks(&a, "refused").await, 1.0);
     assert_eq!(decode_looks(&a, "confirmed").await, 0.0);
@@ -1002,15 +994,7 @@ async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
     );
     assert_eq!(d.state.metrics.received.get(), 3);
     // The one after would spend 2 of 1.8: it goes to the pool.
-    held.push(tokio::spawn(async move {
-        let _ = post(&url, &chat(4, 20, false)).await;
-    }));
-    wait_until(
-        "the fifth prompt sent to the prefill pool",
-        Duration::from_secs(5),
-        || async { p.state.metrics.received.get() == 2 },
-    )
-    .await;
+    held.push(sent_to_pool(&p, &url, chat(4, 20, false), 2).await);
     assert_eq!(d.state.metrics.received.get(), 3, "not prefilled there");
     drop(running);
     for h in held {
