@@ -121,6 +121,7 @@ impl AppState {
             &config.routing.sessions,
             config.routing.policy == crate::config::PolicyKind::PrefixKv,
             config.routing.prefix_kv.shared_homes,
+            config.routing.prefix_kv.shared_homes_sampled,
             metrics.clone(),
             previous.and_then(|p| p.shared_table.as_ref()),
         )?;

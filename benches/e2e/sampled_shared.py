@@ -192,7 +192,7 @@ def main():
 def report(meta, runs):
     lines = [f"Run {meta['date']} on {meta['machine']}, commit {meta['git']}; {meta['gateways']} gateways, "
              f"{meta['replicas']} replicas, per gateway {meta['distinct_rate']:.0f} distinct and "
-             f"{meta['shared_rate']:.0f} shared-prefix prompts a second over {meta['prefixes']} prefixes, "
+             f"{meta['shared_rate']:g} shared-prefix prompts a second over {meta['prefixes']} prefixes, "
              f"{meta['seconds']:.0f} s a run; median (range) of {meta['rounds']} rounds.", "",
              "| routing table | uses on the first use's replica | after "
              f"{meta['warm']:.0f} s | replicas per reused prefix | home lookups (found) | not looked up "

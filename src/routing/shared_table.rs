@@ -388,10 +388,13 @@ pub struct SharedTable {
     timeout: Duration,
     ttl_ms: u64,
     /// What it was built from (a reload keeps it while equal).
-    built: (RedisConfig, Duration, bool),
+    built: (RedisConfig, Duration, bool, bool),
     metrics: Arc<Metrics>,
     /// Prefix homes are shared too (`routing.prefix_kv.shared_homes`).
     pub(crate) homes: bool,
+    /// New prompts are sampled while they share nothing with the table
+    /// ([`Novelty`]; `routing.prefix_kv.shared_homes_sampled`).
+    sampled: bool,
     script: Script,
     /// Prefixes (by key, pool and model) whose home this gateway pushed back
     /// lately.
@@ -419,11 +422,12 @@ impl SharedTable {
     /// `None` with `store: memory`. Connects lazily: a Redis unreachable at
     /// start is handled as one that goes away later.
     /// (`keeps_sessions`: the routing policy keeps sessions; only
-    /// `prefix_kv` does.)
+    /// `prefix_kv` does. `sampled`: `routing.prefix_kv.shared_homes_sampled`.)
     pub(crate) fn from_config(
         cfg: &SessionsConfig,
         keeps_sessions: bool,
         shared_homes: bool,
+        sampled: bool,
         metrics: Arc<Metrics>,
         previous: Option<&Arc<SharedTable>>,
     ) -> anyhow::Result<Option<Arc<Self>>> {
@@ -433,7 +437,7 @@ impl SharedTable {
         {
             return Ok(None);
         }
-        let built = (cfg.redis.clone(), cfg.ttl, shared_homes);
+        let built = (cfg.redis.clone(), cfg.ttl, shared_homes, sampled);
         if let Some(p) = previous
             && p.built == built
         {
@@ -458,6 +462,7 @@ impl SharedTable {
             built,
             metrics,
             homes: shared_homes,
+            sampled,
             script: Script::new(HOMES),
             touched: Sessions::new(TOUCHED, HOME_TTL / 4),
             paused: parking_lot::Mutex::new(None),
@@ -613,7 +618,7 @@ impl SharedTable {
         }
         let now = crate::turn::now_std();
         let novelty = self.novelty_of(model, leg);
-        let sampling = novelty.sampling(now);
+        let sampling = self.sampled && novelty.sampling(now);
         novelty.new.add(now);
         if sampling && !key.is_multiple_of(NOVEL_SAMPLE) {
             self.count_home("place", "novel");
@@ -786,7 +791,7 @@ impl SharedTable {
     /// out, or the table not asked) is not written either; its touch writes
     /// it if it is used again.
     pub(crate) fn novel(&self, model: &str, leg: Leg) -> bool {
-        self.novelty_of(model, leg).sampling(crate::turn::now_std())
+        self.sampled && self.novelty_of(model, leg).sampling(crate::turn::now_std())
     }
 
     fn novelty_of(&self, model: &str, leg: Leg) -> Arc<Novelty> {
@@ -822,13 +827,18 @@ mod tests {
 
     /// A gateway's table in the Redis on `port`.
     fn table(port: u16) -> (Arc<SharedTable>, Arc<Metrics>) {
+        table_with(port, true)
+    }
+
+    /// A table (`sampled`: `routing.prefix_kv.shared_homes_sampled`).
+    fn table_with(port: u16, sampled: bool) -> (Arc<SharedTable>, Arc<Metrics>) {
         let mut cfg = SessionsConfig {
             store: StoreKind::Redis,
             ..SessionsConfig::default()
         };
         cfg.redis.url = Secret::new(format!("redis://127.0.0.1:{port}"));
         let metrics = Arc::new(Metrics::new(&Config::default().telemetry.buckets));
-        let t = SharedTable::from_config(&cfg, true, true, metrics.clone(), None)
+        let t = SharedTable::from_config(&cfg, true, true, sampled, metrics.clone(), None)
             .unwrap()
             .unwrap();
         (t, metrics)
@@ -948,6 +958,26 @@ mod tests {
         // A decode leg's new home is not counted.
         let h = a.place_home("m", Leg::Decode, 5, &order, 2).await.unwrap();
         assert!(h.new && h.cold_on(&h.replica).is_none(), "{h:?}");
+    }
+
+    /// With `routing.prefix_kv.shared_homes_sampled: false` a gateway
+    /// meeting only new prompts looks up every one, past the thousand that
+    /// start the sampling.
+    #[tokio::test]
+    async fn without_sampling_a_gateway_looks_up_every_new_prompt() {
+        let redis = crate::limits::tests::redis_server().await;
+        let (a, metrics) = table_with(redis.port, false);
+        let order = names(&["r1", "r2"]);
+        for k in 0..NOVEL_FROM + 2 * NOVEL_SAMPLE {
+            let h = a.place_home("m", Leg::Serve, k, &order, 2).await;
+            assert!(h.is_some(), "prompt {k} looked up");
+        }
+        assert!(!a.novel("m", Leg::Serve));
+        assert_eq!(metrics.home_store.get(&("place", "novel")).get(), 0);
+        assert_eq!(
+            metrics.home_store.get(&("place", "placed")).get(),
+            NOVEL_FROM + 2 * NOVEL_SAMPLE
+        );
     }
 
     /// A gateway meeting only new prompts of a model looks up one prefix in

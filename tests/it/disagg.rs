@@ -1002,6 +1002,245 @@ async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
     }
 }
 
+/// A decode replica whose metrics stopped answering gets no prefill by
+/// choice: the look fails within its timeout, the prompt its last scrape
+/// would prefill there as on an idle replica goes to the pool, and the look
+/// is counted `failed`.
+#[tokio::test]
+async fn a_decode_replica_whose_metrics_hang_gets_no_prefill_by_choice() {
+    // The prefill replica holds every request 30 s.
+    let p = replica(SimRole::Prefill, |c| {
+        c.faults = Faults::parse("first_token=30s").unwrap();
+    })
+    .await;
+    let d = replica(SimRole::Decode, |_| {}).await;
+    // (Its startup scrape alone: the decode replica idle by it.)
+    let gw = gateway_over(&[(&p, Role::Prefill), (&d, Role::Decode)], |_| {}).await;
+    let mut c = d.state.control();
+    c.metrics = sluice::sim::MetricsMode::Hang;
+    d.state.set_control(c);
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let mut held = vec![first_prompt_queued(&p, &url).await];
+    held.push(sent_to_pool(&p, &url, chat(1, 20, false), 2).await);
+    assert_eq!(d.state.metrics.received.get(), 0, "not prefilled there");
+    assert_eq!(decode_looks(&gw, "failed").await, 1.0);
+    assert_eq!(decode_looks(&gw, "confirmed").await, 0.0);
+    assert_eq!(decode_looks(&gw, "refused").await, 0.0);
+    for h in held {
+        h.abort();
+    }
+}
+
+/// Without scrapes (`routing.metrics.enabled: false`) the gateway counts
+/// the streams on a decode replica by its own requests there and looks at
+/// no engine: a prompt prefills under its own stream within the allowance
+/// (the decode replica's metrics hang: a look would send it to the pool),
+/// and no look is counted.
+#[tokio::test]
+async fn without_scrapes_the_allowance_counts_this_gateways_streams_and_looks_at_nothing() {
+    let p = replica(SimRole::Prefill, |_| {}).await;
+    let d = replica(SimRole::Decode, |c| c.output_tokens = 200).await;
+    let mut c = d.state.control();
+    c.metrics = sluice::sim::MetricsMode::Hang;
+    d.state.set_control(c);
+    let mut cfg = config_for(&[]);
+    cfg.backends = vec![backend(&p, Role::Prefill), backend(&d, Role::Decode)];
+    cfg.routing.metrics.enabled = false;
+    cfg.routing.disaggregation.local_stall_share = 0.009;
+    let gw = start_gateway(cfg, 2).await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    // A stream of 200 tokens prefilled in the idle pool and decoded on the
+    // decode replica: 199 gaps relayed, an allowance of 0.009 x 199 = 1.8.
+    let mut long = chat(0, 20, true);
+    long["max_tokens"] = 200.into();
+    let (status, _, text) = post(&url, &long).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(pd_decisions(&gw, "remote").await, 1.0);
+    // A prompt held 30 s in the pool (its prefill leg), and a stream held
+    // mid-way on the decode replica (prefilled in the pool too: with
+    // nothing decoding there by this gateway's count, no stall to charge).
+    let queued = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let _ = client()
+                .post(&url)
+                .header("x-sim-fault", "first_token=30s")
+                .json(&chat(1, 200, true))
+                .send()
+                .await;
+        }
+    });
+    wait_until(
+        "the prompt reached the prefill replica",
+        Duration::from_secs(5),
+        || async { p.state.metrics.received.get() == 2 },
+    )
+    .await;
+    let running = held_stream(&url).await;
+    assert_eq!(p.state.metrics.received.get(), 3, "prefilled in the pool");
+    // The next prompt stalls that one stream once: within the allowance,
+    // prefilled on the decode replica without a look.
+    let (status, _, text) = post(&url, &chat(3, 20, false)).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(pd_decisions(&gw, "local_stall_budget").await, 1.0);
+    assert_eq!(p.state.metrics.received.get(), 3, "not sent to the pool");
+    for outcome in ["confirmed", "refused", "failed"] {
+        assert_eq!(decode_looks(&gw, outcome).await, 0.0, "{outcome}");
+    }
+    drop(running);
+    queued.abort();
+}
+
+/// Through two gateways, the look counts both: this gateway's stream on the
+/// decode replica and the one another gateway started there since the
+/// scrape. Gateway A's allowance fits the one stall its own count predicts,
+/// not the two the engine shows, so the prompt goes to the pool.
+#[tokio::test]
+async fn the_allowance_charges_this_gateways_streams_and_another_gateways() {
+    // The prefill replica holds every request 30 s; the decode replica
+    // answers up to 200 tokens.
+    let p = replica(SimRole::Prefill, |c| {
+        c.faults = Faults::parse("first_token=30s").unwrap();
+    })
+    .await;
+    let d = replica(SimRole::Decode, |c| c.output_tokens = 200).await;
+    let replicas = [(&p, Role::Prefill), (&d, Role::Decode)];
+    let (a, b) = (
+        gateway_over(&replicas, |c| {
+            c.routing.disaggregation.local_stall_share = 0.015;
+        })
+        .await,
+        gateway_over(&replicas, |_| {}).await,
+    );
+    let (url_a, url_b) = (
+        format!("{}/v1/chat/completions", api(&a)),
+        format!("{}/v1/chat/completions", api(&b)),
+    );
+    // Through A: a prompt queued in the pool, then a stream of 200 tokens
+    // prefilled on the idle decode replica: 199 gaps relayed, an allowance
+    // of 0.015 x 199 = 3.0 stalls (less as it fades: 2.7 after 3 s).
+    let mut held = vec![first_prompt_queued(&p, &url_a).await];
+    let mut long = chat(1, 20, true);
+    long["max_tokens"] = 200.into();
+    let (status, _, text) = post(&url_a, &long).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(pd_decisions(&a, "local_idle").await, 1.0);
+    // Through B: a prompt queued in the pool, then a stream prefilled on
+    // the decode replica, idle again, and held there mid-way.
+    held.push(sent_to_pool(&p, &url_b, chat(5, 200, true), 2).await);
+    let theirs = held_stream(&url_b).await;
+    assert_eq!(d.state.metrics.received.get(), 2, "prefilled there");
+    // Through A: a stream that stalls B's once, one of A's stalls, held
+    // there mid-way.
+    let ours = held_stream(&url_a).await;
+    assert_eq!(d.state.metrics.received.get(), 3, "prefilled there");
+    // (A's looks: the idle replica's before the long stream, and this one.)
+    assert_eq!(decode_looks(&a, "confirmed").await, 2.0);
+    // The next prompt through A: its own count says one stream (one stall:
+    // it fits the ~2 left), the engine two (two stalls: they do not).
+    held.push(sent_to_pool(&p, &url_a, chat(6, 20, false), 3).await);
+    assert_eq!(d.state.metrics.received.get(), 3, "not prefilled there");
+    assert_eq!(decode_looks(&a, "refused").await, 1.0);
+    drop((theirs, ours));
+    for h in held {
+        h.abort();
+    }
+}
+
+/// With several prefill replicas the allowance goes only to prompts bound
+/// for one of the pool's longer queues (at least its mean): a prompt without
+/// a session, bound for the shortest queue while the queues differ, goes to
+/// the pool; a turn of a session whose prefill replica queues longest is
+/// prefilled on the decode replica, under its stream.
+#[tokio::test]
+async fn the_allowance_goes_to_prompts_bound_for_the_pools_longer_queues() {
+    // Both prefill replicas hold every request 30 s; the decode replica
+    // answers up to 200 tokens.
+    let hold = |c: &mut SimConfig| c.faults = Faults::parse("first_token=30s").unwrap();
+    let p = [
+        replica(SimRole::Prefill, hold).await,
+        replica(SimRole::Prefill, hold).await,
+    ];
+    let d = replica(SimRole::Decode, |c| c.output_tokens = 200).await;
+    let replicas = [
+        (&p[0], Role::Prefill),
+        (&p[1], Role::Prefill),
+        (&d, Role::Decode),
+    ];
+    let gw = gateway_over(&replicas, |c| {
+        c.routing.disaggregation.local_stall_share = 0.009;
+    })
+    .await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let received = || p.each_ref().map(|p| p.state.metrics.received.get());
+    let send = |body: serde_json::Value, session: Option<&'static str>| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let headers: Vec<(&str, &str)> =
+                session.map(|s| ("x-session-id", s)).into_iter().collect();
+            let _ = post_with(&url, &body, &headers).await;
+        })
+    };
+    let pool_got = |n: u64| {
+        let received = &received;
+        async move {
+            wait_until(
+                "the prompt reached the prefill pool",
+                Duration::from_secs(5),
+                || async { received().iter().sum::<u64>() == n },
+            )
+            .await;
+        }
+    };
+    // A session's first turn of ~400 tokens queued on one prefill replica
+    // (its prefill home from then on), a prompt of ~100 tokens on the other.
+    let mut held = vec![send(chat(0, 200, true), Some("agent"))];
+    pool_got(1).await;
+    let home = usize::from(received()[0] == 0);
+    held.push(send(chat(1, 50, true), None));
+    pool_got(2).await;
+    assert_eq!(received(), [1, 1], "one prompt queued on each");
+    // A stream of 200 tokens prefilled on the idle decode replica: 199 gaps
+    // relayed, an allowance of 0.009 x 199 = 1.8 stalls; then a stream held
+    // mid-way there (idle again: prefilled there too).
+    let mut long = chat(3, 20, true);
+    long["max_tokens"] = 200.into();
+    let (status, _, text) = post(&url, &long).await;
+    assert_eq!(status, 200, "{text}");
+    let decode = d.url().trim_start_matches("http://").to_string();
+    let pool = gw.state().pool.clone();
+    wait_until(
+        "the stream's end counted",
+        Duration::from_secs(5),
+        || async {
+            pool.replicas()
+                .iter()
+                .any(|r| *r.name == *decode && r.in_flight() == 0)
+        },
+    )
+    .await;
+    let running = held_stream(&url).await;
+    assert_eq!(d.state.metrics.received.get(), 2, "both prefilled there");
+    // A prompt without a session would go to the shorter queue (below the
+    // pool's mean): no allowance, it goes there.
+    held.push(send(chat(4, 20, false), None));
+    pool_got(3).await;
+    assert_eq!(received()[home], 1, "to the shorter queue");
+    assert_eq!(d.state.metrics.received.get(), 2, "not prefilled there");
+    // The session's next turn is bound for the longest queue (its prefill
+    // home's): one stall, within the allowance, prefilled on the decode
+    // replica.
+    let (status, _, text) =
+        post_with(&url, &chat(5, 20, false), &[("x-session-id", "agent")]).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(pd_decisions(&gw, "local_stall_budget").await, 1.0);
+    assert_eq!(received().iter().sum::<u64>(), 3, "not sent to the pool");
+    drop(running);
+    for h in held {
+        h.abort();
+    }
+}
+
 #[tokio::test]
 async fn a_client_that_leaves_during_the_prefill_cancels_it() {
     // The prefill replica holds each request 30 s before starting it.
