@@ -17,9 +17,11 @@ the whole run and after the first `--warm` seconds (the sampling on); the
 table's lookups by outcome; the requests per second and errors.
 
 Settings (alternating each round, Redis emptied and gateways new each time):
-`sampled` (this build, shared homes: the default), `every lookup` (a build
-without the sampling, `--unsampled-bin`: every new prompt looked up), and
-`memory` (each gateway's own table: nothing shared).
+`sampled` (this build, shared homes: the default), `every lookup` (this build
+with `routing.prefix_kv.shared_homes_sampled: false`: every new prompt looked
+up), `memory` (each gateway's own table: nothing shared), and with
+`--unsampled-bin` `every lookup (build)` (a build from before the sampling).
+`--only` runs some of them.
 
     cargo build --release
     python3 benches/e2e/sampled_shared.py --unsampled-bin /tmp/sluice-5430d5b --json out.json
@@ -49,6 +51,7 @@ REPLICAS = 4
 MEMORY = "routing:\n  policy: prefix_kv\n"
 SHARED = ("routing:\n  policy: prefix_kv\n"
           "  sessions:\n    store: redis\n    redis: {{url: \"{redis}\"}}\n")
+UNSAMPLED = SHARED + "  prefix_kv:\n    shared_homes_sampled: false\n"
 
 
 def colocation(rows, after=0.0):
@@ -86,7 +89,10 @@ def bench(url, out_json, *args, requests_json=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="also write the raw results here")
-    ap.add_argument("--unsampled-bin", help="a build without the sampling (5430d5b), for `every lookup`")
+    ap.add_argument("--unsampled-bin",
+                    help="a build from before the sampling (5430d5b), for `every lookup (build)`")
+    ap.add_argument("--only", nargs="+", metavar="SETTING",
+                    help="run only these settings (sampled, 'every lookup', memory, 'every lookup (build)')")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=25.0, help="length of each run")
     ap.add_argument("--warm", type=float, default=8.0,
@@ -102,9 +108,14 @@ def main():
             raise SystemExit(f"{b} not found (cargo build --release)")
     if not shutil.which("redis-server"):
         raise SystemExit("redis-server not found (apt-get install redis-server)")
-    settings = [("sampled", BIN, SHARED), ("memory", BIN, MEMORY)]
+    settings = [("sampled", BIN, SHARED), ("every lookup", BIN, UNSAMPLED), ("memory", BIN, MEMORY)]
     if args.unsampled_bin:
-        settings.insert(1, ("every lookup", args.unsampled_bin, SHARED))
+        settings.insert(2, ("every lookup (build)", args.unsampled_bin, SHARED))
+    if args.only:
+        unknown = set(args.only) - {label for label, _, _ in settings}
+        if unknown:
+            raise SystemExit(f"--only: unknown settings {sorted(unknown)}")
+        settings = [s for s in settings if s[0] in args.only]
 
     procs = []
     tmp = tempfile.mkdtemp(prefix="sluice-sampled-")

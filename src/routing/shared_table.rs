@@ -67,7 +67,8 @@
 //!   all-distinct prompts) looks up only the prefixes whose key is a
 //!   multiple of [`NOVEL_SAMPLE`] and places the others as without the
 //!   table, writing nothing for them ([`Novelty`]); one used again is
-//!   written by its touch, and a home found elsewhere ends it.
+//!   written by its touch, and a home found elsewhere ends it (unless
+//!   `routing.prefix_kv.shared_homes_sampled: false`: every one looked up).
 //!
 //! Per prefix and pool (`serve`, `decode`, `prefill`: a disaggregated
 //! request's legs have homes of their own) one string,
@@ -214,7 +215,11 @@ const NOVEL_SAMPLE: u64 = 16;
 /// touch (where the table has no home for it), and one found homed
 /// elsewhere ends the sampling at once. The cost: a prefix that another
 /// gateway meets while both sample is placed by each on its own until one
-/// touch finds the other's home (a cold prefill more).
+/// touch finds the other's home (a cold prefill more): where shared prefixes
+/// came as a trickle among 220 new prompts a second per gateway, 62% of a
+/// reused prefix's later uses met on its first replica against 100% with
+/// every lookup (docs/BENCHMARKS.md), hence the switch
+/// (`routing.prefix_kv.shared_homes_sampled: false`).
 #[derive(Default)]
 struct Novelty {
     /// New prompts met (looked up or not).
@@ -974,6 +979,21 @@ mod tests {
         }
         assert!(!a.novel("m", Leg::Serve));
         assert_eq!(metrics.home_store.get(&("place", "novel")).get(), 0);
+        // A reload keeps the table while the switch is unchanged, and builds
+        // another when it flips.
+        let cfg = SessionsConfig {
+            store: StoreKind::Redis,
+            redis: a.built.0.clone(),
+            ..SessionsConfig::default()
+        };
+        let again = |sampled: bool| {
+            SharedTable::from_config(&cfg, true, true, sampled, metrics.clone(), Some(&a))
+                .unwrap()
+                .unwrap()
+        };
+        assert!(Arc::ptr_eq(&again(false), &a));
+        let flipped = again(true);
+        assert!(!Arc::ptr_eq(&flipped, &a) && flipped.sampled);
         assert_eq!(
             metrics.home_store.get(&("place", "placed")).get(),
             NOVEL_FROM + 2 * NOVEL_SAMPLE

@@ -324,9 +324,10 @@ async fn without_the_local_fallback_a_failed_prefill_is_a_503() {
 
 #[tokio::test]
 async fn kv_the_decode_replica_cannot_fetch_is_prefilled_there_instead() {
-    // The prefill replica keeps its KV for a millisecond: it is gone when
-    // the decode replica asks for it.
-    let (_p, d, gw) = fleet(|c| c.kv_ttl = Duration::from_millis(1), |_| {}).await;
+    // The prefill replica keeps no KV past its answer: it is gone when the
+    // decode replica asks for it. (Kept a millisecond, a decode replica
+    // asking within it found it once in a parallel run.)
+    let (_p, d, gw) = fleet(|c| c.kv_ttl = Duration::ZERO, |_| {}).await;
     let (status, _, text) = post(
         &format!("{}/v1/chat/completions", api(&gw)),
         &chat(0, 200, true),
@@ -1118,7 +1119,8 @@ async fn the_allowance_charges_this_gateways_streams_and_another_gateways() {
     );
     // Through A: a prompt queued in the pool, then a stream of 200 tokens
     // prefilled on the idle decode replica: 199 gaps relayed, an allowance
-    // of 0.015 x 199 = 3.0 stalls (less as it fades: 2.7 after 3 s).
+    // of 0.015 x 199 = 3.0 stalls (less as it fades: 2.7 after 3 s; the
+    // steps below need the one stall spent and one more to fit, some 20 s).
     let mut held = vec![first_prompt_queued(&p, &url_a).await];
     let mut long = chat(1, 20, true);
     long["max_tokens"] = 200.into();
@@ -1141,6 +1143,8 @@ async fn the_allowance_charges_this_gateways_streams_and_another_gateways() {
     held.push(sent_to_pool(&p, &url_a, chat(6, 20, false), 3).await);
     assert_eq!(d.state.metrics.received.get(), 3, "not prefilled there");
     assert_eq!(decode_looks(&a, "refused").await, 1.0);
+    // (Every look answered: none was refused for want of an answer.)
+    assert_eq!(decode_looks(&a, "failed").await, 0.0);
     drop((theirs, ours));
     for h in held {
         h.abort();
@@ -1201,8 +1205,9 @@ async fn the_allowance_goes_to_prompts_bound_for_the_pools_longer_queues() {
     pool_got(2).await;
     assert_eq!(received(), [1, 1], "one prompt queued on each");
     // A stream of 200 tokens prefilled on the idle decode replica: 199 gaps
-    // relayed, an allowance of 0.009 x 199 = 1.8 stalls; then a stream held
-    // mid-way there (idle again: prefilled there too).
+    // relayed, an allowance of 0.009 x 199 = 1.8 stalls (fading by e in 30
+    // s: one stall fits for some 17 s); then a stream held mid-way there
+    // (idle again: prefilled there too).
     let mut long = chat(3, 20, true);
     long["max_tokens"] = 200.into();
     let (status, _, text) = post(&url, &long).await;
@@ -1235,6 +1240,11 @@ async fn the_allowance_goes_to_prompts_bound_for_the_pools_longer_queues() {
     assert_eq!(status, 200, "{text}");
     assert_eq!(pd_decisions(&gw, "local_stall_budget").await, 1.0);
     assert_eq!(received().iter().sum::<u64>(), 3, "not sent to the pool");
+    assert_eq!(
+        decode_looks(&gw, "failed").await,
+        0.0,
+        "every look answered"
+    );
     drop(running);
     for h in held {
         h.abort();

@@ -8,3 +8,8 @@ cd "$(git rev-parse --show-toplevel)"
 d=docs/bench/sampled_trickle_2026-12-03
 python3 benches/e2e/sampled_shared.py --unsampled-bin /tmp/sluice-5430d5b --rounds 6 --seconds 45 \
   --shared-rate 0.2 --prefixes 16 --json $d/sampled_trickle.json > $d/sampled_trickle.txt 2> $d/sampled_trickle.log
+# Then the switch itself: this build with routing.prefix_kv.shared_homes_sampled: false
+# (`every lookup`) against the default (`sampled`), the same workload, six rounds (20:31 on;
+# target/release/sluice built from the commit that adds the switch):
+python3 benches/e2e/sampled_shared.py --only sampled "every lookup" --rounds 6 --seconds 45 \
+  --shared-rate 0.2 --prefixes 16 --json $d/switch.json > $d/switch.txt 2> $d/switch.log
