@@ -13,7 +13,7 @@ for s in 1 2 3 4 5; do
       --requests-dir $d/rows_$b --json $d/${b}_seed$s.json > $d/${b}_seed$s.log 2>&1
   done
 done
-# Then: gzip -9 rows_*/*.jsonl; python3 summary.py > summary.txt;
+# Then: gzip -9 rows_*/*.jsonl; python3 ../pd_decode_look_2026-12-03/summary.py . > summary.txt;
 # python3 ../pd_decode_look_2026-12-03/stalls_by_prefill.py rows_*/*.jsonl.gz (the stalls under local prefills);
 # python3 mispredicted.py ROWS... (the allowance's mispredicted prefills; over every rows directory here and in
 # ../pd_decode_look_2026-12-03/).

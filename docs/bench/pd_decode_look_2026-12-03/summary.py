@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The runs of this directory, one line each (python3 summary.py > summary.txt):
+"""The pd.py runs of a directory (this one, or the one given), one line each
+(python3 summary.py [DIR] > DIR/summary.txt):
 build and setting, seed, router, TTFT p50 / p99 and inter-token p99 (ms), streams
 stalled over 100 ms (and how many under another gateway's local prefill), the local
 prefills by reason, the looks by outcome; then per setting the medians and Sluice's
@@ -8,8 +9,9 @@ import glob
 import json
 import os
 import statistics
+import sys
 
-here = os.path.dirname(os.path.abspath(__file__))
+here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 rows = []
 for path in sorted(glob.glob(os.path.join(here, "*.json"))):
     name = os.path.basename(path)[:-5]

@@ -12,4 +12,4 @@ for s in 1 2 3 4 5; do
     --only sluice-pd vllm-pd-cache_aware --gateway-bin /tmp/sluice-head --sluice-config $d/share_0.009.yaml \
     --requests-dir $d/rows_share_0.009 --json $d/share_0.009_seed$s.json > $d/share_0.009_seed$s.log 2>&1
 done
-# Then: gzip -9 rows_*/*.jsonl; python3 summary.py > summary.txt
+# Then: gzip -9 rows_*/*.jsonl; python3 ../pd_decode_look_2026-12-03/summary.py . > summary.txt
