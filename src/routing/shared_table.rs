@@ -622,12 +622,15 @@ impl SharedTable {
             return None;
         }
         let now = crate::turn::now_std();
-        let novelty = self.novelty_of(model, leg);
-        let sampling = self.sampled && novelty.sampling(now);
-        novelty.new.add(now);
-        if sampling && !key.is_multiple_of(NOVEL_SAMPLE) {
-            self.count_home("place", "novel");
-            return None;
+        // (Without the sampling nothing is counted for it.)
+        let novelty = self.sampled.then(|| self.novelty_of(model, leg));
+        if let Some(novelty) = &novelty {
+            let sampling = novelty.sampling(now);
+            novelty.new.add(now);
+            if sampling && !key.is_multiple_of(NOVEL_SAMPLE) {
+                self.count_home("place", "novel");
+                return None;
+            }
         }
         if self
             .paused
@@ -658,7 +661,7 @@ impl SharedTable {
             Ok((replica, new)) => {
                 let new = new == 1;
                 self.count_home("place", if new { "placed" } else { "found" });
-                if !new {
+                if let Some(novelty) = novelty.as_ref().filter(|_| !new) {
                     novelty.found.add(now);
                 }
                 let cold = (new && !cold.is_zero()).then(|| {
@@ -728,7 +731,9 @@ impl SharedTable {
                 Ok(Ok((home, _))) if *home != *replica => {
                     this.count_home(op, "elsewhere");
                     let now = crate::turn::now_std();
-                    this.novelty_of(&model, leg).found.add(now);
+                    if this.sampled {
+                        this.novelty_of(&model, leg).found.add(now);
+                    }
                     affinity.of(&replica, now).prefixes.forget(&blocks);
                     this.touched.forget(seen);
                 }

@@ -31,6 +31,19 @@ fn backend(sim: &SimHandle, role: Role) -> BackendConfig {
     }
 }
 
+/// A prefill replica that holds every request 30 s before its first token
+/// (its pool is busy from the first one on).
+fn holding(c: &mut SimConfig) {
+    c.faults = Faults::parse("first_token=30s").unwrap();
+}
+
+/// `sim`'s metrics stop answering (a look at its engine fails).
+fn metrics_hang(sim: &SimHandle) {
+    let mut c = sim.state.control();
+    c.metrics = sluice::sim::MetricsMode::Hang;
+    sim.state.set_control(c);
+}
+
 /// One prefill and one decode replica behind a gateway.
 async fn fleet(
     prefill: impl FnOnce(&mut SimConfig),
@@ -783,10 +796,9 @@ async fn second_prompt_with_the_pool_busy(
     Gateway,
     Vec<tokio::task::JoinHandle<()>>,
 ) {
-    let (p, d, gw) = fleet(
-        |c| c.faults = Faults::parse("first_token=30s").unwrap(),
-        |c| c.routing.disaggregation.local_when_idle = local_when_idle,
-    )
+    let (p, d, gw) = fleet(holding, |c| {
+        c.routing.disaggregation.local_when_idle = local_when_idle
+    })
     .await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let first = first_prompt_queued(&p, &url).await;
@@ -899,10 +911,7 @@ async fn decode_looks(gw: &Gateway, outcome: &str) -> f64 {
 #[tokio::test]
 async fn a_stream_another_gateway_started_since_the_scrape_keeps_a_prefill_off_its_replica() {
     // The prefill replica holds every request 30 s.
-    let p = replica(SimRole::Prefill, |c| {
-        c.faults = Faults::parse("first_token=30s").unwrap();
-    })
-    .await;
+    let p = replica(SimRole::Prefill, holding).await;
     let d = replica(SimRole::Decode, |_| {}).await;
     let replicas = [(&p, Role::Prefill), (&d, Role::Decode)];
     let (a, b) = (
@@ -942,10 +951,7 @@ async fn a_stream_another_gateway_started_since_the_scrape_keeps_a_prefill_off_i
 async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
     // The prefill replica holds every request 30 s; the decode replica
     // answers up to 200 tokens.
-    let p = replica(SimRole::Prefill, |c| {
-        c.faults = Faults::parse("first_token=30s").unwrap();
-    })
-    .await;
+    let p = replica(SimRole::Prefill, holding).await;
     let d = replica(SimRole::Decode, |c| c.output_tokens = 200).await;
     // (Its startup scrape alone: the streams counted are this gateway's.)
     let gw = gateway_over(&[(&p, Role::Prefill), (&d, Role::Decode)], |c| {
@@ -1010,16 +1016,11 @@ async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
 #[tokio::test]
 async fn a_decode_replica_whose_metrics_hang_gets_no_prefill_by_choice() {
     // The prefill replica holds every request 30 s.
-    let p = replica(SimRole::Prefill, |c| {
-        c.faults = Faults::parse("first_token=30s").unwrap();
-    })
-    .await;
+    let p = replica(SimRole::Prefill, holding).await;
     let d = replica(SimRole::Decode, |_| {}).await;
     // (Its startup scrape alone: the decode replica idle by it.)
     let gw = gateway_over(&[(&p, Role::Prefill), (&d, Role::Decode)], |_| {}).await;
-    let mut c = d.state.control();
-    c.metrics = sluice::sim::MetricsMode::Hang;
-    d.state.set_control(c);
+    metrics_hang(&d);
     let url = format!("{}/v1/chat/completions", api(&gw));
     let mut held = vec![first_prompt_queued(&p, &url).await];
     held.push(sent_to_pool(&p, &url, chat(1, 20, false), 2).await);
@@ -1041,9 +1042,7 @@ async fn a_decode_replica_whose_metrics_hang_gets_no_prefill_by_choice() {
 async fn without_scrapes_the_allowance_counts_this_gateways_streams_and_looks_at_nothing() {
     let p = replica(SimRole::Prefill, |_| {}).await;
     let d = replica(SimRole::Decode, |c| c.output_tokens = 200).await;
-    let mut c = d.state.control();
-    c.metrics = sluice::sim::MetricsMode::Hang;
-    d.state.set_control(c);
+    metrics_hang(&d);
     let mut cfg = config_for(&[]);
     cfg.backends = vec![backend(&p, Role::Prefill), backend(&d, Role::Decode)];
     cfg.routing.metrics.enabled = false;
@@ -1100,10 +1099,7 @@ async fn without_scrapes_the_allowance_counts_this_gateways_streams_and_looks_at
 async fn the_allowance_charges_this_gateways_streams_and_another_gateways() {
     // The prefill replica holds every request 30 s; the decode replica
     // answers up to 200 tokens.
-    let p = replica(SimRole::Prefill, |c| {
-        c.faults = Faults::parse("first_token=30s").unwrap();
-    })
-    .await;
+    let p = replica(SimRole::Prefill, holding).await;
     let d = replica(SimRole::Decode, |c| c.output_tokens = 200).await;
     let replicas = [(&p, Role::Prefill), (&d, Role::Decode)];
     let (a, b) = (
@@ -1160,10 +1156,9 @@ async fn the_allowance_charges_this_gateways_streams_and_another_gateways() {
 async fn the_allowance_goes_to_prompts_bound_for_the_pools_longer_queues() {
     // Both prefill replicas hold every request 30 s; the decode replica
     // answers up to 200 tokens.
-    let hold = |c: &mut SimConfig| c.faults = Faults::parse("first_token=30s").unwrap();
     let p = [
-        replica(SimRole::Prefill, hold).await,
-        replica(SimRole::Prefill, hold).await,
+        replica(SimRole::Prefill, holding).await,
+        replica(SimRole::Prefill, holding).await,
     ];
     let d = replica(SimRole::Decode, |c| c.output_tokens = 200).await;
     let replicas = [
@@ -1254,11 +1249,7 @@ async fn the_allowance_goes_to_prompts_bound_for_the_pools_longer_queues() {
 #[tokio::test]
 async fn a_client_that_leaves_during_the_prefill_cancels_it() {
     // The prefill replica holds each request 30 s before starting it.
-    let (p, d, gw) = fleet(
-        |c| c.faults = Faults::parse("first_token=30s").unwrap(),
-        |_| {},
-    )
-    .await;
+    let (p, d, gw) = fleet(holding, |_| {}).await;
     let req = client()
         .post(format!("{}/v1/chat/completions", api(&gw)))
         .json(&chat(0, 200, true))
