@@ -1638,3 +1638,54 @@ async fn gateways_sharing_prefix_homes_prefill_a_document_on_one_replica() {
         assert_eq!(pd_decisions(gw, "remote").await, 9.0);
     }
 }
+
+/// A gateway over a disaggregated fleet meeting only new prompts (a
+/// thousand and more in 5-10 s, none homed by another gateway), sharing
+/// prefix homes through Redis, samples each pool's homes apart: its
+/// prefill legs' and its decode legs' lookups each start sampling at their
+/// own thousandth new prompt, and a prompt used again is written in both
+/// pools.
+#[tokio::test]
+async fn a_disaggregated_gateway_meeting_only_new_prompts_samples_each_pools_homes_apart() {
+    let redis = crate::common::redis::start().await;
+    let (p, d) = (SimRole::Prefill, SimRole::Decode);
+    let sims = [
+        replica(p, |_| {}).await,
+        replica(p, |_| {}).await,
+        replica(d, |_| {}).await,
+        replica(d, |_| {}).await,
+    ];
+    let roles = [Role::Prefill, Role::Prefill, Role::Decode, Role::Decode];
+    let fleet: Vec<(&SimHandle, Role)> = sims.iter().zip(roles).collect();
+    // Every prompt prefilled in the pool (none by a decode replica by
+    // choice), so that every request places a home in both pools.
+    let gw = gateway_over(&fleet, |c| {
+        crate::routing::shared_table(c, &redis);
+        c.routing.disaggregation.local_when_idle = false;
+        c.routing.disaggregation.local_stall_share = 0.0;
+    })
+    .await;
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    const PROMPTS: usize = 1_100;
+    // Every prefix twice, 16 at a time: first all new, then with another
+    // question (prefilled in the pool again: the decode replica holds the
+    // prefix but not the question, more than it prefills by choice).
+    for pass in 0..2 {
+        for batch in (0..PROMPTS).collect::<Vec<_>>().chunks(16) {
+            let mut sent = tokio::task::JoinSet::new();
+            for &p in batch {
+                let url = url.clone();
+                sent.spawn(async move { post(&url, &crate::routing::prefixed(p, pass)).await });
+            }
+            while let Some(r) = sent.join_next().await {
+                let (status, _, text) = r.unwrap();
+                assert_eq!(status, 200, "{text}");
+            }
+        }
+        if pass == 0 {
+            crate::routing::each_pool_sampled(&gw, &redis, PROMPTS).await;
+        }
+    }
+    crate::routing::each_pool_homes_all(&gw, &redis, PROMPTS).await;
+    assert_eq!(pd_decisions(&gw, "remote").await, 2.0 * PROMPTS as f64);
+}

@@ -979,3 +979,48 @@ async fn the_health_services_answer() {
         not
     );
 }
+
+/// A picker over a disaggregated model meeting only new prompts (a
+/// thousand and more in 5-10 s, none homed by another gateway), sharing
+/// prefix homes through Redis, samples each pool's homes apart, as the
+/// proxy does: the prefill replicas it names and the decode replicas it
+/// picks each start sampling at their own thousandth new prompt, and a
+/// prompt used again is written in both pools.
+#[tokio::test]
+async fn a_picker_meeting_only_new_prompts_samples_each_pools_homes_apart() {
+    let redis = crate::common::redis::start().await;
+    let sims = sims(4).await;
+    let mut c = with_epp(routing_config(&urls(&sims)));
+    crate::routing::shared_table(&mut c, &redis);
+    for (i, b) in c.backends.iter_mut().enumerate() {
+        b.role = if i < 2 { Role::Prefill } else { Role::Decode };
+    }
+    // Every prompt prefilled in the pool (none by a decode replica by
+    // choice), so that every pick places a home in both pools.
+    c.routing.disaggregation.local_when_idle = false;
+    c.routing.disaggregation.local_stall_share = 0.0;
+    let gw = start_routed(c, 4).await;
+    let answer = br#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}"#;
+    const PROMPTS: usize = 1_100;
+    // Every prefix twice, 16 at a time: first all new, then with another
+    // question (the decode replica holds the prefix, not the question).
+    for pass in 0..2 {
+        for batch in (0..PROMPTS).collect::<Vec<_>>().chunks(16) {
+            let gw = &gw;
+            futures_util::future::join_all(batch.iter().map(|&p| async move {
+                let body = serde_json::to_vec(&prefixed(p, pass)).unwrap();
+                let mut s = Stream::open(gw).await;
+                let d = s.decide(&[], None, &body).await;
+                assert!(d.prefiller().0.is_some(), "prefilled in the pool: {d:?}");
+                s.respond("application/json", &[answer], None).await;
+            }))
+            .await;
+        }
+        if pass == 0 {
+            crate::routing::each_pool_sampled(&gw, &redis, PROMPTS).await;
+        }
+    }
+    crate::routing::each_pool_homes_all(&gw, &redis, PROMPTS).await;
+    assert_eq!(pd_decisions(&gw, "remote").await, 2.0 * PROMPTS as f64);
+    assert_eq!(in_flight(&gw), 0);
+}

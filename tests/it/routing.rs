@@ -597,6 +597,55 @@ async fn home_keys(
     (conn, keys)
 }
 
+/// A disaggregated model's prompts the shared table homes in `pool`
+/// (`prefill` or `decode`).
+fn homed_in(keys: &[String], pool: &str) -> usize {
+    let tag = format!("{{sim-model/{pool}}}");
+    keys.iter().filter(|k| k.contains(&tag)).count()
+}
+
+/// After `prompts` new prompts of a disaggregated model, each placing a
+/// home in both pools: each pool's lookups sampled apart. In each pool,
+/// after its thousandth new prompt, those whose key is not a multiple of
+/// 16 are not looked up (about 94 of the last 100) and not written (one
+/// count for both pools would start sampling at the five-hundredth).
+pub async fn each_pool_sampled(gw: &Gateway, redis: &crate::common::redis::Redis, prompts: usize) {
+    let placed = gateway_metric(gw, &home_store("place", "placed")).await;
+    let novel = gateway_metric(gw, &home_store("place", "novel")).await;
+    assert_eq!(placed + novel, 2.0 * prompts as f64, "a home in each pool");
+    let keys = home_keys(redis).await.1;
+    for pool in ["prefill", "decode"] {
+        let written = homed_in(&keys, pool);
+        assert!(
+            (prompts - 100..=prompts - 30).contains(&written),
+            "{pool}: {written} of {prompts} written ({novel} not looked up)"
+        );
+    }
+}
+
+/// After the same `prompts` used again: every one homed in both pools,
+/// those placed without the table written by their touches (or by a move,
+/// where a busy replica sent one elsewhere).
+pub async fn each_pool_homes_all(
+    gw: &Gateway,
+    redis: &crate::common::redis::Redis,
+    prompts: usize,
+) {
+    wait_until(
+        "every prefix touched",
+        Duration::from_secs(10),
+        || async move {
+            let touched = gateway_metric(gw, &home_store("touch", "ok")).await;
+            let moved = gateway_metric(gw, &home_store("move", "ok")).await;
+            touched + moved >= 2.0 * prompts as f64
+        },
+    )
+    .await;
+    let keys = home_keys(redis).await.1;
+    assert_eq!(homed_in(&keys, "prefill"), prompts);
+    assert_eq!(homed_in(&keys, "decode"), prompts);
+}
+
 /// Two gateways sharing prefix homes through a real Redis
 /// (`routing.sessions.store: redis`, `routing.prefix_kv.shared_homes`)
 /// whose indexes differ: each first placed three prefixes of its own, so
