@@ -757,6 +757,21 @@ fn with_ledger<T>(s: &DecodeSide<'_>, f: impl FnOnce(&mut StallLedger) -> T) -> 
     f(&mut s.state.affinity.of(&s.decode.name, s.ctx.now).stalls.lock())
 }
 
+/// A request planned as a local prefill under running streams
+/// (`local_stall_budget`) that `decode` refused or that never reached it
+/// (an error a retry may follow, [`GatewayError::retryable`]): the engine
+/// stalled nothing, and the allowance spent is given back. (Kept spent, it
+/// held the next prompts off a replica for a prefill that ran elsewhere or
+/// not at all.)
+pub(crate) fn refund_unrun(state: &AppState, decode: &Replica, record: Option<&mut PdRecord>) {
+    // (Taken: refunded once, and not checked against usage at the end.)
+    if let Some(c) = record.and_then(|pd| pd.stall_charge.take()) {
+        let now = crate::turn::now_std();
+        let memory = state.affinity.of(&decode.name, now);
+        memory.stalls.lock().refund(c.stalls(), now);
+    }
+}
+
 /// The stalled gaps a local prefill of the prompt would cause on the
 /// decode replica's `streams` ([`crate::routing::stall_budget`]): each
 /// stalled once per `prefill_chunk_tokens` of what the replica lacks. Only

@@ -848,6 +848,9 @@ async fn forward(
             Err(error) => {
                 guard.attempt_error(&error);
                 guard.end_attempt();
+                if error.retryable() {
+                    super::disagg::refund_unrun(state, &replica, guard.record.pd.as_deref_mut());
+                }
                 let can_retry = error.retryable()
                     && guard.record.attempts < max_attempts
                     && !candidates.is_empty();

@@ -491,6 +491,13 @@ impl Exchange {
             g.record.response_ready = Some(now);
             if !(200..300).contains(&status) {
                 // Passed through as the replica answered; counted against it.
+                // Refused outright (503, 429), as the proxy retries: its
+                // engine ran no local prefill planned there.
+                if matches!(status, 503 | 429)
+                    && let Some((_, replica)) = self.picks.first()
+                {
+                    disagg::refund_unrun(&self.state, replica, g.record.pd.as_deref_mut());
+                }
                 g.attempt_failed("upstream_status", status >= 500);
                 g.record.fail(status, "upstream_status");
             }
@@ -526,7 +533,7 @@ impl Exchange {
         let Some(served) = served.first() else {
             return;
         };
-        let (Some((first, _)), Some(guard), Some((input, decision))) = (
+        let (Some((first, picked)), Some(guard), Some((input, decision))) = (
             self.picks.first(),
             self.guard.as_deref_mut(),
             self.route.as_ref(),
@@ -540,7 +547,9 @@ impl Exchange {
             tracing::debug!(%served, "the data plane reports an endpoint the picker did not name");
             return;
         };
-        // The pick failed before any byte (the data plane retried).
+        // The pick failed before any byte (the data plane retried): a local
+        // prefill planned there ran nothing there.
+        disagg::refund_unrun(&self.state, picked, guard.record.pd.as_deref_mut());
         guard.attempt_failed("upstream_connect", true);
         guard.end_attempt();
         let replica = replica.clone();

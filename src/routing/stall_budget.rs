@@ -65,6 +65,13 @@ impl StallLedger {
         self.stalled += stalls;
     }
 
+    /// Give back `stalls` spent for a local prefill the engine never ran
+    /// (its request was refused or never reached it).
+    pub(crate) fn refund(&mut self, stalls: f64, now: Instant) {
+        self.fade(now);
+        self.stalled = (self.stalled - stalls).max(0.0);
+    }
+
     /// Whether `stalls` expected stalled gaps would keep the ledger's
     /// stalls within `share` of its gaps.
     pub(crate) fn fits(&mut self, stalls: f64, share: f64, now: Instant) -> bool {
@@ -176,6 +183,19 @@ mod tests {
         l.owe(c.shortfall(6000), t0);
         assert!(!l.spend(2.0, 0.005, t0), "4 owed of 5: 2 more do not fit");
         assert!(l.spend(1.0, 0.005, t0));
+    }
+
+    #[test]
+    fn a_refund_gives_back_what_was_spent_and_no_more() {
+        let t0 = Instant::now();
+        let mut l = StallLedger::default();
+        l.relayed(1_000, t0);
+        assert!(l.spend(3.0, 0.005, t0));
+        assert!(!l.spend(3.0, 0.005, t0));
+        l.refund(3.0, t0);
+        assert!(l.spend(5.0, 0.005, t0), "all five back");
+        l.refund(9.0, t0);
+        assert!(!l.spend(5.1, 0.005, t0), "not more than was spent");
     }
 
     #[test]

@@ -943,17 +943,24 @@ async fn a_stream_another_gateway_started_since_the_scrape_keeps_a_prefill_off_i
     }
 }
 
-/// With `local_stall_share`, a decode replica that decodes a stream
-/// prefills a prompt the busy pool would queue while the stalled gaps it
-/// causes fit the share of the gaps this gateway relayed from it, and not
-/// once they no longer do.
-#[tokio::test]
-async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
-    // The prefill replica holds every request 30 s; the decode replica
-    // answers up to 200 tokens.
+/// A prefill replica holding every request 30 s (a first prompt queued
+/// there) and a decode replica, behind a gateway with `local_stall_share`
+/// 0.009 reading its startup scrape alone (the streams counted are its
+/// own), once the decode replica has earned an allowance of 1.8 stalls (a
+/// 200-token stream prefilled and decoded there while idle: 199 gaps) and
+/// decodes one stream held mid-way (as long as `_running` is kept).
+struct Allowance {
+    p: SimHandle,
+    d: SimHandle,
+    gw: Gateway,
+    url: String,
+    held: Vec<tokio::task::JoinHandle<()>>,
+    _running: reqwest::Response,
+}
+
+async fn allowance_with_a_stream_held() -> Allowance {
     let p = replica(SimRole::Prefill, holding).await;
     let d = replica(SimRole::Decode, |c| c.output_tokens = 200).await;
-    // (Its startup scrape alone: the streams counted are this gateway's.)
     let gw = gateway_over(&[(&p, Role::Prefill), (&d, Role::Decode)], |c| {
         c.routing.disaggregation.local_stall_share = 0.009;
     })
@@ -968,7 +975,7 @@ async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
             .map(|r| r.in_flight())
     };
     // A first prompt queued in the pool (sent remote: it was idle).
-    let mut held = vec![first_prompt_queued(&p, &url).await];
+    let held = vec![first_prompt_queued(&p, &url).await];
     // A stream of 200 tokens prefilled and decoded on the idle decode
     // replica: 199 gaps relayed, an allowance of 0.009 x 199 = 1.8 stalls.
     let mut long = chat(1, 20, true);
@@ -989,6 +996,30 @@ async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
     assert_eq!(p.state.metrics.received.get(), 1, "prefilled there");
     assert_eq!(d.state.metrics.received.get(), 2);
     assert_eq!(in_flight_on_decode(), Some(1));
+    Allowance {
+        p,
+        d,
+        gw,
+        url,
+        held,
+        _running: running,
+    }
+}
+
+/// With `local_stall_share`, a decode replica that decodes a stream
+/// prefills a prompt the busy pool would queue while the stalled gaps it
+/// causes fit the share of the gaps this gateway relayed from it, and not
+/// once they no longer do.
+#[tokio::test]
+async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
+    let Allowance {
+        p,
+        d,
+        gw,
+        url,
+        mut held,
+        _running,
+    } = allowance_with_a_stream_held().await;
     // The next prompt stalls that one stream once (one chunk): within the
     // allowance, prefilled there.
     let (status, _, text) = post(&url, &chat(3, 20, false)).await;
@@ -1003,7 +1034,48 @@ async fn a_busy_decode_replica_prefills_within_its_stall_allowance() {
     // The one after would spend 2 of 1.8: it goes to the pool.
     held.push(sent_to_pool(&p, &url, chat(4, 20, false), 2).await);
     assert_eq!(d.state.metrics.received.get(), 3, "not prefilled there");
-    drop(running);
+    for h in held {
+        h.abort();
+    }
+}
+
+/// A local prefill its decode replica refused (503: the engine ran
+/// nothing) gives back what it spent of the allowance: the next prompt,
+/// which would not fit beside a charge kept, is prefilled there.
+#[tokio::test]
+async fn a_local_prefill_its_decode_replica_refused_gives_its_allowance_back() {
+    let Allowance {
+        p,
+        d,
+        gw,
+        url,
+        held,
+        _running,
+    } = allowance_with_a_stream_held().await;
+    // Within the allowance (one stall of 1.8), planned there; refused.
+    let refused = client()
+        .post(&url)
+        .header("x-sim-fault", "error=503")
+        .json(&chat(3, 20, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(d.state.metrics.received.get(), 3, "refused there");
+    assert_eq!(pd_decisions(&gw, "local_stall_budget").await, 1.0);
+    // One stall more: 2 of 1.8 had the refused one's been kept (then it
+    // would go to the pool, which holds it).
+    let next = tokio::spawn(async move { post(&url, &chat(4, 20, false)).await });
+    let (p_got, d_got) = (&p.state.metrics.received, &d.state.metrics.received);
+    wait_until("the next prompt sent", Duration::from_secs(5), || async {
+        p_got.get() == 2 || d_got.get() == 4
+    })
+    .await;
+    assert_eq!(p.state.metrics.received.get(), 1, "not sent to the pool");
+    let (status, _, text) = next.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(d.state.metrics.received.get(), 4, "prefilled there");
+    assert_eq!(pd_decisions(&gw, "local_stall_budget").await, 2.0);
     for h in held {
         h.abort();
     }
@@ -1660,7 +1732,7 @@ async fn a_disaggregated_gateway_meeting_only_new_prompts_samples_each_pools_hom
     // Every prompt prefilled in the pool (none by a decode replica by
     // choice), so that every request places a home in both pools.
     let gw = gateway_over(&fleet, |c| {
-        crate::routing::shared_table(c, &redis);
+        crate::routing::shared_table_unhurried(c, &redis);
         c.routing.disaggregation.local_when_idle = false;
         c.routing.disaggregation.local_stall_share = 0.0;
     })

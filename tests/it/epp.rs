@@ -991,7 +991,7 @@ async fn a_picker_meeting_only_new_prompts_samples_each_pools_homes_apart() {
     let redis = crate::common::redis::start().await;
     let sims = sims(4).await;
     let mut c = with_epp(routing_config(&urls(&sims)));
-    crate::routing::shared_table(&mut c, &redis);
+    crate::routing::shared_table_unhurried(&mut c, &redis);
     for (i, b) in c.backends.iter_mut().enumerate() {
         b.role = if i < 2 { Role::Prefill } else { Role::Decode };
     }
