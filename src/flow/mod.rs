@@ -69,6 +69,8 @@ struct Shared {
     gates: Mutex<HashMap<Arc<str>, Arc<Gate>>>,
     rules: ArcSwap<Rules>,
     metrics: Arc<Metrics>,
+    /// The sharing's last round, asked for by [`Flow::leave`].
+    leaving: Arc<share::Leaving>,
 }
 
 /// One request's question to flow control.
@@ -101,11 +103,35 @@ impl Flow {
             gates: Mutex::new(HashMap::new()),
             rules: ArcSwap::from_pointee(Rules::from_config(config)),
             metrics,
+            leaving: Arc::default(),
         });
         // Idle (one timer a second) until the config shares fairness;
-        // ends with the last reference.
-        share::spawn(Arc::downgrade(&shared));
+        // ends with the last reference, or after `leave`.
+        share::spawn(Arc::downgrade(&shared), shared.leaving.clone());
         Self { shared }
+    }
+
+    /// A gateway that stops, once drained: the fairness sharing's last
+    /// round sends the service given since the one before and withdraws
+    /// this gateway's wants (the other gateways' parts stop counting them at
+    /// their next round, not four rounds later), then no round follows.
+    /// Bounded by the store's timeout a round; at once when nothing is
+    /// shared.
+    pub(crate) async fn leave(&self) {
+        let Some((cfg, _)) = self.shared.rules.load().share.clone() else {
+            return;
+        };
+        let rounds = u32::try_from(self.shared.gates.lock().len()).unwrap_or(u32::MAX);
+        let bound = cfg.timeout.saturating_mul(rounds.saturating_add(1));
+        self.shared.leaving.ask.notify_one();
+        if tokio::time::timeout(bound, self.shared.leaving.done.notified())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the last fairness round did not finish; other gateways drop its wants in four rounds"
+            );
+        }
     }
 
     /// The same flow control under a reloaded config.

@@ -30,7 +30,8 @@
 //! other all of its own). So in the same round each gateway also publishes,
 //! per model, what each tenant wants here (requests in flight plus waiting,
 //! by band) and reads every other gateway's (entries older than four rounds
-//! are dropped: a stopped gateway stops counting). When the tenants want more
+//! are dropped: a dead gateway stops counting; one that shuts down withdraws
+//! its wants in a last round, [`super::Flow::leave`]). When the tenants want more
 //! seats than the model has, each gateway fills at most its part
 //! ([`quota`]): the seats are split between tenants max-min (the highest
 //! band first), and each tenant's part between gateways in proportion to
@@ -43,6 +44,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use foldhash::{HashMap, HashMapExt as _};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -118,8 +120,17 @@ pub(super) struct Round {
     increments: Vec<(Arc<str>, f64)>,
 }
 
-/// Sync every gate of `shared` until it is dropped.
-pub(super) fn spawn(shared: Weak<Shared>) {
+/// A stopping gateway's last round ([`super::Flow::leave`]): asked for,
+/// then answered once sent (or given up).
+#[derive(Default)]
+pub(super) struct Leaving {
+    pub(super) ask: Notify,
+    pub(super) done: Notify,
+}
+
+/// Sync every gate of `shared` until it is dropped, or until a last round
+/// is asked for through `leaving`.
+pub(super) fn spawn(shared: Weak<Shared>, leaving: Arc<Leaving>) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -139,7 +150,11 @@ pub(super) fn spawn(shared: Weak<Shared>) {
                     .map_or(Duration::from_secs(1), |(_, every)| *every),
                 None => return,
             };
-            tokio::time::sleep(interval).await;
+            // The last round comes at once when asked for.
+            let last = tokio::select! {
+                () = tokio::time::sleep(interval) => false,
+                () = leaving.ask.notified() => true,
+            };
             let Some(shared) = shared.upgrade() else {
                 return;
             };
@@ -159,6 +174,10 @@ pub(super) fn spawn(shared: Weak<Shared>) {
                         .flow_seat_part
                         .get(&(gate.model.clone(),))
                         .set(-1);
+                }
+                if last {
+                    leaving.done.notify_one();
+                    return;
                 }
                 continue;
             };
@@ -189,7 +208,9 @@ pub(super) fn spawn(shared: Weak<Shared>) {
                             every: interval,
                         };
                         let seats = gate.seats(&rules);
-                        round.run(manager.clone(), &mut rounds, &gate, seats).await
+                        round
+                            .run(manager.clone(), &mut rounds, &gate, seats, last)
+                            .await
                     }
                     None => false,
                 };
@@ -204,6 +225,10 @@ pub(super) fn spawn(shared: Weak<Shared>) {
                     .flow_seat_part
                     .get(&(gate.model.clone(),))
                     .set(part.map_or(-1, i64::from));
+            }
+            if last {
+                leaving.done.notify_one();
+                return;
             }
         }
     });
@@ -235,14 +260,16 @@ struct Sync<'a> {
 
 impl Sync<'_> {
     /// One round for one model: send its increments (or the unconfirmed
-    /// round again) and what its tenants want here, take in the totals and
-    /// the other gateways' wants.
+    /// round again) and what its tenants want here (nothing in a stopping
+    /// gateway's `last` round: its wants are withdrawn), take in the totals
+    /// and the other gateways' wants.
     async fn run(
         &self,
         mut conn: ConnectionManager,
         rounds: &mut u64,
         gate: &Gate,
         seats: u32,
+        last: bool,
     ) -> bool {
         let (number, sent, wants) = {
             let mut guard = gate.state.lock();
@@ -254,7 +281,8 @@ impl Sync<'_> {
                     increments: st.outbox.drain().collect(),
                 }
             });
-            (round.number, round.increments.clone(), st.wants())
+            let (number, sent) = (round.number, round.increments.clone());
+            (number, sent, if last { Vec::new() } else { st.wants() })
         };
         let kept = self.every * ROUNDS_KEPT;
         let inv = invocation(
@@ -558,7 +586,9 @@ mod tests {
         };
         let mut rounds = 0;
         let mut sync = async |me: &'static str, gate: &Gate| {
-            let ok = round(me).run(manager.clone(), &mut rounds, gate, 96).await;
+            let ok = round(me)
+                .run(manager.clone(), &mut rounds, gate, 96, false)
+                .await;
             assert!(ok, "{me}'s round");
         };
         sync("gw1", &gate1).await;
@@ -604,7 +634,11 @@ mod tests {
             every: Duration::from_millis(250),
         };
         // A first round, confirmed: the baseline.
-        assert!(round.run(manager.clone(), &mut rounds, &gate, 0).await);
+        assert!(
+            round
+                .run(manager.clone(), &mut rounds, &gate, 0, false)
+                .await
+        );
         // Round 2 reached Redis but its answer was lost (here: sent outside
         // `sync`), so it is still unconfirmed here.
         let lost = vec![(t("a"), 10.0)];
@@ -629,7 +663,11 @@ mod tests {
         });
         // Sent again: Redis does not add it twice, and none of it is
         // mistaken for another gateway's service.
-        assert!(round.run(manager.clone(), &mut rounds, &gate, 0).await);
+        assert!(
+            round
+                .run(manager.clone(), &mut rounds, &gate, 0, false)
+                .await
+        );
         {
             let st = gate.state.lock();
             assert!(st.unconfirmed.is_none());
@@ -638,7 +676,11 @@ mod tests {
         }
         // The next round's increments are added once.
         gate.state.lock().outbox.insert(t("a"), 5.0);
-        assert!(round.run(manager.clone(), &mut rounds, &gate, 0).await);
+        assert!(
+            round
+                .run(manager.clone(), &mut rounds, &gate, 0, false)
+                .await
+        );
         let total: f64 = redis::cmd("HGET")
             .arg(format!("{}:flow:{{m}}:service", cfg.key_prefix))
             .arg("a")

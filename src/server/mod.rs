@@ -545,21 +545,23 @@ impl Gateway {
         };
         let waiting = all(&mut servers);
         tokio::pin!(waiting);
-        if tokio::time::timeout(drain, &mut waiting).await.is_ok() {
-            return;
+        if tokio::time::timeout(drain, &mut waiting).await.is_err() {
+            tracing::warn!(
+                drain = %humantime::format_duration(drain),
+                "drain deadline passed; ending the remaining streams with an error event"
+            );
+            self.live.load().cut.raise();
+            if tokio::time::timeout(CUT_GRACE, &mut waiting).await.is_err() {
+                tracing::warn!("connections still open after the cut; closing them");
+            }
+            // Dropping the listeners' tasks' handles does not stop them: abort.
+            for h in self.aborts {
+                h.abort();
+            }
         }
-        tracing::warn!(
-            drain = %humantime::format_duration(drain),
-            "drain deadline passed; ending the remaining streams with an error event"
-        );
-        self.live.load().cut.raise();
-        if tokio::time::timeout(CUT_GRACE, &mut waiting).await.is_err() {
-            tracing::warn!("connections still open after the cut; closing them");
-        }
-        // Dropping the listeners' tasks' handles does not stop them: abort.
-        for h in self.aborts {
-            h.abort();
-        }
+        // Nothing in flight here any more: withdrawn from the seats the
+        // gateways split through Redis.
+        self.live.load().flow.leave().await;
     }
 }
 

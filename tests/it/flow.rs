@@ -508,6 +508,44 @@ async fn gateways_sharing_through_redis_split_the_seats_between_their_tenants() 
     assert_eq!(seat_part(&gw1).await, 1.0);
 }
 
+/// The gateways' fields in the model's wants hash (`flow::share`).
+async fn wants_published(redis: &redis::Redis) -> Vec<String> {
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    ::redis::cmd("HKEYS")
+        .arg("sluice:flow:{sim-model}:wants")
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_gateway_that_stops_withdraws_its_wants_from_the_seats_shared_through_redis() {
+    // Its wants count for four of its rounds (here 4 s) after it last
+    // published them, and only another gateway's round drops them then:
+    // without a last round at shutdown they would stay here (no other
+    // gateway) until the key expires.
+    let redis = redis::start().await;
+    let (_sim, gw) = one_seat(|c| {
+        c.rate_limits.store = StoreKind::Redis;
+        c.rate_limits.redis.url = Secret::new(redis.url());
+        c.flow_control.share_interval = Duration::from_secs(1);
+    })
+    .await;
+    let holder = hold(&gw, PREMIUM).await;
+    let redis = &redis;
+    wait_until("its wants published", Duration::from_secs(10), || async {
+        wants_published(redis).await.len() == 1
+    })
+    .await;
+    // The held stream is cut at the deadline (its round, a second away,
+    // has not come: the wants found were just published); then the last
+    // round.
+    gw.shutdown(Duration::from_millis(100)).await;
+    assert_eq!(wants_published(redis).await, Vec::<String>::new());
+    drop(holder);
+}
+
 /// One replica whose seats are unknown (learned from its scrapes, read
 /// every 100 ms), with the tiers of `one_seat`.
 async fn unknown_seats() -> (SimHandle, Gateway) {
