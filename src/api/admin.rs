@@ -142,8 +142,12 @@ pub(crate) struct BackendView {
     kv_block_size: Option<u32>,
     kv_num_blocks: Option<u32>,
     requests_waiting: Option<f64>,
+    /// Of those, waiting for something other than room (vLLM: pulling their
+    /// KV, a grammar): not counted as a queue.
+    requests_deferred: Option<f64>,
     requests_running: Option<f64>,
-    /// The engine says it is full: requests waited at its last two scrapes.
+    /// The engine says it is full: requests waited for room at its last two
+    /// scrapes.
     engine_queued: bool,
     /// Requests it runs at once: `max_concurrency`, or learned from its
     /// scrapes (what runs while its queue persists); flow control's seats.
@@ -184,6 +188,7 @@ pub(crate) async fn backends(Current(state): Current) -> Json<Vec<BackendView>> 
                 kv_block_size: l.as_ref().and_then(|s| s.block_size),
                 kv_num_blocks: l.as_ref().and_then(|s| s.num_blocks),
                 requests_waiting: l.as_ref().and_then(|s| s.waiting),
+                requests_deferred: l.as_ref().and_then(|s| s.deferred),
                 requests_running: l.as_ref().and_then(|s| s.running),
                 engine_queued: l.as_ref().is_some_and(|s| s.queued),
                 seats: r.seats(),

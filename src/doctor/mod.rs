@@ -222,7 +222,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
         }
         let Some(last) = p.last() else { continue };
         let kv = last.kv_usage.unwrap_or(0.0);
-        let waiting = last.waiting.unwrap_or(0.0);
+        let waiting = last.queue().unwrap_or(0.0);
         let ttft = p.replica.ttft_recent.fresh(window);
         let tpot = p.replica.tpot_recent.fresh(window);
 
@@ -291,7 +291,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
         // in front of a starved engine stops growing once every client has a
         // request in it (closed-loop clients, or flow control's seats), and
         // the pathology is just as real on that plateau.
-        let first_waiting = p.samples.first().and_then(|s| s.waiting).unwrap_or(0.0);
+        let first_waiting = p.samples.first().and_then(LoadSample::queue).unwrap_or(0.0);
         if let (Some(t), Some(itl)) = (ttft, tpot)
             && t > d.starvation_ttft.as_secs_f64()
             && itl < d.starvation_itl.as_secs_f64()
@@ -408,7 +408,7 @@ pub fn diagnose(pool: &Pool, config: &Config, metrics: &Metrics, now: Instant) -
     let queues: Vec<(usize, f64)> = patients
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| p.last().and_then(|s| s.waiting).map(|w| (i, w)))
+        .filter_map(|(i, p)| p.last().and_then(LoadSample::queue).map(|w| (i, w)))
         .collect();
     if queues.len() >= 2 {
         for &(i, w) in &queues {
@@ -519,7 +519,7 @@ fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
         let n = p
             .samples
             .iter()
-            .filter(|s| s.waiting.unwrap_or(0.0) >= 1.0)
+            .filter(|s| s.queue().unwrap_or(0.0) >= 1.0)
             .count();
         n as f64 / p.samples.len() as f64
     };
@@ -531,7 +531,7 @@ fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
                 p.replica.name.clone(),
                 evidence(&[
                     ("share_of_scrapes_with_requests_waiting", round(queued_share(p), 2)),
-                    ("requests_waiting", round(p.last().and_then(|s| s.waiting).unwrap_or(0.0), 0)),
+                    ("requests_waiting", round(p.last().and_then(LoadSample::queue).unwrap_or(0.0), 0)),
                     ("prefill_replicas", serde_json::Value::from(prefill.len())),
                 ]),
                 p.span(),
@@ -593,7 +593,7 @@ fn underuse(p: &Patient<'_>, d: &DoctorConfig, window: std::time::Duration) -> O
     let waiting_max = p
         .samples
         .iter()
-        .filter_map(|s| s.waiting)
+        .filter_map(LoadSample::queue)
         .fold(0.0, f64::max);
     let gpus: Vec<f64> = p.samples.iter().filter_map(|s| s.gpu_util).collect();
     let gpu_util = (!gpus.is_empty()).then(|| gpus.iter().sum::<f64>() / gpus.len() as f64);

@@ -59,6 +59,11 @@ pub struct SimMetrics {
     pub kv_transfer_failures: Counter,
     /// HTTP requests received (any endpoint that generates).
     pub received: Counter,
+    /// `/metrics` pages served (scrapes, looks).
+    pub scrapes: Counter,
+    /// Prompt tokens whose KV decode legs pulled (what their own cache
+    /// lacked, over vLLM's protocol).
+    pub kv_pulled_tokens: Counter,
     /// TCP connections accepted (keep-alive reuse shows as a small number).
     pub connections: Counter,
     pub ttft: Histogram,
@@ -85,6 +90,8 @@ impl SimMetrics {
             preemptions: Counter::default(),
             kv_transfer_failures: Counter::default(),
             received: Counter::default(),
+            scrapes: Counter::default(),
+            kv_pulled_tokens: Counter::default(),
             connections: Counter::default(),
             ttft: Histogram::seconds(Arc::from(TTFT)),
             itl: Histogram::seconds(Arc::from(ITL)),
@@ -137,6 +144,7 @@ impl SimMetrics {
         let view = View {
             kv: o.kv_usage.unwrap_or_else(|| self.kv_usage.get()),
             waiting: o.waiting.unwrap_or(self.waiting.get() as f64),
+            deferred: o.deferred.unwrap_or(0.0),
         };
         let mut e = Encoder::new();
         let m = format!("model_name=\"{}\"", model.replace('"', "'"));
@@ -170,7 +178,16 @@ impl SimMetrics {
             "Number of requests waiting to be processed.",
             G,
             m,
-            v.waiting,
+            v.waiting + v.deferred,
+        );
+        e.several(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of requests waiting, by why they wait.",
+            G,
+            &[
+                (&format!("{m},reason=\"capacity\""), v.waiting),
+                (&format!("{m},reason=\"deferred\""), v.deferred),
+            ],
         );
         e.one(
             "vllm:kv_cache_usage_perc",
@@ -458,13 +475,17 @@ impl Default for SimMetrics {
 pub(crate) struct Overrides {
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
+    pub deferred: Option<f64>,
 }
 
 /// The values a render reports.
 #[derive(Clone, Copy)]
 struct View {
     kv: f64,
+    /// Waiting for room (vLLM's `reason="capacity"`).
     waiting: f64,
+    /// Waiting for anything else (`reason="deferred"`: KV pulls, grammars).
+    deferred: f64,
 }
 
 /// The KV-cache shape reported by `vllm:cache_config_info`.

@@ -326,6 +326,7 @@ async fn metrics(State(s): State<Arc<SimState>>) -> Response {
     if c.preempting {
         s.metrics.preemptions.inc();
     }
+    s.metrics.scrapes.inc();
     let text = s.metrics.render_with(
         s.config.dialect,
         &s.config.model,
@@ -333,6 +334,7 @@ async fn metrics(State(s): State<Arc<SimState>>) -> Response {
         metrics::Overrides {
             kv_usage: c.kv_usage,
             waiting: c.waiting,
+            deferred: c.deferred,
         },
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
@@ -380,6 +382,10 @@ pub struct Control {
     pub kv_usage: Option<f64>,
     /// Report this many waiting requests instead of the engine's.
     pub waiting: Option<f64>,
+    /// Report this many requests more as waiting for something other than
+    /// room (vLLM's `num_requests_waiting_by_reason{reason="deferred"}`: a
+    /// decode replica's requests pulling their KV; `vllm` dialect only).
+    pub deferred: Option<f64>,
     /// Count one more preemption at every `/metrics` read (an engine out of
     /// KV blocks, as its scrapes show it).
     pub preempting: bool,
@@ -761,6 +767,7 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         }
         _ => remote_tokens,
     };
+    s.metrics.kv_pulled_tokens.add(u64::from(pulled));
     let hold = match (pulled, faults.first_token) {
         (0, f) => f,
         (n, f) => Some(disagg::transfer_time(&s, n) + f.unwrap_or_default()),

@@ -558,6 +558,14 @@ impl Encoder {
         let _ = writeln!(self.out, "{name}{} {value}", wrap(labels));
     }
 
+    /// Series of one family, each with a preformatted label set.
+    pub(crate) fn several(&mut self, name: &str, help: &str, kind: Kind, series: &[(&str, f64)]) {
+        self.header(name, help, kind, &[]);
+        for (labels, value) in series {
+            let _ = writeln!(self.out, "{name}{} {value}", wrap(labels));
+        }
+    }
+
     /// One histogram series with a preformatted label set (none in the
     /// catalog: give it label names if it ever has labels).
     pub(crate) fn one_histogram(&mut self, name: &str, help: &str, labels: &str, h: &Histogram) {

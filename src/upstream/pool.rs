@@ -259,7 +259,7 @@ impl Replica {
     fn set_sample(&self, mut s: LoadSample, again: bool) {
         let prev = self.load.load();
         if let Some(p) = prev.as_deref() {
-            s.queued = s.waiting.is_some_and(|w| w >= 1.0) && p.waiting.is_some_and(|w| w >= 1.0);
+            s.queued = s.queue().is_some_and(|w| w >= 1.0) && p.queue().is_some_and(|w| w >= 1.0);
             // A restarted engine's counter starts again: only a rise counts.
             s.preempting = matches!((p.preemptions, s.preemptions), (Some(a), Some(b)) if b > a)
                 || (again && p.preempting);
@@ -310,15 +310,17 @@ impl Replica {
     /// Its seats are unknown (not configured) and its last scrape shows
     /// requests waiting for the first time: a second look will tell whether
     /// the engine could not take them in (`scrape::run`). Not on a decode
-    /// replica: its engine counts a request pulling its prompt's KV as
-    /// waiting (vLLM's `WAITING_FOR_REMOTE_KVS`), and a long pull is no
-    /// lack of seats; there the next regular scrape decides, as before.
+    /// replica whose engine does not tell its requests pulling their
+    /// prompt's KV from those waiting for room ([`LoadSample::queue`]): a
+    /// long pull is no lack of seats; there the next regular scrape
+    /// decides, as before.
     pub(crate) fn queue_unconfirmed(&self) -> bool {
         self.configured_seats.is_none()
-            && self.role != Role::Decode
-            && self
-                .load()
-                .is_some_and(|s| !s.queued && s.waiting.is_some_and(|w| w >= 1.0))
+            && self.load().is_some_and(|s| {
+                (self.role != Role::Decode || s.deferred.is_some())
+                    && !s.queued
+                    && s.queue().is_some_and(|w| w >= 1.0)
+            })
     }
 
     /// The scrapes of the last [`HISTORY`], oldest first.

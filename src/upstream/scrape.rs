@@ -25,6 +25,7 @@ struct Acc {
     kv: Option<f64>,
     kv_old: Option<f64>,
     waiting: Option<f64>,
+    deferred: Option<f64>,
     running: Option<f64>,
     block_size: Option<u32>,
     num_blocks: Option<u32>,
@@ -105,6 +106,13 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
             (EngineKind::Vllm, "kv_cache_usage_perc") => a.kv = max(a.kv, v),
             (EngineKind::Vllm, "gpu_cache_usage_perc") => a.kv_old = max(a.kv_old, v),
             (EngineKind::Vllm, "num_requests_waiting") => a.waiting = sum(a.waiting, v),
+            // `capacity` (room) and `deferred` (KV pulls, grammars): the
+            // total above holds both.
+            (EngineKind::Vllm, "num_requests_waiting_by_reason")
+                if label(labels, "reason") == Some("deferred") =>
+            {
+                a.deferred = sum(a.deferred, v);
+            }
             (EngineKind::Vllm, "num_requests_running") => a.running = sum(a.running, v),
             (EngineKind::Vllm, "num_preemptions_total") => {
                 a.preemptions = sum(a.preemptions, v);
@@ -160,6 +168,7 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
         engine: detected,
         kv_usage: kv.map(|k| k.clamp(0.0, 1.0)),
         waiting: a.waiting,
+        deferred: a.deferred,
         running: a.running,
         block_size: a.block_size,
         num_blocks: a.num_blocks,
@@ -458,6 +467,31 @@ mod tests {
         assert_eq!(
             (s.engine, s.kv_usage, s.running),
             (EngineKind::Trtllm, Some(0.25), Some(5.0))
+        );
+    }
+
+    #[test]
+    fn vllm_requests_deferred_are_read_apart_from_its_queue() {
+        let page = "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 5\n\
+            vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 2\n\
+            vllm:num_requests_waiting_by_reason{engine=\"0\",model_name=\"m\",reason=\"capacity\"} 1\n\
+            vllm:num_requests_waiting_by_reason{engine=\"0\",model_name=\"m\",reason=\"deferred\"} 4\n\
+            vllm:num_requests_waiting_by_reason{engine=\"1\",model_name=\"m\",reason=\"capacity\"} 0\n\
+            vllm:num_requests_waiting_by_reason{engine=\"1\",model_name=\"m\",reason=\"deferred\"} 2\n";
+        let s = parse(page, EngineKind::Auto, Instant::now());
+        assert_eq!(
+            (s.waiting, s.deferred, s.queue()),
+            (Some(7.0), Some(6.0), Some(1.0))
+        );
+        // An engine that does not tell them apart: every waiting request.
+        let s = parse(
+            "vllm:num_requests_waiting 3\n",
+            EngineKind::Auto,
+            Instant::now(),
+        );
+        assert_eq!(
+            (s.waiting, s.deferred, s.queue()),
+            (Some(3.0), None, Some(3.0))
         );
     }
 

@@ -12,7 +12,13 @@ pub struct LoadSample {
     pub engine: EngineKind,
     /// KV-cache usage, 0..1.
     pub kv_usage: Option<f64>,
+    /// Requests the engine holds and does not run, whatever they wait for.
     pub waiting: Option<f64>,
+    /// Of those, requests that wait for something other than room (a seat
+    /// or KV blocks): their KV pulled from a prefill replica, a grammar
+    /// compiled (vLLM's `num_requests_waiting_by_reason{reason="deferred"}`;
+    /// `None` where the engine does not tell them apart).
+    pub deferred: Option<f64>,
     pub running: Option<f64>,
     pub block_size: Option<u32>,
     pub num_blocks: Option<u32>,
@@ -53,6 +59,19 @@ pub struct LoadSample {
 }
 
 impl LoadSample {
+    /// The engine's queue: requests waiting for room, those waiting for
+    /// anything else ([`Self::deferred`]) left out. A decode replica's
+    /// engine counts a request pulling its prompt's KV as waiting (vLLM's
+    /// `WAITING_FOR_REMOTE_KVS`): it starts once its KV arrives, and is no
+    /// sign of a full engine. Where the engine does not tell them apart,
+    /// every waiting request.
+    pub fn queue(&self) -> Option<f64> {
+        match (self.waiting, self.deferred) {
+            (Some(w), Some(d)) => Some((w - d).max(0.0)),
+            (w, _) => w,
+        }
+    }
+
     /// A sample taken at `at` that knows nothing yet (fields are filled in
     /// with struct update syntax: `LoadSample { waiting: Some(2.0), ..LoadSample::empty(e, at) }`).
     pub fn empty(engine: EngineKind, at: Instant) -> Self {
@@ -60,6 +79,7 @@ impl LoadSample {
             engine,
             kv_usage: None,
             waiting: None,
+            deferred: None,
             running: None,
             block_size: None,
             num_blocks: None,

@@ -662,6 +662,54 @@ async fn a_queue_first_seen_where_seats_are_unknown_is_looked_at_again_soon() {
 }
 
 #[tokio::test]
+async fn requests_the_engine_defers_for_their_kv_are_no_queue_to_the_gate() {
+    let (sim, gw) = unknown_seats().await;
+    let holders = [hold(&gw, FREE).await, hold(&gw, FREE).await];
+    // Scrape after scrape three requests wait, each of them deferred, as
+    // vLLM reports a decode replica's requests pulling their KV
+    // (`num_requests_waiting_by_reason{reason="deferred"}`).
+    let mut c = sim.state.control();
+    c.deferred = Some(3.0);
+    sim.state.set_control(c.clone());
+    crate::routing::until_backend(&gw, "the deferred requests seen", |v| {
+        let b = crate::routing::backend(v, &sim);
+        b["requests_deferred"] == 3.0 && b["requests_waiting"] == 3.0
+    })
+    .await;
+    // Three scrapes more: two in a row would make a queue that persists.
+    let scrapes = &sim.state.metrics.scrapes;
+    let seen = scrapes.get();
+    wait_until("three scrapes more", Duration::from_secs(10), || async {
+        scrapes.get() >= seen + 3
+    })
+    .await;
+    let (_, text) = get_text(&format!("{}/admin/backends", admin(&gw))).await;
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let b = crate::routing::backend(&v, &sim);
+    assert_eq!(
+        (&b["engine_queued"], &b["seats"]),
+        (&false.into(), &serde_json::Value::Null),
+        "{v}"
+    );
+    // The gate stays open: the next request goes at once.
+    let resp = request(&gw, FREE, None).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("[DONE]"));
+    assert_eq!(outcomes(&gw, "waited").await, 0.0);
+    // The same three waiting for room are a queue: the gate closes and
+    // learns the engine's seats.
+    c.deferred = None;
+    c.waiting = Some(3.0);
+    sim.state.set_control(c);
+    crate::routing::until_backend(&gw, "the engine's queue persists", |v| {
+        let b = crate::routing::backend(v, &sim);
+        b["engine_queued"] == true && b["seats"] == 2
+    })
+    .await;
+    drop(holders);
+}
+
+#[tokio::test]
 async fn an_engine_queue_that_persists_closes_the_gate_and_teaches_its_seats() {
     let (sim, gw) = unknown_seats().await;
     let holders = [hold(&gw, FREE).await, hold(&gw, FREE).await];

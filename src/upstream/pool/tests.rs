@@ -140,6 +140,37 @@ fn seats_are_learned_from_a_queue_that_persists_and_probed_upward() {
 }
 
 #[test]
+fn requests_waiting_for_their_kv_are_no_queue_and_teach_no_seats() {
+    let r = replica(cfg());
+    // Scrape after scrape three requests wait, all of them deferred (a
+    // decode replica's pulls of their KV): the engine is not full.
+    let pulling = |running: f64| LoadSample {
+        deferred: Some(3.0),
+        ..sample(3.0, running)
+    };
+    r.set_load(pulling(5.0));
+    r.set_load(pulling(7.0));
+    let s = r.load().unwrap();
+    assert_eq!(
+        (s.waiting, s.queue(), s.queued),
+        (Some(3.0), Some(0.0), false)
+    );
+    assert!(!r.queue_unconfirmed());
+    assert_eq!(r.seats(), None);
+    // One of them waits for room: that is a queue, and a second scrape
+    // showing it teaches the seats.
+    let one_queued = |running: f64| LoadSample {
+        deferred: Some(2.0),
+        ..sample(3.0, running)
+    };
+    r.set_load(one_queued(12.0));
+    assert!(r.queue_unconfirmed());
+    r.set_load(one_queued(12.0));
+    assert!(r.load().unwrap().queued);
+    assert_eq!(r.seats(), Some(12));
+}
+
+#[test]
 fn configured_seats_win_and_other_gateways_count() {
     let metrics = Metrics::new(&Config::default().telemetry.buckets);
     let mut b = BackendConfig::from_url("http://127.0.0.1:9".parse().unwrap());
