@@ -16,7 +16,7 @@ use crate::common::*;
 use crate::routing::start_routed;
 
 /// An engine-model replica in `role` (fast: tests only).
-async fn replica(role: SimRole, tweak: impl FnOnce(&mut SimConfig)) -> SimHandle {
+pub async fn replica(role: SimRole, tweak: impl FnOnce(&mut SimConfig)) -> SimHandle {
     let mut cfg = SimConfig::engine("tiny", 10.0).unwrap();
     cfg.output_tokens = 6;
     cfg.role = role;
@@ -33,7 +33,7 @@ fn backend(sim: &SimHandle, role: Role) -> BackendConfig {
 
 /// A prefill replica that holds every request 30 s before its first token
 /// (its pool is busy from the first one on).
-fn holding(c: &mut SimConfig) {
+pub fn holding(c: &mut SimConfig) {
     c.faults = Faults::parse("first_token=30s").unwrap();
 }
 
@@ -646,9 +646,11 @@ async fn a_decode_replica_pulls_only_the_kv_its_cache_lacks() {
     let gw = start_routed(c, 2).await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     let first = chat(3, 200, false);
+    let pulled = || d.state.metrics.kv_pulled_tokens.get();
     let t = std::time::Instant::now();
     assert_eq!(post(&url, &first).await.0, 200);
     let whole = t.elapsed();
+    let whole_tokens = pulled();
     // The same conversation and a short new message: the decode replica
     // holds all but the new part.
     let mut next = first.clone();
@@ -656,22 +658,21 @@ async fn a_decode_replica_pulls_only_the_kv_its_cache_lacks() {
         .as_array_mut()
         .unwrap()
         .push(serde_json::json!({"role": "user", "content": "and then?"}));
-    let t = std::time::Instant::now();
     assert_eq!(post(&url, &next).await.0, 200);
-    let part = t.elapsed();
+    let part_tokens = pulled() - whole_tokens;
     assert_eq!(
         pd_decisions(&gw, "remote").await,
         2.0,
         "both prefilled remotely"
     );
+    // (Counted, not timed: the transfer time follows the tokens pulled.)
+    assert!(whole_tokens >= 300, "whole prompt pulled: {whole_tokens}");
     assert!(
-        whole >= Duration::from_millis(1500),
-        "whole prompt pulled: {whole:?}"
+        (1..=32).contains(&part_tokens),
+        "only the new part pulled: {part_tokens} tokens against {whole_tokens}"
     );
-    assert!(
-        part * 4 < whole,
-        "only the new part pulled: {part:?} against {whole:?}"
-    );
+    // The whole prompt's transfer took its time (an order of magnitude).
+    assert!(whole >= Duration::from_millis(500), "{whole:?}");
 }
 
 /// A slow KV path: the decode replica takes ~300 ms to pull each prompt's
@@ -758,7 +759,7 @@ async fn local_max_tokens_bounds_what_a_decode_replica_prefills_by_choice() {
 /// A first prompt of ~400 tokens sent through `url` (a gateway whose pool
 /// was idle: prefilled remotely), once prefill replica `p` has it (it holds
 /// every request 30 s: the pool is busy from then on).
-async fn first_prompt_queued(p: &SimHandle, url: &str) -> tokio::task::JoinHandle<()> {
+pub async fn first_prompt_queued(p: &SimHandle, url: &str) -> tokio::task::JoinHandle<()> {
     sent_to_pool(p, url, chat(0, 200, true), 1).await
 }
 

@@ -327,10 +327,21 @@ impl Stream {
         chunks: &[&[u8]],
         served: Option<&str>,
     ) -> Vec<u8> {
+        self.respond_with("200", content_type, chunks, served).await
+    }
+
+    /// [`Self::respond`] with the replica's `status`.
+    async fn respond_with(
+        &mut self,
+        status: &str,
+        content_type: &str,
+        chunks: &[&[u8]],
+        served: Option<&str>,
+    ) -> Vec<u8> {
         let h = HttpHeaders {
             headers: Some(HeaderMap {
                 headers: vec![
-                    header(":status", "200"),
+                    header(":status", status),
                     header("content-type", content_type),
                 ],
             }),
@@ -1023,4 +1034,86 @@ async fn a_picker_meeting_only_new_prompts_samples_each_pools_homes_apart() {
     crate::routing::each_pool_homes_all(&gw, &redis, PROMPTS).await;
     assert_eq!(pd_decisions(&gw, "remote").await, 2.0 * PROMPTS as f64);
     assert_eq!(in_flight(&gw), 0);
+}
+
+/// A short prompt of `i`'s own words (40 tokens or so: a decode replica
+/// may prefill it), streamed or not.
+fn short_chat(i: usize, stream: bool) -> Vec<u8> {
+    let text: String = (0..20).map(|w| format!("q{i}w{w} ")).collect();
+    chat(&text, stream)
+}
+
+/// One SSE event of content, as a chunk.
+fn event(text: &str) -> Vec<u8> {
+    format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n")
+        .into_bytes()
+}
+
+/// Through the picker as through the proxy: a local prefill planned on a
+/// decode replica decoding a stream (`local_stall_budget`) that the replica
+/// refused (503) gives back what it spent of the allowance, so the next
+/// prompt, which would not fit beside a charge kept, is prefilled there too.
+#[tokio::test]
+async fn a_local_prefill_refused_through_the_picker_gives_its_allowance_back() {
+    use sluice::sim::disagg::Role as SimRole;
+    // The prefill replica holds every request 30 s.
+    let sims = [
+        crate::disagg::replica(SimRole::Prefill, crate::disagg::holding).await,
+        crate::disagg::replica(SimRole::Decode, |_| {}).await,
+    ];
+    let mut c = with_epp(routing_config(&urls(&sims)));
+    c.backends[0].role = Role::Prefill;
+    c.backends[1].role = Role::Decode;
+    c.routing.disaggregation.local_stall_share = 0.009;
+    let gw = start_routed(c, 2).await;
+    // A first prompt of ~400 tokens queued in the pool through the
+    // gateway's own proxy (sent remote: the pool was idle); its decode leg
+    // has not started. (Through the picker its decode replica would count
+    // it in flight from the pick on.)
+    let url = format!("{}/v1/chat/completions", api(&gw));
+    let queued = crate::disagg::first_prompt_queued(&sims[0], &url).await;
+    // A stream of 200 events prefilled on the idle decode replica: 199 gaps
+    // relayed, an allowance of 0.009 x 199 = 1.8 stalls.
+    let mut earning = Stream::open(&gw).await;
+    let d = earning.decide(&[], None, &short_chat(1, true)).await;
+    assert_eq!(d.prefiller(), (None, true), "prefilled there while idle");
+    let mut events: Vec<Vec<u8>> = (0..200).map(|i| event(&format!("t{i}"))).collect();
+    events.push(b"data: [DONE]\n\n".to_vec());
+    let chunks: Vec<&[u8]> = events.iter().map(Vec::as_slice).collect();
+    earning.respond("text/event-stream", &chunks, None).await;
+    assert_eq!(pd_decisions(&gw, "local_idle").await, 1.0);
+    // A stream held mid-way on the decode replica (prefilled there: idle).
+    let mut running = Stream::open(&gw).await;
+    let d = running.decide(&[], None, &short_chat(2, true)).await;
+    assert_eq!(d.prefiller(), (None, true));
+    running
+        .send(
+            Msg::ResponseHeaders(response_head("text/event-stream")),
+            None,
+            false,
+        )
+        .await;
+    assert!(matches!(running.next().await, Answer::ResponseHeaders(_)));
+    // Within the allowance (one stall of 1.8), planned there; refused.
+    let mut refused = Stream::open(&gw).await;
+    let d = refused.decide(&[], None, &short_chat(3, false)).await;
+    assert_eq!(d.prefiller(), (None, true), "within the allowance");
+    refused
+        .respond_with("503", "application/json", &[br#"{"error":"busy"}"#], None)
+        .await;
+    assert_eq!(pd_decisions(&gw, "local_stall_budget").await, 1.0);
+    // One stall more: 2 of 1.8 had the refused one's been kept (then it
+    // would go to the pool).
+    let mut next = Stream::open(&gw).await;
+    let d = next.decide(&[], None, &short_chat(4, false)).await;
+    assert_eq!(d.prefiller(), (None, true), "prefilled there: {d:?}");
+    let answer = br#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":40,"completion_tokens":2,"total_tokens":42}}"#;
+    next.respond("application/json", &[answer], None).await;
+    assert_eq!(pd_decisions(&gw, "local_stall_budget").await, 2.0);
+    assert_eq!(
+        pd_decisions(&gw, "remote").await,
+        0.0,
+        "the queued one has not ended"
+    );
+    drop((queued, running));
 }
