@@ -721,9 +721,11 @@ fn decoding_scraped(s: &DecodeSide<'_>) -> Decoding {
     let running = fresh
         .and_then(|l| l.running)
         .map_or(0, |r| r.max(0.0).round() as u32);
+    // (Not those still waiting for their remote prefill: not decoding.)
+    let in_flight = s.decode.in_flight_at_engine();
     Decoding {
-        streams: v.in_flight.max(running),
-        idle: v.in_flight == 0
+        streams: in_flight.max(running),
+        idle: in_flight == 0
             && fresh.is_some_and(|l| {
                 l.running.is_some_and(|r| r < 0.5) && l.waiting.unwrap_or(0.0) < 0.5
             }),
@@ -742,7 +744,7 @@ async fn decoding_now(s: &DecodeSide<'_>) -> Option<Decoding> {
         return Some(decoding_scraped(s));
     }
     let g = scrape::glance(s.decode, &s.state.client, m.engine).await?;
-    let in_flight = (s.view)(s.decode).in_flight;
+    let in_flight = s.decode.in_flight_at_engine();
     let running = g.running.max(0.0).round() as u32;
     let seen = (g.running + g.waiting).max(0.0).round() as u32;
     let streams = (in_flight + seen.saturating_sub(g.in_flight)).max(running);
@@ -768,7 +770,7 @@ pub(crate) fn refund_unrun(state: &AppState, decode: &Replica, record: Option<&m
     if let Some(c) = record.and_then(|pd| pd.stall_charge.take()) {
         let now = crate::turn::now_std();
         let memory = state.affinity.of(&decode.name, now);
-        memory.stalls.lock().refund(c.stalls(), now);
+        memory.stalls.lock().refund(c.stalls(), c.spent_at, now);
     }
 }
 
@@ -798,6 +800,7 @@ fn stall_charge(s: &DecodeSide<'_>, streams: u32) -> Option<StallCharge> {
         streams,
         uncached,
         chunk_tokens: cfg.prefill_chunk_tokens,
+        spent_at: s.ctx.now,
     })
 }
 

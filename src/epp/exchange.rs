@@ -40,7 +40,7 @@ use crate::stream::{protocols, quality};
 use crate::telemetry::record::PdRecord;
 use crate::telemetry::tracecontext::TraceCtx;
 use crate::turn;
-use crate::upstream::pool::{Candidates, Replica};
+use crate::upstream::pool::{AwaitingPrefill, Candidates, Replica};
 use crate::vocab::{Endpoint, PdReason, RouteReason, Wire};
 
 pub(crate) type Answers = mpsc::Sender<Result<ProcessingResponse, Status>>;
@@ -85,8 +85,10 @@ pub(crate) struct Exchange {
     whole: Option<BytesMut>,
     /// A remote prefill named to the decode replica's sidecar: its prompt
     /// counted in the prefill replica's backlog until the decode replica
-    /// answers (its prefill is done by then).
-    prefill: Option<Placement>,
+    /// answers (its prefill is done by then), and the request as not yet
+    /// at the decode replica's engine (the sidecar sends it on after the
+    /// prefill), whose streams a local prefill there would stall.
+    prefill: Option<(Placement, AwaitingPrefill)>,
 }
 
 impl Exchange {
@@ -323,7 +325,7 @@ impl Exchange {
             };
             let (record, named) = match Box::pin(disagg::choose(&side, &c.prefill)).await {
                 Ok((replica, placement, why)) => {
-                    self.prefill = Some(placement);
+                    self.prefill = Some((placement, AwaitingPrefill::new(primary.clone())));
                     let record = PdRecord {
                         prefill_backend: Some(replica.name.clone()),
                         prefill_route: Some(why),
@@ -473,9 +475,10 @@ impl Exchange {
     ) -> Result<(), Over> {
         self.served(md);
         // The prefill is done: its prompt leaves the prefill replica's
-        // backlog. Dropped, not timed: the decode replica's answer also
-        // waited for the transfer and the decode replica's own queue, which
-        // would calibrate the prefill replica's rate wrong.
+        // backlog, and the request is at the decode replica's engine.
+        // Dropped, not timed: the decode replica's answer also waited for
+        // the transfer and the decode replica's own queue, which would
+        // calibrate the prefill replica's rate wrong.
         drop(self.prefill.take());
         let parsed = wire::headers(h.headers.as_ref());
         let status = parsed.status.unwrap_or(200);
@@ -533,7 +536,7 @@ impl Exchange {
         let Some(served) = served.first() else {
             return;
         };
-        let (Some((first, picked)), Some(guard), Some((input, decision))) = (
+        let (Some((first, _)), Some(guard), Some((input, decision))) = (
             self.picks.first(),
             self.guard.as_deref_mut(),
             self.route.as_ref(),
@@ -547,9 +550,13 @@ impl Exchange {
             tracing::debug!(%served, "the data plane reports an endpoint the picker did not name");
             return;
         };
-        // The pick failed before any byte (the data plane retried): a local
-        // prefill planned there ran nothing there.
-        disagg::refund_unrun(&self.state, picked, guard.record.pd.as_deref_mut());
+        // The pick failed before any byte (the data plane retried). Why is
+        // not said (a refused connection, or a reset or timeout after the
+        // engine took it): a local prefill's charge there stays spent, and
+        // is not checked against the fallback's answer.
+        if let Some(pd) = guard.record.pd.as_deref_mut() {
+            pd.stall_charge = None;
+        }
         guard.attempt_failed("upstream_connect", true);
         guard.end_attempt();
         let replica = replica.clone();

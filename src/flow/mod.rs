@@ -112,8 +112,9 @@ impl Flow {
     }
 
     /// A gateway that stops, once drained: the fairness sharing's last
-    /// round sends the service given since the one before and withdraws
-    /// this gateway's wants (the other gateways' parts stop counting them at
+    /// round sends the service given since the one before (or, after
+    /// Redis trouble, the round it had not confirmed) and withdraws this
+    /// gateway's wants (the other gateways' parts stop counting them at
     /// their next round, not four rounds later), then no round follows.
     /// Bounded by the store's timeout a round; at once when nothing is
     /// shared.
@@ -121,8 +122,11 @@ impl Flow {
         let Some((cfg, _)) = self.shared.rules.load().share.clone() else {
             return;
         };
+        // A regular round under way first, then the last: a round a model.
         let rounds = u32::try_from(self.shared.gates.lock().len()).unwrap_or(u32::MAX);
-        let bound = cfg.timeout.saturating_mul(rounds.saturating_add(1));
+        let bound = cfg
+            .timeout
+            .saturating_mul(rounds.saturating_mul(2).saturating_add(1));
         self.shared.leaving.ask.notify_one();
         if tokio::time::timeout(bound, self.shared.leaving.done.notified())
             .await

@@ -65,11 +65,14 @@ impl StallLedger {
         self.stalled += stalls;
     }
 
-    /// Give back `stalls` spent for a local prefill the engine never ran
-    /// (its request was refused or never reached it).
-    pub(crate) fn refund(&mut self, stalls: f64, now: Instant) {
+    /// Give back `stalls` spent at `spent` for a local prefill the engine
+    /// never ran (its request was refused or never reached it): what is
+    /// left of them, faded as the ledger's sum since.
+    pub(crate) fn refund(&mut self, stalls: f64, spent: Instant, now: Instant) {
         self.fade(now);
-        self.stalled = (self.stalled - stalls).max(0.0);
+        let dt = now.saturating_duration_since(spent).as_secs_f64();
+        let left = stalls * (-dt / WINDOW.as_secs_f64()).exp();
+        self.stalled = (self.stalled - left).max(0.0);
     }
 
     /// Whether `stalls` expected stalled gaps would keep the ledger's
@@ -168,6 +171,7 @@ mod tests {
             streams: 2,
             uncached: 200,
             chunk_tokens: 2048,
+            spent_at: Instant::now(),
         };
         assert_eq!(c.stalls(), 2.0);
         assert_eq!(c.shortfall(150), 0.0, "fewer: nothing back, nothing owed");
@@ -192,10 +196,18 @@ mod tests {
         l.relayed(1_000, t0);
         assert!(l.spend(3.0, 0.005, t0));
         assert!(!l.spend(3.0, 0.005, t0));
-        l.refund(3.0, t0);
+        l.refund(3.0, t0, t0);
         assert!(l.spend(5.0, 0.005, t0), "all five back");
-        l.refund(9.0, t0);
+        l.refund(9.0, t0, t0);
         assert!(!l.spend(5.1, 0.005, t0), "not more than was spent");
+        // Later, what is left of a charge: the others' stay spent.
+        let mut l = StallLedger::default();
+        l.relayed(2_000, t0);
+        assert!(l.spend(2.0, 0.005, t0));
+        assert!(l.spend(2.0, 0.005, t0 + WINDOW));
+        // At t0 + WINDOW: 2/e + 2 spent, 10/e earned; the first's 2/e back.
+        l.refund(2.0, t0, t0 + WINDOW);
+        assert!((l.stalled - 2.0).abs() < 1e-9, "{}", l.stalled);
     }
 
     #[test]

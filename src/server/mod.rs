@@ -559,8 +559,8 @@ impl Gateway {
                 h.abort();
             }
         }
-        // Nothing in flight here any more: withdrawn from the seats the
-        // gateways split through Redis.
+        // Drained (or cut): withdrawn from the seats the gateways split
+        // through Redis.
         self.live.load().flow.leave().await;
     }
 }

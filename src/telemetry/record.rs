@@ -140,6 +140,8 @@ pub struct StallCharge {
     pub streams: u32,
     pub uncached: u32,
     pub chunk_tokens: u32,
+    /// When it was spent (a refund gives back what is left of it).
+    pub spent_at: std::time::Instant,
 }
 
 impl PdRecord {

@@ -105,6 +105,11 @@ pub struct Replica {
     /// Requests other gateways had running or waiting here at the last
     /// scrape: the engine's count beyond this gateway's in-flight then.
     others: AtomicU32,
+    /// Of this gateway's requests in flight here, those picked for it as
+    /// their decode replica whose remote prefill has not answered yet (the
+    /// endpoint picker's: the decode replica's sidecar sends them to its
+    /// engine only after their prefill): not at its engine yet.
+    awaiting_prefill: AtomicU32,
     pub engine_priority: EnginePriority,
     /// The replica's DCGM exporter (`backends[].dcgm_url`), read with each
     /// scrape round.
@@ -120,8 +125,8 @@ pub struct Replica {
 }
 
 /// What a replica's engine ran and queued at a look outside the scrape
-/// rounds (`scrape::glance`), and this gateway's requests in flight there
-/// then.
+/// rounds (`scrape::glance`), and this gateway's requests in flight at its
+/// engine then ([`Replica::in_flight_at_engine`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Glance {
     pub running: f64,
@@ -214,6 +219,7 @@ impl Replica {
             learned_seats: AtomicU32::new(0),
             leaving: AtomicU32::new(0),
             others: AtomicU32::new(0),
+            awaiting_prefill: AtomicU32::new(0),
             engine_priority: b.engine_priority,
             dcgm: b.dcgm_url.as_ref().map(|u| u.to_string()),
             role: b.role,
@@ -273,7 +279,7 @@ impl Replica {
         if let (Some(r), Some(w)) = (s.running, s.waiting) {
             let seen = (r + w).round().max(0.0) as u32;
             self.others
-                .store(seen.saturating_sub(self.in_flight()), Relaxed);
+                .store(seen.saturating_sub(self.in_flight_at_engine()), Relaxed);
         }
         let exported = ScrapedLoad {
             kv_usage: s.kv_usage,
@@ -328,6 +334,14 @@ impl Replica {
         self.history.lock().iter().copied().collect()
     }
 
+    /// This gateway's requests in flight here that its engine holds: all
+    /// but those waiting for their remote prefill before they are sent on
+    /// ([`AwaitingPrefill`]).
+    pub(crate) fn in_flight_at_engine(&self) -> u32 {
+        self.in_flight()
+            .saturating_sub(self.awaiting_prefill.load(Relaxed))
+    }
+
     /// Requests of other gateways here at the last scrape.
     pub fn others(&self) -> u32 {
         self.others.load(Relaxed)
@@ -358,12 +372,15 @@ impl Replica {
         let (Some(waiting), Some(running)) = (s.waiting, s.running) else {
             return;
         };
+        // Nothing waits for room, and what runs or is about to (requests
+        // pulling their KV: [`LoadSample::queue`]) fills what it learned.
+        let queue = s.queue().unwrap_or(waiting);
         let learned = self.learned_seats.load(Relaxed);
         if s.queued {
             if running >= 1.0 {
                 self.learned_seats.store(running.round() as u32, Relaxed);
             }
-        } else if learned > 0 && waiting < 1.0 && running + waiting >= f64::from(learned) {
+        } else if learned > 0 && queue < 1.0 && running + waiting >= f64::from(learned) {
             self.learned_seats
                 .store(learned + (learned / 16).max(1), Relaxed);
         }
@@ -475,6 +492,25 @@ impl Drop for InFlight {
         }
         self.replica.in_flight.fetch_sub(1, Relaxed);
         self.replica.series.in_flight.dec();
+    }
+}
+
+/// A request in flight on its decode replica whose remote prefill has not
+/// answered (the endpoint picker's pick: the sidecar sends it to the
+/// engine after the prefill): counted in [`Replica::in_flight_at_engine`]
+/// only once dropped.
+pub(crate) struct AwaitingPrefill(Arc<Replica>);
+
+impl AwaitingPrefill {
+    pub(crate) fn new(r: Arc<Replica>) -> Self {
+        r.awaiting_prefill.fetch_add(1, Relaxed);
+        Self(r)
+    }
+}
+
+impl Drop for AwaitingPrefill {
+    fn drop(&mut self) {
+        self.0.awaiting_prefill.fetch_sub(1, Relaxed);
     }
 }
 

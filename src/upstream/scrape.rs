@@ -26,6 +26,7 @@ struct Acc {
     kv_old: Option<f64>,
     waiting: Option<f64>,
     deferred: Option<f64>,
+    capacity: Option<f64>,
     running: Option<f64>,
     block_size: Option<u32>,
     num_blocks: Option<u32>,
@@ -108,11 +109,11 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
             (EngineKind::Vllm, "num_requests_waiting") => a.waiting = sum(a.waiting, v),
             // `capacity` (room) and `deferred` (KV pulls, grammars): the
             // total above holds both.
-            (EngineKind::Vllm, "num_requests_waiting_by_reason")
-                if label(labels, "reason") == Some("deferred") =>
-            {
-                a.deferred = sum(a.deferred, v);
-            }
+            (EngineKind::Vllm, "num_requests_waiting_by_reason") => match label(labels, "reason") {
+                Some("deferred") => a.deferred = sum(a.deferred, v),
+                Some("capacity") => a.capacity = sum(a.capacity, v),
+                _ => {}
+            },
             (EngineKind::Vllm, "num_requests_running") => a.running = sum(a.running, v),
             (EngineKind::Vllm, "num_preemptions_total") => {
                 a.preemptions = sum(a.preemptions, v);
@@ -169,6 +170,7 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
         kv_usage: kv.map(|k| k.clamp(0.0, 1.0)),
         waiting: a.waiting,
         deferred: a.deferred,
+        waiting_for_room: a.capacity,
         running: a.running,
         block_size: a.block_size,
         num_blocks: a.num_blocks,
@@ -360,7 +362,7 @@ pub(crate) async fn glance(r: &Replica, client: &HttpClient, engine: EngineKind)
     {
         return g;
     }
-    let in_flight = r.in_flight();
+    let in_flight = r.in_flight_at_engine();
     let url = format!("{}/metrics", r.base);
     let page = tokio::time::timeout(GLANCE_TIMEOUT, fetch(client, &url, r.api_key.as_ref()));
     let g = match page.await {
@@ -482,6 +484,13 @@ mod tests {
         assert_eq!(
             (s.waiting, s.deferred, s.queue()),
             (Some(7.0), Some(6.0), Some(1.0))
+        );
+        // The queue is what the engine counts waiting for room.
+        let room_only = "vllm:num_requests_waiting 9\n\
+            vllm:num_requests_waiting_by_reason{reason=\"capacity\"} 2\n";
+        assert_eq!(
+            parse(room_only, EngineKind::Auto, Instant::now()).queue(),
+            Some(2.0)
         );
         // An engine that does not tell them apart: every waiting request.
         let s = parse(

@@ -19,6 +19,9 @@ pub struct LoadSample {
     /// compiled (vLLM's `num_requests_waiting_by_reason{reason="deferred"}`;
     /// `None` where the engine does not tell them apart).
     pub deferred: Option<f64>,
+    /// Those waiting for room, where the engine says so (vLLM's
+    /// `reason="capacity"`).
+    pub waiting_for_room: Option<f64>,
     pub running: Option<f64>,
     pub block_size: Option<u32>,
     pub num_blocks: Option<u32>,
@@ -66,9 +69,10 @@ impl LoadSample {
     /// sign of a full engine. Where the engine does not tell them apart,
     /// every waiting request.
     pub fn queue(&self) -> Option<f64> {
-        match (self.waiting, self.deferred) {
-            (Some(w), Some(d)) => Some((w - d).max(0.0)),
-            (w, _) => w,
+        match (self.waiting_for_room, self.waiting, self.deferred) {
+            (Some(room), _, _) => Some(room),
+            (None, Some(w), Some(d)) => Some((w - d).max(0.0)),
+            (None, w, _) => w,
         }
     }
 
@@ -80,6 +84,7 @@ impl LoadSample {
             kv_usage: None,
             waiting: None,
             deferred: None,
+            waiting_for_room: None,
             running: None,
             block_size: None,
             num_blocks: None,

@@ -1117,3 +1117,41 @@ async fn a_local_prefill_refused_through_the_picker_gives_its_allowance_back() {
     );
     drop((queued, running));
 }
+
+/// Through the picker a request is in flight on its decode replica from
+/// the pick on, but the replica's sidecar sends it to the engine only after
+/// its remote prefill: until then it is no stream that a local prefill
+/// there would stall. With one such request waiting for the prefill pool,
+/// the next prompt finds the decode replica idle and is prefilled there
+/// (`local_idle`), as through the proxy.
+#[tokio::test]
+async fn a_request_waiting_for_its_remote_prefill_is_no_stream_on_its_decode_replica() {
+    let sims = sims(2).await;
+    let mut c = with_epp(routing_config(&urls(&sims)));
+    c.backends[0].role = Role::Prefill;
+    c.backends[1].role = Role::Decode;
+    let gw = start_routed(c, 2).await;
+    let names = addrs(&sims);
+    // A first prompt of ~300 tokens named to the prefill replica (the pool
+    // was idle), its prefill not done: the pool is busy now, and the
+    // request in flight on the decode replica.
+    let mut waiting = Stream::open(&gw).await;
+    let long: String = (0..200).map(|w| format!("q0w{w} ")).collect();
+    let d = waiting.decide(&[], None, &chat(&long, false)).await;
+    assert_eq!(d.prefiller().0, Some(names[0].as_str()), "{d:?}");
+    assert_eq!(in_flight(&gw), 1);
+    // The decode replica decodes nothing: a short prompt is prefilled there.
+    let mut next = Stream::open(&gw).await;
+    let d = next.decide(&[], None, &short_chat(1, false)).await;
+    assert_eq!(d.endpoints(), [names[1].clone()]);
+    assert_eq!(d.prefiller(), (None, true), "prefilled there");
+    // That one is at the engine (no remote prefill to wait for): a stream
+    // there, so the next prompt goes to the busy pool.
+    let mut third = Stream::open(&gw).await;
+    let d = third.decide(&[], None, &short_chat(2, false)).await;
+    assert_eq!(d.prefiller().0, Some(names[0].as_str()), "not idle: {d:?}");
+    let answer = br#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":2,"total_tokens":32}}"#;
+    next.respond("application/json", &[answer], None).await;
+    assert_eq!(pd_decisions(&gw, "local_idle").await, 1.0);
+    drop((waiting, third));
+}

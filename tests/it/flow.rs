@@ -521,7 +521,7 @@ async fn wants_published(redis: &redis::Redis) -> Vec<String> {
 
 #[tokio::test]
 async fn a_gateway_that_stops_withdraws_its_wants_from_the_seats_shared_through_redis() {
-    // Its wants count for four of its rounds (here 4 s) after it last
+    // Its wants count for four of its rounds (here 8 s) after it last
     // published them, and only another gateway's round drops them then:
     // without a last round at shutdown they would stay here (no other
     // gateway) until the key expires.
@@ -529,7 +529,7 @@ async fn a_gateway_that_stops_withdraws_its_wants_from_the_seats_shared_through_
     let (_sim, gw) = one_seat(|c| {
         c.rate_limits.store = StoreKind::Redis;
         c.rate_limits.redis.url = Secret::new(redis.url());
-        c.flow_control.share_interval = Duration::from_secs(1);
+        c.flow_control.share_interval = Duration::from_secs(2);
     })
     .await;
     let holder = hold(&gw, PREMIUM).await;
@@ -538,9 +538,9 @@ async fn a_gateway_that_stops_withdraws_its_wants_from_the_seats_shared_through_
         wants_published(redis).await.len() == 1
     })
     .await;
-    // The held stream is cut at the deadline (its round, a second away,
-    // has not come: the wants found were just published); then the last
-    // round.
+    // The held stream is cut at the deadline (the next round, two seconds
+    // away, has not come: the wants found were just published); then the
+    // last round.
     gw.shutdown(Duration::from_millis(100)).await;
     assert_eq!(wants_published(redis).await, Vec::<String>::new());
     drop(holder);

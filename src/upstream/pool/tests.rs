@@ -168,6 +168,10 @@ fn requests_waiting_for_their_kv_are_no_queue_and_teach_no_seats() {
     r.set_load(one_queued(12.0));
     assert!(r.load().unwrap().queued);
     assert_eq!(r.seats(), Some(12));
+    // Held there, nothing waiting for room while two pull their KV: the
+    // seats are probed upward as on an engine that queues nothing.
+    r.set_load(pulling(12.0));
+    assert_eq!(r.seats(), Some(13));
 }
 
 #[test]
