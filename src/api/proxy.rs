@@ -391,6 +391,7 @@ pub fn view(r: &Replica) -> ReplicaView {
         load: r.load().map(|s| LoadView {
             kv_usage: s.kv_usage,
             waiting: s.waiting,
+            queue: s.queue(),
             running: s.running,
             queued: s.queued,
             preempting: s.preempting,

@@ -697,8 +697,9 @@ pub struct PrefixKvConfig {
     /// percentage says little; by default a replica is pressed when the
     /// engine says so: requests waiting across scrapes, preemptions.
     pub kv_high: Option<f64>,
-    /// Off by default. A replica with this many requests waiting gets no new
-    /// work (its prefixes and sessions stay), and flow control counts it full.
+    /// Off by default. A replica with this many requests waiting for room
+    /// (`LoadSample::queue`) gets no new work (its prefixes and sessions
+    /// stay), and flow control counts it full.
     pub queue_high: Option<f64>,
     /// Prefix blocks remembered per replica: 8 bytes each (the table is made
     /// zeroed at the replica's first routed prompt), rounded up to a multiple

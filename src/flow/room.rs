@@ -134,7 +134,7 @@ impl Rules {
                 || self.kv_high.is_some_and(|k| s.kv_usage.unwrap_or(0.0) >= k)
                 || self
                     .queue_high
-                    .is_some_and(|q| s.waiting.unwrap_or(0.0) >= q))
+                    .is_some_and(|q| s.queue().unwrap_or(0.0) >= q))
         {
             let seats = r.seats().unwrap_or(0);
             // An engine that schedules by priority (`engine_priority`) takes
@@ -145,7 +145,7 @@ impl Rules {
             let ahead = r.engine_priority != EnginePriority::Off
                 && s.queued
                 && self.kv_high.is_none_or(|k| s.kv_usage.unwrap_or(0.0) < k)
-                && self.queue_high.is_none_or(|q| s.waiting.unwrap_or(0.0) < q);
+                && self.queue_high.is_none_or(|q| s.queue().unwrap_or(0.0) < q);
             let top = if ahead {
                 seats.saturating_sub(busy.saturating_sub(r.leaving()))
             } else {

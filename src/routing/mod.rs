@@ -52,7 +52,10 @@ pub struct ReplicaView {
 pub struct LoadView {
     /// KV-cache usage, 0..1.
     pub kv_usage: Option<f64>,
+    /// Requests the engine holds and does not run, whatever they wait for.
     pub waiting: Option<f64>,
+    /// Of those, the engine's queue (waiting for room: `LoadSample::queue`).
+    pub queue: Option<f64>,
     pub running: Option<f64>,
     /// Requests waited at this scrape and the one before: the engine is full.
     pub queued: bool,

@@ -579,12 +579,14 @@ impl PrefixKv {
         let fresh = self.stale_after.and_then(|d| r.fresh_load(ctx.now, d));
         let kv = fresh.and_then(|s| s.kv_usage).unwrap_or(0.0);
         let waiting = fresh.and_then(|s| s.waiting);
+        // (`queue_high` by the engine's queue: requests waiting for room.)
+        let queue = fresh.and_then(|s| s.queue);
         let blocked = match fresh {
             None if self.stale_after.is_none() && r.full => Blocked::Queue,
             None if self.stale_after.is_none() => Blocked::No,
             None => Blocked::Stale,
             Some(_) if c.kv_high.is_some_and(|k| kv >= k) => Blocked::Kv,
-            Some(_) if r.full || c.queue_high.is_some_and(|q| waiting.unwrap_or(0.0) >= q) => {
+            Some(_) if r.full || c.queue_high.is_some_and(|q| queue.unwrap_or(0.0) >= q) => {
                 Blocked::Queue
             }
             Some(_) => Blocked::No,
@@ -1047,6 +1049,7 @@ mod tests {
         LoadView {
             kv_usage: Some(kv),
             waiting: Some(waiting),
+            queue: Some(waiting),
             running: Some(1.0),
             queued: waiting >= 1.0,
             preempting: false,
