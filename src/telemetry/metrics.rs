@@ -67,6 +67,7 @@ pub(crate) const FINISH_REASONS: usize = crate::vocab::FinishReason::Other as us
 pub(crate) struct ScrapedLoad {
     pub kv_usage: Option<f64>,
     pub waiting: Option<f64>,
+    pub deferred: Option<f64>,
     pub running: Option<f64>,
     pub prefix_hit_rate: Option<f64>,
     pub gpu_util: Option<f64>,
@@ -93,6 +94,9 @@ pub struct BackendSeries {
     /// Re-exported from the replica's own metrics.
     pub kv_usage: FloatGauge,
     pub waiting: FloatGauge,
+    /// Of those waiting, waiting for something other than room (vLLM's
+    /// `reason="deferred"`).
+    pub deferred: FloatGauge,
     pub running: FloatGauge,
     pub prefix_hit_rate: FloatGauge,
     /// From the replica's DCGM exporter, where configured.
@@ -124,6 +128,7 @@ impl BackendSeries {
             prefix_elsewhere: Counter::default(),
             kv_usage: FloatGauge::default(),
             waiting: FloatGauge::default(),
+            deferred: FloatGauge::default(),
             running: FloatGauge::default(),
             prefix_hit_rate: FloatGauge::default(),
             gpu_util: FloatGauge::default(),
@@ -140,6 +145,7 @@ impl BackendSeries {
     pub(crate) fn record_load(&self, load: ScrapedLoad, at: Instant) {
         self.kv_usage.set(load.kv_usage.unwrap_or(f64::NAN));
         self.waiting.set(load.waiting.unwrap_or(f64::NAN));
+        self.deferred.set(load.deferred.unwrap_or(f64::NAN));
         self.running.set(load.running.unwrap_or(f64::NAN));
         self.prefix_hit_rate
             .set(load.prefix_hit_rate.unwrap_or(f64::NAN));
@@ -1049,6 +1055,12 @@ impl Metrics {
             "Requests waiting in the replica's queue, from its own /metrics.",
             &self.backends,
             |s| s.waiting.get(),
+        );
+        e.gauges(
+            "sluice_backend_requests_deferred",
+            "Of the requests waiting at the replica, those waiting for something other than room (vLLM's num_requests_waiting_by_reason{reason=\"deferred\"}: KV pulls, grammars), which are no queue; NaN where the engine does not report it.",
+            &self.backends,
+            |s| s.deferred.get(),
         );
         e.gauges(
             "sluice_backend_requests_running",

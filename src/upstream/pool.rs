@@ -284,6 +284,7 @@ impl Replica {
         let exported = ScrapedLoad {
             kv_usage: s.kv_usage,
             waiting: s.waiting,
+            deferred: s.deferred,
             running: s.running,
             prefix_hit_rate: s.prefix_hit_rate,
             gpu_util: s.gpu_util,

@@ -691,6 +691,11 @@ async fn requests_the_engine_defers_for_their_kv_are_no_queue_to_the_gate() {
         (&false.into(), &serde_json::Value::Null),
         "{v}"
     );
+    let deferred = format!(
+        "sluice_backend_requests_deferred{{backend=\"{}\"}}",
+        b["name"].as_str().unwrap()
+    );
+    assert_eq!(gateway_metric(&gw, &deferred).await, 3.0);
     // The gate stays open: the next request goes at once.
     let resp = request(&gw, FREE, None).send().await.unwrap();
     assert_eq!(resp.status(), 200);
