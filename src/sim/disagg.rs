@@ -61,6 +61,13 @@ pub(super) enum Leg {
     SglangDecode { host: String, port: u16, room: u64 },
 }
 
+impl Leg {
+    /// A decode leg, whose prompt's KV comes from a prefill replica.
+    pub(super) fn pulls(&self) -> bool {
+        matches!(self, Leg::VllmDecode { .. } | Leg::SglangDecode { .. })
+    }
+}
+
 /// KV kept for decode replicas to pull, until it expires or is pulled.
 #[derive(Default)]
 pub(super) struct Transfers {

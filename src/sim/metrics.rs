@@ -5,7 +5,9 @@
 //!   `vllm:gpu_prefix_cache_*`), label `model_name`.
 //! - `sglang`: SGLang's `sglang:*` names (docs/references/production_metrics.md of
 //!   sgl-project/sglang): `num_running_reqs`, `num_queue_reqs`, `token_usage`,
-//!   `cache_hit_rate`, token counters and latency histograms, label `model_name`.
+//!   `cache_hit_rate`, token counters and latency histograms, label `model_name`;
+//!   disaggregation's queues (`num_decode_transfer_queue_reqs` and the
+//!   prealloc ones, `python/sglang/srt/metrics/collector.py`).
 //! - `llamacpp`: llama.cpp `llama-server --metrics` names (`llamacpp:*`, no labels):
 //!   `requests_processing`, `requests_deferred`, `kv_cache_usage_ratio`,
 //!   `kv_cache_tokens`, `prompt_tokens_total`, `tokens_predicted_total`.
@@ -43,7 +45,16 @@ const E2E: &[f64] = &[
 
 pub struct SimMetrics {
     pub running: Gauge,
+    /// The engine's queue (set at every engine step).
     pub waiting: Gauge,
+    /// Requests held before they reach the engine by a fault's first-token
+    /// delay (reported as waiting, beside the engine's queue).
+    pub held: Gauge,
+    /// Decode legs waiting for their prompt's KV: an SGLang leg for its
+    /// room's prefill, then either leg for its transfer time (vLLM's
+    /// `num_requests_waiting_by_reason{reason="deferred"}`, SGLang's
+    /// `num_decode_transfer_queue_reqs`).
+    pub pulling: Gauge,
     pub kv_usage: FloatGauge,
     /// Sequences swapped out to CPU memory, and the share of the CPU KV
     /// blocks they hold (vLLM V0, with swap space).
@@ -80,6 +91,8 @@ impl SimMetrics {
         Self {
             running: Gauge::default(),
             waiting: Gauge::default(),
+            held: Gauge::default(),
+            pulling: Gauge::default(),
             kv_usage: FloatGauge::default(),
             swapped: Gauge::default(),
             cpu_kv_usage: FloatGauge::default(),
@@ -143,8 +156,10 @@ impl SimMetrics {
     ) -> String {
         let view = View {
             kv: o.kv_usage.unwrap_or_else(|| self.kv_usage.get()),
-            waiting: o.waiting.unwrap_or(self.waiting.get() as f64),
-            deferred: o.deferred.unwrap_or(0.0),
+            waiting: o
+                .waiting
+                .unwrap_or((self.waiting.get() + self.held.get()) as f64),
+            deferred: o.deferred.unwrap_or(self.pulling.get() as f64),
         };
         let mut e = Encoder::new();
         let m = format!("model_name=\"{}\"", model.replace('"', "'"));
@@ -347,6 +362,39 @@ impl SimMetrics {
             m,
             v.waiting,
         );
+        e.one(
+            "sglang:num_grammar_queue_reqs",
+            "The number of requests in the grammar waiting queue.",
+            G,
+            m,
+            0.0,
+        );
+        // Disaggregation's queues (SGLang exports them in every mode): the
+        // simulator's prefill side never waits for its decode side, and a
+        // decode leg has its room (blocks) from the start, so only the
+        // transfer queue fills (a decode leg waiting for its prefill, then
+        // for its transfer).
+        e.one(
+            "sglang:num_prefill_prealloc_queue_reqs",
+            "The number of requests in the prefill prealloc queue.",
+            G,
+            m,
+            0.0,
+        );
+        e.one(
+            "sglang:num_decode_prealloc_queue_reqs",
+            "The number of requests in the decode prealloc queue.",
+            G,
+            m,
+            0.0,
+        );
+        e.one(
+            "sglang:num_decode_transfer_queue_reqs",
+            "The number of requests in the decode transfer queue.",
+            G,
+            m,
+            v.deferred,
+        );
         e.one("sglang:token_usage", "The token usage.", G, m, v.kv);
         e.one(
             "sglang:cache_hit_rate",
@@ -399,7 +447,9 @@ impl SimMetrics {
     /// TGI's router metrics (`tgi_*`, no labels): queue and batch, no KV usage.
     fn render_tgi(&self, e: &mut Encoder, v: View) {
         use Kind::{Counter as C, Gauge as G};
-        e.one("tgi_queue_size", "Current queue size", G, "", v.waiting);
+        // (Neither TGI nor llama.cpp tells waits apart.)
+        let queue = v.waiting + v.deferred;
+        e.one("tgi_queue_size", "Current queue size", G, "", queue);
         e.one(
             "tgi_batch_current_size",
             "Current batch size",
@@ -459,7 +509,7 @@ impl SimMetrics {
             "Number of requests deferred.",
             G,
             "",
-            v.waiting,
+            v.waiting + v.deferred,
         );
     }
 }
@@ -484,7 +534,8 @@ struct View {
     kv: f64,
     /// Waiting for room (vLLM's `reason="capacity"`).
     waiting: f64,
-    /// Waiting for anything else (`reason="deferred"`: KV pulls, grammars).
+    /// Waiting for anything else (`reason="deferred"`: KV pulls, grammars;
+    /// SGLang's decode transfer queue).
     deferred: f64,
 }
 

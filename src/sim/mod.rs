@@ -147,20 +147,29 @@ impl SimState {
 
     /// Hand a request to the engine (or the fixed clock), after `delay` (the
     /// slow-first-token fault: the replica holds the request before starting).
-    fn submit(self: &Arc<Self>, req: slot::Request, delay: Option<Duration>) -> Arc<Slot> {
+    /// Start `req`, after `delay` where one is given: a decode leg's KV
+    /// transfer (`pulling`: counted as pulling until it starts) or a fault's
+    /// first-token delay (counted as held).
+    fn submit(
+        self: &Arc<Self>,
+        req: slot::Request,
+        delay: Option<Duration>,
+        pulling: Option<Pulling>,
+    ) -> Arc<Slot> {
         let slot = Arc::new(Slot::default());
         let Some(delay) = delay else {
+            drop(pulling);
             self.start(req, slot.clone());
             return slot;
         };
         let (sim, out) = (self.clone(), slot.clone());
-        self.metrics.waiting.inc();
+        let held = pulling.is_none().then(|| Held::new(&self.metrics));
         tokio::spawn(async move {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = slot.cancelled() => {}
             }
-            sim.metrics.waiting.dec();
+            drop((held, pulling));
             if slot.is_cancelled() {
                 sim.metrics.finished("abort");
             } else {
@@ -179,6 +188,38 @@ impl SimState {
                 fixed::spawn(req, slot, first_at, delay, m);
             }
         }
+    }
+}
+
+/// A decode leg counted among those pulling their KV until dropped.
+pub(crate) struct Pulling(Arc<SimMetrics>);
+
+impl Pulling {
+    fn new(m: &Arc<SimMetrics>) -> Self {
+        m.pulling.inc();
+        Self(m.clone())
+    }
+}
+
+impl Drop for Pulling {
+    fn drop(&mut self) {
+        self.0.pulling.dec();
+    }
+}
+
+/// A request counted as held before the engine until dropped.
+struct Held(Arc<SimMetrics>);
+
+impl Held {
+    fn new(m: &Arc<SimMetrics>) -> Self {
+        m.held.inc();
+        Self(m.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.held.dec();
     }
 }
 
@@ -382,9 +423,10 @@ pub struct Control {
     pub kv_usage: Option<f64>,
     /// Report this many waiting requests instead of the engine's.
     pub waiting: Option<f64>,
-    /// Report this many requests more as waiting for something other than
-    /// room (vLLM's `num_requests_waiting_by_reason{reason="deferred"}`: a
-    /// decode replica's requests pulling their KV; `vllm` dialect only).
+    /// Report this many requests waiting for something other than room
+    /// instead of the decode legs pulling their KV (vLLM's
+    /// `num_requests_waiting_by_reason{reason="deferred"}`, counted in its
+    /// `num_requests_waiting` too; SGLang's `num_decode_transfer_queue_reqs`).
     pub deferred: Option<f64>,
     /// Count one more preemption at every `/metrics` read (an engine out of
     /// KV blocks, as its scrapes show it).
@@ -700,6 +742,9 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         disagg::Leg::SglangPrefill { .. } => (1, "length"),
         _ => (output_tokens, finish_reason),
     };
+    // A decode leg waits for its KV from here until it reaches the engine
+    // (for its room's prefill under SGLang's protocol, then its transfer).
+    let pulling = leg.pulls().then(|| Pulling::new(&s.metrics));
     let remote_tokens = match disagg::pull(&s, &leg).await {
         Ok(n) => n.min(prompt_tokens),
         Err(resp) => return resp,
@@ -768,9 +813,12 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         _ => remote_tokens,
     };
     s.metrics.kv_pulled_tokens.add(u64::from(pulled));
-    let hold = match (pulled, faults.first_token) {
-        (0, f) => f,
-        (n, f) => Some(disagg::transfer_time(&s, n) + f.unwrap_or_default()),
+    let (hold, pulling) = match (pulled, faults.first_token) {
+        (0, f) => (f, None),
+        (n, f) => (
+            Some(disagg::transfer_time(&s, n) + f.unwrap_or_default()),
+            pulling,
+        ),
     };
     let slot = s.submit(
         slot::Request {
@@ -785,6 +833,7 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
             priority: body.get("priority").and_then(Value::as_i64).unwrap_or(0),
         },
         hold,
+        pulling,
     );
     if let disagg::Leg::SglangPrefill { room } = leg {
         // The room is ready once the prompt is computed (its one token out).

@@ -95,7 +95,7 @@ pub struct BackendSeries {
     pub kv_usage: FloatGauge,
     pub waiting: FloatGauge,
     /// Of those waiting, waiting for something other than room (vLLM's
-    /// `reason="deferred"`).
+    /// `reason="deferred"`, SGLang's transfer, bootstrap, grammar queues).
     pub deferred: FloatGauge,
     pub running: FloatGauge,
     pub prefix_hit_rate: FloatGauge,
@@ -1052,13 +1052,13 @@ impl Metrics {
         );
         e.gauges(
             "sluice_backend_requests_waiting",
-            "Requests waiting in the replica's queue, from its own /metrics.",
+            "Requests the replica holds and does not run, from its own /metrics: its queue and, where the engine keeps them apart, those waiting for their KV or a grammar (sluice_backend_requests_deferred).",
             &self.backends,
             |s| s.waiting.get(),
         );
         e.gauges(
             "sluice_backend_requests_deferred",
-            "Of the requests waiting at the replica, those waiting for something other than room (vLLM's num_requests_waiting_by_reason{reason=\"deferred\"}: KV pulls, grammars), which are no queue; NaN where the engine does not report it.",
+            "Of the requests waiting at the replica, those waiting for something other than room (vLLM's num_requests_waiting_by_reason{reason=\"deferred\"}: KV pulls, grammars; SGLang's decode transfer, prefill bootstrap and grammar queues), which are no queue; NaN where the engine does not report it.",
             &self.backends,
             |s| s.deferred.get(),
         );

@@ -131,7 +131,27 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
                 a.num_blocks = label(labels, "num_gpu_blocks").and_then(|s| s.parse().ok());
             }
             (EngineKind::Sglang, "token_usage") => a.kv = max(a.kv, v),
-            (EngineKind::Sglang, "num_queue_reqs") => a.waiting = sum(a.waiting, v),
+            // SGLang keeps disaggregation's and grammars' waits in queues of
+            // their own (`metrics/collector.py`): a decode replica's prealloc
+            // queue waits for KV room there, as the waiting queue waits for a
+            // seat; its transfer queue waits for the prefill and the KV, a
+            // prefill replica's bootstrap (`prealloc`) queue for its decode
+            // side, the grammar queue for a grammar: the engine's `deferred`.
+            // The total counts them all, as vLLM's `num_requests_waiting`.
+            (EngineKind::Sglang, "num_queue_reqs" | "num_decode_prealloc_queue_reqs") => {
+                a.waiting = sum(a.waiting, v);
+                a.capacity = sum(a.capacity, v);
+            }
+            (
+                EngineKind::Sglang,
+                "num_decode_transfer_queue_reqs"
+                | "num_prefill_prealloc_queue_reqs"
+                | "num_prefill_bootstrap_queue_reqs"
+                | "num_grammar_queue_reqs",
+            ) => {
+                a.waiting = sum(a.waiting, v);
+                a.deferred = sum(a.deferred, v);
+            }
             (EngineKind::Sglang, "num_running_reqs") => a.running = sum(a.running, v),
             (EngineKind::Sglang, "cache_hit_rate") => a.hit_rate = max(a.hit_rate, v),
             (EngineKind::Llamacpp, "kv_cache_usage_ratio") => a.kv = max(a.kv, v),
@@ -501,6 +521,44 @@ mod tests {
         assert_eq!(
             (s.waiting, s.deferred, s.queue()),
             (Some(3.0), None, Some(3.0))
+        );
+    }
+
+    #[test]
+    fn sglang_disaggregation_queues_are_read_as_its_queue_or_deferred() {
+        // A decode replica: 2 waiting for a seat, 3 for KV room, 4 for their
+        // prefill and transfer; 1 waiting for a grammar.
+        let decode = "sglang:num_queue_reqs{model_name=\"m\"} 2\n\
+            sglang:num_grammar_queue_reqs{model_name=\"m\"} 1\n\
+            sglang:num_prefill_prealloc_queue_reqs{model_name=\"m\"} 0\n\
+            sglang:num_decode_prealloc_queue_reqs{model_name=\"m\"} 3\n\
+            sglang:num_decode_transfer_queue_reqs{model_name=\"m\"} 4\n";
+        let s = parse(decode, EngineKind::Auto, Instant::now());
+        assert_eq!(
+            (s.engine, s.waiting, s.deferred, s.queue()),
+            (EngineKind::Sglang, Some(10.0), Some(5.0), Some(5.0))
+        );
+        // A prefill replica whose requests wait for their decode side
+        // (under either name of its bootstrap queue): no queue of its own.
+        for name in [
+            "num_prefill_prealloc_queue_reqs",
+            "num_prefill_bootstrap_queue_reqs",
+        ] {
+            let prefill = format!(
+                "sglang:num_queue_reqs 0\nsglang:{name} 6\nsglang:num_running_reqs 8\n"
+            );
+            let s = parse(&prefill, EngineKind::Auto, Instant::now());
+            assert_eq!(
+                (s.waiting, s.deferred, s.queue()),
+                (Some(6.0), Some(6.0), Some(0.0)),
+                "{name}"
+            );
+        }
+        // An SGLang that exports none of them: its waiting queue.
+        let s = parse("sglang:num_queue_reqs 4\n", EngineKind::Auto, Instant::now());
+        assert_eq!(
+            (s.waiting, s.deferred, s.queue()),
+            (Some(4.0), None, Some(4.0))
         );
     }
 

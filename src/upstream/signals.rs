@@ -17,10 +17,11 @@ pub struct LoadSample {
     /// Of those, requests that wait for something other than room (a seat
     /// or KV blocks): their KV pulled from a prefill replica, a grammar
     /// compiled (vLLM's `num_requests_waiting_by_reason{reason="deferred"}`;
+    /// SGLang's decode transfer, prefill bootstrap and grammar queues;
     /// `None` where the engine does not tell them apart).
     pub deferred: Option<f64>,
     /// Those waiting for room, where the engine says so (vLLM's
-    /// `reason="capacity"`).
+    /// `reason="capacity"`; SGLang's waiting and decode prealloc queues).
     pub waiting_for_room: Option<f64>,
     pub running: Option<f64>,
     pub block_size: Option<u32>,
@@ -65,7 +66,8 @@ impl LoadSample {
     /// The engine's queue: requests waiting for room, those waiting for
     /// anything else ([`Self::deferred`]) left out. A decode replica's
     /// engine counts a request pulling its prompt's KV as waiting (vLLM's
-    /// `WAITING_FOR_REMOTE_KVS`): it starts once its KV arrives, and is no
+    /// `WAITING_FOR_REMOTE_KVS`; SGLang keeps it in a transfer queue, apart
+    /// from its waiting queue): it starts once its KV arrives, and is no
     /// sign of a full engine. Where the engine does not tell them apart,
     /// every waiting request.
     pub fn queue(&self) -> Option<f64> {

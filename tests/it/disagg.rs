@@ -723,6 +723,54 @@ async fn slow_kv_transfers_are_named_on_the_model() {
     assert!(pd_decisions(&gw, "remote").await >= 3.0);
 }
 
+/// A decode leg waiting for its prompt's KV (over vLLM's protocol, a slow
+/// transfer; over SGLang's, its room's prefill, held 30 s) is waiting at its
+/// replica, which the engine reports apart from its queue (vLLM's
+/// `reason="deferred"`, SGLang's transfer queue): scrape after scrape it
+/// does not make the replica full. The client leaving ends the wait there.
+#[tokio::test]
+async fn a_decode_leg_waiting_for_its_kv_is_no_queue_under_either_protocol() {
+    let p = replica(SimRole::Prefill, |_| {}).await;
+    // ~250-token prompts of 64 KiB a token at speed 10: over a minute each.
+    let d = replica(SimRole::Decode, |c| {
+        c.kv_bandwidth = 200.0 * 65_536.0 / (60.0 * 10.0);
+    })
+    .await;
+    let vllm = gateway_over(&[(&p, Role::Prefill), (&d, Role::Decode)], scraped_often).await;
+    let (_sp, sd, sglang) = sglang_fleet(holding).await;
+    for (gw, d) in [(&vllm, &d), (&sglang, &sd)] {
+        let url = format!("{}/v1/chat/completions", api(gw));
+        let sent =
+            tokio::spawn(async move { client().post(&url).json(&chat(0, 200, true)).send().await });
+        crate::routing::until_backend(gw, "the decode leg waiting for its KV", |v| {
+            let b = crate::routing::backend(v, d);
+            b["requests_deferred"] == 1.0 && b["requests_waiting"] == 1.0
+        })
+        .await;
+        // Three scrapes more: two in a row would make a queue that persists.
+        let scrapes = &d.state.metrics.scrapes;
+        let seen = scrapes.get();
+        wait_until("three scrapes more", Duration::from_secs(10), || async {
+            scrapes.get() >= seen + 3
+        })
+        .await;
+        let (_, text) = get_text(&format!("{}/admin/backends", admin(gw))).await;
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let b = crate::routing::backend(&v, d);
+        assert_eq!(
+            (&b["engine_queued"], &b["requests_deferred"]),
+            (&false.into(), &1.0.into()),
+            "{v}"
+        );
+        sent.abort();
+        let pulling = &d.state.metrics.pulling;
+        wait_until("the leg's wait ended", Duration::from_secs(5), || async {
+            pulling.get() == 0
+        })
+        .await;
+    }
+}
+
 /// With `local_max_tokens`, a prompt the decode replica holds is prefilled
 /// there only while what is left to prefill is that small: the same
 /// prompt with a longer new part goes to the prefill replica.
