@@ -675,7 +675,9 @@ fn pool_wait(a: &DecodeSide<'_>, pool: &[Arc<Replica>]) -> PoolWait {
     let now = a.ctx.now;
     let rate_and_ahead = |r: &Replica| {
         let m = a.state.affinity.of(&r.name, now);
-        let waiting = r.load().and_then(|s| s.waiting);
+        // The prefills ahead: requests waiting for room (SGLang's prefill
+        // replica holds those waiting for their decode side apart).
+        let waiting = r.load().and_then(|s| s.queue());
         (m.load.rate(), m.load.ahead(waiting))
     };
     let (decode_rate, _) = rate_and_ahead(a.decode);

@@ -504,9 +504,12 @@ fn leak(p: &Patient<'_>, d: &DoctorConfig, now: Instant) -> Option<Leak> {
 
 /// A disaggregated fleet's pools: every prefill replica's queue persisting
 /// over most of the window (the prefill pool is too small for the prompts
-/// sent to it), or every decode replica preempting (the decode pool is out
-/// of KV). Named on each replica of the pool; the action says which pool to
-/// grow.
+/// sent to it), or every decode replica preempting or keeping a queue
+/// (the decode pool is out of KV: vLLM preempts; SGLang's decode replicas
+/// retract, or hold new requests in their prealloc queue until KV frees up,
+/// as a decode replica out of seats holds them in its waiting queue; its
+/// requests waiting for their prefill or their KV are no queue). Named on
+/// each replica of the pool; the action says which pool to grow.
 fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
     use crate::config::Role;
     let of = |role: Role| -> Vec<&Patient<'_>> {
@@ -541,10 +544,20 @@ fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
         }
     }
     let decode = of(Role::Decode);
+    let preempting = |p: &Patient<'_>| p.rate(|s| s.preemptions).is_some_and(|r| r > 0.0);
+    // A queue that outlives a scrape (every SGLang decode leg passes its
+    // prealloc queue on the way in), and only where the engine tells
+    // requests pulling their KV apart: an older vLLM counts a slow pull as
+    // waiting (kv_transfer_slow names that).
+    let persisting_share = |p: &Patient<'_>| {
+        let n = p.samples.iter().filter(|s| s.queued).count();
+        n as f64 / p.samples.len() as f64
+    };
+    let decode_queued = |p: &Patient<'_>| {
+        p.samples.iter().all(|s| s.deferred.is_some()) && persisting_share(p) >= 0.8
+    };
     if !decode.is_empty()
-        && decode
-            .iter()
-            .all(|p| p.rate(|s| s.preemptions).is_some_and(|r| r > 0.0))
+        && (decode.iter().all(|p| preempting(p)) || decode.iter().all(|p| decode_queued(p)))
     {
         for p in &decode {
             out.push(Finding {
@@ -554,11 +567,12 @@ fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
                     p.replica.name.clone(),
                     evidence(&[
                         ("preemptions_per_second", round(p.rate(|s| s.preemptions).unwrap_or(0.0), 2)),
+                        ("share_of_scrapes_with_a_persisting_queue", round(persisting_share(p), 2)),
                         ("kv_cache_usage", round(p.last().and_then(|s| s.kv_usage).unwrap_or(0.0), 3)),
                         ("decode_replicas", serde_json::Value::from(decode.len())),
                     ]),
                     p.span(),
-                    "every decode replica preempts: the sequences the pool generates do not fit its KV cache",
+                    "every decode replica preempts, or keeps requests waiting for room: the sequences the pool generates do not fit its KV cache (or its seats)",
                     "add decode replicas (or KV memory: a quantised KV cache, more GPUs); lower max_tokens for the tiers that drive the load",
                 )
             });

@@ -578,7 +578,6 @@ impl PrefixKv {
         let c = &self.cfg;
         let fresh = self.stale_after.and_then(|d| r.fresh_load(ctx.now, d));
         let kv = fresh.and_then(|s| s.kv_usage).unwrap_or(0.0);
-        let waiting = fresh.and_then(|s| s.waiting);
         // (`queue_high` by the engine's queue: requests waiting for room.)
         let queue = fresh.and_then(|s| s.queue);
         let blocked = match fresh {
@@ -612,7 +611,9 @@ impl PrefixKv {
             kv,
             // (Read in `pick`, after `warm`.)
             matched: 0,
-            ahead: memory.load.ahead(waiting),
+            // The prefills ahead: requests waiting for room (a decode leg
+            // waiting for its KV has nothing to prefill).
+            ahead: memory.load.ahead(queue),
             rate: memory.load.rate(),
             memory,
         }

@@ -395,6 +395,13 @@ impl SimMetrics {
             m,
             v.deferred,
         );
+        e.one(
+            "sglang:num_retracted_requests_total",
+            "Total number of retracted requests.",
+            C,
+            m,
+            self.preemptions.get() as f64,
+        );
         e.one("sglang:token_usage", "The token usage.", G, m, v.kv);
         e.one(
             "sglang:cache_hit_rate",

@@ -813,12 +813,11 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
         _ => remote_tokens,
     };
     s.metrics.kv_pulled_tokens.add(u64::from(pulled));
-    let (hold, pulling) = match (pulled, faults.first_token) {
-        (0, f) => (f, None),
-        (n, f) => (
-            Some(disagg::transfer_time(&s, n) + f.unwrap_or_default()),
-            pulling,
-        ),
+    // (A leg that pulls nothing is no longer waiting for its KV.)
+    let pulling = pulling.filter(|_| pulled > 0);
+    let hold = match (pulled, faults.first_token) {
+        (0, f) => f,
+        (n, f) => Some(disagg::transfer_time(&s, n) + f.unwrap_or_default()),
     };
     let slot = s.submit(
         slot::Request {

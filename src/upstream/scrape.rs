@@ -103,6 +103,11 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
         if kind != detected {
             continue;
         }
+        // SGLang with priority scheduling writes each queue's total under
+        // `priority=""` and its parts per priority beside it: the total only.
+        if kind == EngineKind::Sglang && label(labels, "priority").is_some_and(|p| !p.is_empty()) {
+            continue;
+        }
         match (kind, family) {
             (EngineKind::Vllm, "kv_cache_usage_perc") => a.kv = max(a.kv, v),
             (EngineKind::Vllm, "gpu_cache_usage_perc") => a.kv_old = max(a.kv_old, v),
@@ -154,6 +159,11 @@ pub(crate) fn parse(text: &str, engine: EngineKind, at: Instant) -> LoadSample {
             }
             (EngineKind::Sglang, "num_running_reqs") => a.running = sum(a.running, v),
             (EngineKind::Sglang, "cache_hit_rate") => a.hit_rate = max(a.hit_rate, v),
+            // SGLang's preemptions: requests retracted from a batch out of KV
+            // room (recomputed later), counted since it started.
+            (EngineKind::Sglang, "num_retracted_requests_total") => {
+                a.preemptions = sum(a.preemptions, v);
+            }
             (EngineKind::Llamacpp, "kv_cache_usage_ratio") => a.kv = max(a.kv, v),
             (EngineKind::Llamacpp, "requests_deferred") => a.waiting = sum(a.waiting, v),
             (EngineKind::Llamacpp, "requests_processing") => a.running = sum(a.running, v),
@@ -544,9 +554,8 @@ mod tests {
             "num_prefill_prealloc_queue_reqs",
             "num_prefill_bootstrap_queue_reqs",
         ] {
-            let prefill = format!(
-                "sglang:num_queue_reqs 0\nsglang:{name} 6\nsglang:num_running_reqs 8\n"
-            );
+            let prefill =
+                format!("sglang:num_queue_reqs 0\nsglang:{name} 6\nsglang:num_running_reqs 8\n");
             let s = parse(&prefill, EngineKind::Auto, Instant::now());
             assert_eq!(
                 (s.waiting, s.deferred, s.queue()),
@@ -554,8 +563,27 @@ mod tests {
                 "{name}"
             );
         }
+        // With priority scheduling, each queue's total and its parts: the
+        // total only.
+        let by_priority = "sglang:num_queue_reqs{model_name=\"m\",priority=\"\"} 5\n\
+            sglang:num_queue_reqs{model_name=\"m\",priority=\"0\"} 3\n\
+            sglang:num_queue_reqs{model_name=\"m\",priority=\"1\"} 2\n\
+            sglang:num_running_reqs{model_name=\"m\",priority=\"\"} 8\n\
+            sglang:num_running_reqs{model_name=\"m\",priority=\"0\"} 8\n";
+        let s = parse(by_priority, EngineKind::Auto, Instant::now());
+        assert_eq!((s.waiting, s.running), (Some(5.0), Some(8.0)));
+        // Its retractions (out of KV room) are its preemptions.
+        let retracting = "sglang:num_retracted_requests_total{model_name=\"m\"} 7\n";
+        assert_eq!(
+            parse(retracting, EngineKind::Auto, Instant::now()).preemptions,
+            Some(7.0)
+        );
         // An SGLang that exports none of them: its waiting queue.
-        let s = parse("sglang:num_queue_reqs 4\n", EngineKind::Auto, Instant::now());
+        let s = parse(
+            "sglang:num_queue_reqs 4\n",
+            EngineKind::Auto,
+            Instant::now(),
+        );
         assert_eq!(
             (s.waiting, s.deferred, s.queue()),
             (Some(4.0), None, Some(4.0))

@@ -1621,6 +1621,49 @@ async fn the_doctor_names_a_saturated_prefill_pool_and_a_decode_pool_out_of_kv()
     .await;
 }
 
+/// A decode pool whose every replica keeps requests waiting for room (as
+/// SGLang's decode replicas hold a request in their prealloc queue until
+/// KV frees up, rather than preempt) is named out of KV; requests waiting
+/// for their KV (the engine's deferred ones) are not such a queue.
+#[tokio::test]
+async fn a_decode_pool_whose_replicas_keep_a_queue_is_named_out_of_kv() {
+    let (_p, d, gw) = fleet(
+        |_| {},
+        |c| {
+            c.doctor.window = Duration::from_secs(2);
+            c.doctor.clear_after = Duration::from_millis(300);
+            c.doctor.underused_batch = 0.0;
+        },
+    )
+    .await;
+    // Three requests waiting at every scrape, all of them for their KV:
+    // no finding after two windows' scrapes.
+    let mut cd = d.state.control();
+    cd.deferred = Some(3.0);
+    d.state.set_control(cd.clone());
+    crate::routing::until_backend(&gw, "the deferred requests seen", |v| {
+        crate::routing::backend(v, &d)["requests_deferred"] == 3.0
+    })
+    .await;
+    let scrapes = &d.state.metrics.scrapes;
+    let seen = scrapes.get();
+    wait_until(
+        "two windows of scrapes",
+        Duration::from_secs(10),
+        || async { scrapes.get() >= seen + 40 },
+    )
+    .await;
+    assert!(!named(&gw, "decode_pool_out_of_kv", &d).await);
+    // The same three waiting for room: named.
+    cd.deferred = None;
+    cd.waiting = Some(3.0);
+    d.state.set_control(cd);
+    wait_until("decode pool out of KV", Duration::from_secs(10), || async {
+        named(&gw, "decode_pool_out_of_kv", &d).await
+    })
+    .await;
+}
+
 /// A remote prefill shows in the trace as two client spans under the
 /// request's: `prefill` on the prefill replica and `decode` on the decode
 /// replica, each handed to its replica as the parent of its own spans.
