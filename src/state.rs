@@ -121,7 +121,11 @@ impl AppState {
             &config.routing.sessions,
             config.routing.policy == crate::config::PolicyKind::PrefixKv,
             config.routing.prefix_kv.shared_homes,
-            config.routing.prefix_kv.shared_homes_sampled,
+            config
+                .routing
+                .prefix_kv
+                .shared_homes_sampled
+                .then_some(config.routing.prefix_kv.shared_homes_sampled_from),
             metrics.clone(),
             previous.and_then(|p| p.shared_table.as_ref()),
         )?;

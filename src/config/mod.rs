@@ -744,6 +744,9 @@ pub struct PrefixKvConfig {
     /// several gateways as a trickle among many new prompts then keeps one
     /// home; each lookup costs a Redis round trip).
     pub shared_homes_sampled: bool,
+    /// How many new prompts of a model and pool a gateway meets in 5-10 s
+    /// before it samples their lookups (`shared_homes_sampled`).
+    pub shared_homes_sampled_from: u64,
 }
 
 /// Where a new session starts (`routing.prefix_kv.session_placement`).
@@ -787,6 +790,7 @@ impl Default for PrefixKvConfig {
             session_placement: SessionPlacement::Auto,
             shared_homes: true,
             shared_homes_sampled: true,
+            shared_homes_sampled_from: crate::routing::shared_table::NOVEL_FROM,
         }
     }
 }
@@ -1228,6 +1232,12 @@ pub fn validate(config: &Config) -> Vec<Invalid> {
         bad(
             "routing.prefix_kv.kv_high".into(),
             "must be between 0 and 1".into(),
+        );
+    }
+    if p.shared_homes_sampled_from < 1 {
+        bad(
+            "routing.prefix_kv.shared_homes_sampled_from".into(),
+            "must be at least 1".into(),
         );
     }
     if p.queue_high.is_some_and(|q| q.is_nan() || q < 1.0) {

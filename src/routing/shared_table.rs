@@ -194,7 +194,8 @@ const PAUSE: Duration = Duration::from_secs(2);
 /// second and more. Below that the lookups cost a gateway at most ~1% of a
 /// core (~50 us of its own and Redis's CPU each: docs/BENCHMARKS.md, "The
 /// shared routing table on prompts that share nothing").
-const NOVEL_FROM: u64 = 1_000;
+/// (The default of `routing.prefix_kv.shared_homes_sampled_from`.)
+pub(crate) const NOVEL_FROM: u64 = 1_000;
 
 /// While a model's new prompts share nothing with the table, the prefixes
 /// whose key is a multiple of this are still looked up (the others are
@@ -204,7 +205,7 @@ const NOVEL_FROM: u64 = 1_000;
 const NOVEL_SAMPLE: u64 = 16;
 
 /// Whether this gateway's prompts of a model and pool lately share nothing
-/// with the table: many new prompts ([`NOVEL_FROM`]), none of them found
+/// with the table: many new prompts ([`NOVEL_FROM`] by default), none of them found
 /// homed elsewhere (a lookup that found one placed before, or a touch that
 /// found the home elsewhere). On prompts that share nothing, every request
 /// is such a prompt, and its lookup and its cold mark's clear are two Redis
@@ -229,8 +230,9 @@ struct Novelty {
 }
 
 impl Novelty {
-    fn sampling(&self, now: Instant) -> bool {
-        self.found.get(now) == 0 && self.new.get(now) >= NOVEL_FROM
+    /// (`from`: `routing.prefix_kv.shared_homes_sampled_from`.)
+    fn sampling(&self, now: Instant, from: u64) -> bool {
+        self.found.get(now) == 0 && self.new.get(now) >= from
     }
 }
 
@@ -393,13 +395,14 @@ pub struct SharedTable {
     timeout: Duration,
     ttl_ms: u64,
     /// What it was built from (a reload keeps it while equal).
-    built: (RedisConfig, Duration, bool, bool),
+    built: (RedisConfig, Duration, bool, Option<u64>),
     metrics: Arc<Metrics>,
     /// Prefix homes are shared too (`routing.prefix_kv.shared_homes`).
     pub(crate) homes: bool,
-    /// New prompts are sampled while they share nothing with the table
-    /// ([`Novelty`]; `routing.prefix_kv.shared_homes_sampled`).
-    sampled: bool,
+    /// New prompts are sampled while they share nothing with the table, from
+    /// this many in a window ([`Novelty`]; `routing.prefix_kv.shared_homes_sampled`
+    /// and `shared_homes_sampled_from`; `None`: never).
+    sampled: Option<u64>,
     script: Script,
     /// Prefixes (by key, pool and model) whose home this gateway pushed back
     /// lately.
@@ -427,12 +430,14 @@ impl SharedTable {
     /// `None` with `store: memory`. Connects lazily: a Redis unreachable at
     /// start is handled as one that goes away later.
     /// (`keeps_sessions`: the routing policy keeps sessions; only
-    /// `prefix_kv` does. `sampled`: `routing.prefix_kv.shared_homes_sampled`.)
+    /// `prefix_kv` does. `sampled`: from how many new prompts their lookups
+    /// are sampled, `routing.prefix_kv.shared_homes_sampled_from`, `None`
+    /// where `shared_homes_sampled` is false.)
     pub(crate) fn from_config(
         cfg: &SessionsConfig,
         keeps_sessions: bool,
         shared_homes: bool,
-        sampled: bool,
+        sampled: Option<u64>,
         metrics: Arc<Metrics>,
         previous: Option<&Arc<SharedTable>>,
     ) -> anyhow::Result<Option<Arc<Self>>> {
@@ -623,9 +628,9 @@ impl SharedTable {
         }
         let now = crate::turn::now_std();
         // (Without the sampling nothing is counted for it.)
-        let novelty = self.sampled.then(|| self.novelty_of(model, leg));
-        if let Some(novelty) = &novelty {
-            let sampling = novelty.sampling(now);
+        let novelty = self.sampled.map(|from| (self.novelty_of(model, leg), from));
+        if let Some((novelty, from)) = &novelty {
+            let sampling = novelty.sampling(now, *from);
             novelty.new.add(now);
             if sampling && !key.is_multiple_of(NOVEL_SAMPLE) {
                 self.count_home("place", "novel");
@@ -661,7 +666,7 @@ impl SharedTable {
             Ok((replica, new)) => {
                 let new = new == 1;
                 self.count_home("place", if new { "placed" } else { "found" });
-                if let Some(novelty) = novelty.as_ref().filter(|_| !new) {
+                if let Some((novelty, _)) = novelty.as_ref().filter(|_| !new) {
                     novelty.found.add(now);
                 }
                 let cold = (new && !cold.is_zero()).then(|| {
@@ -731,7 +736,7 @@ impl SharedTable {
                 Ok(Ok((home, _))) if *home != *replica => {
                     this.count_home(op, "elsewhere");
                     let now = crate::turn::now_std();
-                    if this.sampled {
+                    if this.sampled.is_some() {
                         this.novelty_of(&model, leg).found.add(now);
                     }
                     affinity.of(&replica, now).prefixes.forget(&blocks);
@@ -801,7 +806,10 @@ impl SharedTable {
     /// out, or the table not asked) is not written either; its touch writes
     /// it if it is used again.
     pub(crate) fn novel(&self, model: &str, leg: Leg) -> bool {
-        self.sampled && self.novelty_of(model, leg).sampling(crate::turn::now_std())
+        self.sampled.is_some_and(|from| {
+            self.novelty_of(model, leg)
+                .sampling(crate::turn::now_std(), from)
+        })
     }
 
     fn novelty_of(&self, model: &str, leg: Leg) -> Arc<Novelty> {
@@ -848,6 +856,7 @@ mod tests {
         };
         cfg.redis.url = Secret::new(format!("redis://127.0.0.1:{port}"));
         let metrics = Arc::new(Metrics::new(&Config::default().telemetry.buckets));
+        let sampled = sampled.then_some(NOVEL_FROM);
         let t = SharedTable::from_config(&cfg, true, true, sampled, metrics.clone(), None)
             .unwrap()
             .unwrap();
@@ -992,13 +1001,14 @@ mod tests {
             ..SessionsConfig::default()
         };
         let again = |sampled: bool| {
+            let sampled = sampled.then_some(NOVEL_FROM);
             SharedTable::from_config(&cfg, true, true, sampled, metrics.clone(), Some(&a))
                 .unwrap()
                 .unwrap()
         };
         assert!(Arc::ptr_eq(&again(false), &a));
         let flipped = again(true);
-        assert!(!Arc::ptr_eq(&flipped, &a) && flipped.sampled);
+        assert!(!Arc::ptr_eq(&flipped, &a) && flipped.sampled.is_some());
         assert_eq!(
             metrics.home_store.get(&("place", "placed")).get(),
             NOVEL_FROM + 2 * NOVEL_SAMPLE

@@ -52,6 +52,8 @@ pub use profile::SchedulingPolicy;
 use slot::Slot;
 use stream::{Keep, SimStream};
 
+use crate::telemetry::registry::Gauge;
+
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub model: String,
@@ -154,7 +156,7 @@ impl SimState {
         self: &Arc<Self>,
         req: slot::Request,
         delay: Option<Duration>,
-        pulling: Option<Pulling>,
+        pulling: Option<Counted>,
     ) -> Arc<Slot> {
         let slot = Arc::new(Slot::default());
         let Some(delay) = delay else {
@@ -163,7 +165,7 @@ impl SimState {
             return slot;
         };
         let (sim, out) = (self.clone(), slot.clone());
-        let held = pulling.is_none().then(|| Held::new(&self.metrics));
+        let held = pulling.is_none().then(|| Counted::held(&self.metrics));
         tokio::spawn(async move {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
@@ -191,35 +193,29 @@ impl SimState {
     }
 }
 
-/// A decode leg counted among those pulling their KV until dropped.
-pub(crate) struct Pulling(Arc<SimMetrics>);
+/// A request counted on one of the simulator's gauges until dropped: a
+/// decode leg among those pulling their KV, a request held before the
+/// engine.
+pub(crate) struct Counted(Arc<SimMetrics>, fn(&SimMetrics) -> &Gauge);
 
-impl Pulling {
-    fn new(m: &Arc<SimMetrics>) -> Self {
-        m.pulling.inc();
-        Self(m.clone())
+impl Counted {
+    fn new(m: &Arc<SimMetrics>, gauge: fn(&SimMetrics) -> &Gauge) -> Self {
+        gauge(m).inc();
+        Self(m.clone(), gauge)
+    }
+
+    fn pulling(m: &Arc<SimMetrics>) -> Self {
+        Self::new(m, |m| &m.pulling)
+    }
+
+    fn held(m: &Arc<SimMetrics>) -> Self {
+        Self::new(m, |m| &m.held)
     }
 }
 
-impl Drop for Pulling {
+impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.pulling.dec();
-    }
-}
-
-/// A request counted as held before the engine until dropped.
-struct Held(Arc<SimMetrics>);
-
-impl Held {
-    fn new(m: &Arc<SimMetrics>) -> Self {
-        m.held.inc();
-        Self(m.clone())
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.held.dec();
+        (self.1)(&self.0).dec();
     }
 }
 
@@ -744,7 +740,7 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
     };
     // A decode leg waits for its KV from here until it reaches the engine
     // (for its room's prefill under SGLang's protocol, then its transfer).
-    let pulling = leg.pulls().then(|| Pulling::new(&s.metrics));
+    let pulling = leg.pulls().then(|| Counted::pulling(&s.metrics));
     let remote_tokens = match disagg::pull(&s, &leg).await {
         Ok(n) => n.min(prompt_tokens),
         Err(resp) => return resp,

@@ -1576,9 +1576,10 @@ async fn named(gw: &Gateway, pathology: &str, sim: &SimHandle) -> bool {
         .any(|f| f["pathology"] == pathology && f["backend"] == name.as_str())
 }
 
-#[tokio::test]
-async fn the_doctor_names_a_saturated_prefill_pool_and_a_decode_pool_out_of_kv() {
-    let (p, d, gw) = fleet(
+/// One prefill and one decode replica behind a gateway whose doctor looks
+/// over a 2-s window (findings cleared 300 ms after their cause).
+async fn doctored_fleet() -> (SimHandle, SimHandle, Gateway) {
+    fleet(
         |_| {},
         |c| {
             c.doctor.window = Duration::from_secs(2);
@@ -1586,7 +1587,12 @@ async fn the_doctor_names_a_saturated_prefill_pool_and_a_decode_pool_out_of_kv()
             c.doctor.underused_batch = 0.0;
         },
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn the_doctor_names_a_saturated_prefill_pool_and_a_decode_pool_out_of_kv() {
+    let (p, d, gw) = doctored_fleet().await;
     assert!(!named(&gw, "prefill_pool_saturated", &p).await);
     // Every prefill replica (one here) keeps a queue, scrape after scrape.
     let mut c = p.state.control();
@@ -1627,15 +1633,7 @@ async fn the_doctor_names_a_saturated_prefill_pool_and_a_decode_pool_out_of_kv()
 /// for their KV (the engine's deferred ones) are not such a queue.
 #[tokio::test]
 async fn a_decode_pool_whose_replicas_keep_a_queue_is_named_out_of_kv() {
-    let (_p, d, gw) = fleet(
-        |_| {},
-        |c| {
-            c.doctor.window = Duration::from_secs(2);
-            c.doctor.clear_after = Duration::from_millis(300);
-            c.doctor.underused_batch = 0.0;
-        },
-    )
-    .await;
+    let (_p, d, gw) = doctored_fleet().await;
     // Three requests waiting at every scrape, all of them for their KV:
     // no finding after two windows' scrapes.
     let mut cd = d.state.control();
@@ -1804,10 +1802,11 @@ async fn gateways_sharing_prefix_homes_prefill_a_document_on_one_replica() {
 }
 
 /// A gateway over a disaggregated fleet meeting only new prompts (a
-/// thousand and more in 5-10 s, none homed by another gateway), sharing
+/// hundred and more in 5-10 s, the sampling's threshold lowered from its
+/// thousand, none homed by another gateway), sharing
 /// prefix homes through Redis, samples each pool's homes apart: its
 /// prefill legs' and its decode legs' lookups each start sampling at their
-/// own thousandth new prompt, and a prompt used again is written in both
+/// own hundredth new prompt, and a prompt used again is written in both
 /// pools.
 #[tokio::test]
 async fn a_disaggregated_gateway_meeting_only_new_prompts_samples_each_pools_homes_apart() {
@@ -1824,13 +1823,13 @@ async fn a_disaggregated_gateway_meeting_only_new_prompts_samples_each_pools_hom
     // Every prompt prefilled in the pool (none by a decode replica by
     // choice), so that every request places a home in both pools.
     let gw = gateway_over(&fleet, |c| {
-        crate::routing::shared_table_unhurried(c, &redis);
+        crate::routing::shared_table_sampled_soon(c, &redis);
         c.routing.disaggregation.local_when_idle = false;
         c.routing.disaggregation.local_stall_share = 0.0;
     })
     .await;
     let url = format!("{}/v1/chat/completions", api(&gw));
-    const PROMPTS: usize = 1_100;
+    const PROMPTS: usize = crate::routing::SAMPLED_PROMPTS;
     // Every prefix twice, 16 at a time: first all new, then with another
     // question (prefilled in the pool again: the decode replica holds the
     // prefix but not the question, more than it prefills by choice).
@@ -1847,7 +1846,7 @@ async fn a_disaggregated_gateway_meeting_only_new_prompts_samples_each_pools_hom
             }
         }
         if pass == 0 {
-            crate::routing::each_pool_sampled(&gw, &redis, PROMPTS).await;
+            crate::routing::each_pool_sampled(&gw, &redis).await;
         }
     }
     crate::routing::each_pool_homes_all(&gw, &redis, PROMPTS).await;

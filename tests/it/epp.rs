@@ -992,17 +992,18 @@ async fn the_health_services_answer() {
 }
 
 /// A picker over a disaggregated model meeting only new prompts (a
-/// thousand and more in 5-10 s, none homed by another gateway), sharing
+/// hundred and more in 5-10 s, the sampling's threshold lowered from its
+/// thousand, none homed by another gateway), sharing
 /// prefix homes through Redis, samples each pool's homes apart, as the
 /// proxy does: the prefill replicas it names and the decode replicas it
-/// picks each start sampling at their own thousandth new prompt, and a
+/// picks each start sampling at their own hundredth new prompt, and a
 /// prompt used again is written in both pools.
 #[tokio::test]
 async fn a_picker_meeting_only_new_prompts_samples_each_pools_homes_apart() {
     let redis = crate::common::redis::start().await;
     let sims = sims(4).await;
     let mut c = with_epp(routing_config(&urls(&sims)));
-    crate::routing::shared_table_unhurried(&mut c, &redis);
+    crate::routing::shared_table_sampled_soon(&mut c, &redis);
     for (i, b) in c.backends.iter_mut().enumerate() {
         b.role = if i < 2 { Role::Prefill } else { Role::Decode };
     }
@@ -1012,7 +1013,7 @@ async fn a_picker_meeting_only_new_prompts_samples_each_pools_homes_apart() {
     c.routing.disaggregation.local_stall_share = 0.0;
     let gw = start_routed(c, 4).await;
     let answer = br#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}"#;
-    const PROMPTS: usize = 1_100;
+    const PROMPTS: usize = crate::routing::SAMPLED_PROMPTS;
     // Every prefix twice, 16 at a time: first all new, then with another
     // question (the decode replica holds the prefix, not the question).
     for pass in 0..2 {
@@ -1028,7 +1029,7 @@ async fn a_picker_meeting_only_new_prompts_samples_each_pools_homes_apart() {
             .await;
         }
         if pass == 0 {
-            crate::routing::each_pool_sampled(&gw, &redis, PROMPTS).await;
+            crate::routing::each_pool_sampled(&gw, &redis).await;
         }
     }
     crate::routing::each_pool_homes_all(&gw, &redis, PROMPTS).await;
