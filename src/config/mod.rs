@@ -749,6 +749,16 @@ pub struct PrefixKvConfig {
     pub shared_homes_sampled_from: u64,
 }
 
+/// Prompts new to a gateway (held nowhere in its index) of a model and
+/// pool in the last 5-10 s from which, while the shared table found none
+/// of them homed elsewhere, it stops looking up every one
+/// (`routing::shared_table`): 100-200 a second and more. Below that the
+/// lookups cost a gateway at most ~1% of a core (~50 us of its own and
+/// Redis's CPU each: docs/BENCHMARKS.md, "The shared routing table on
+/// prompts that share nothing"). The default of
+/// `routing.prefix_kv.shared_homes_sampled_from`.
+pub const SHARED_HOMES_SAMPLED_FROM: u64 = 1_000;
+
 /// Where a new session starts (`routing.prefix_kv.session_placement`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -790,7 +800,7 @@ impl Default for PrefixKvConfig {
             session_placement: SessionPlacement::Auto,
             shared_homes: true,
             shared_homes_sampled: true,
-            shared_homes_sampled_from: crate::routing::shared_table::NOVEL_FROM,
+            shared_homes_sampled_from: SHARED_HOMES_SAMPLED_FROM,
         }
     }
 }

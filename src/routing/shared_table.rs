@@ -188,14 +188,10 @@ pub(crate) fn home_key(hashes: &[u64], home_blocks: usize) -> Option<u64> {
 /// is placed as without the table).
 const PAUSE: Duration = Duration::from_secs(2);
 
-/// Prompts new to this gateway (held nowhere in its index) of a model and
-/// pool in the last 5-10 s from which, while the table found none of them
-/// homed elsewhere, it stops looking up every one ([`Novelty`]): 100-200 a
-/// second and more. Below that the lookups cost a gateway at most ~1% of a
-/// core (~50 us of its own and Redis's CPU each: docs/BENCHMARKS.md, "The
-/// shared routing table on prompts that share nothing").
-/// (The default of `routing.prefix_kv.shared_homes_sampled_from`.)
-pub(crate) const NOVEL_FROM: u64 = 1_000;
+/// The default of `routing.prefix_kv.shared_homes_sampled_from`
+/// ([`crate::config::SHARED_HOMES_SAMPLED_FROM`]), which the tests use.
+#[cfg(test)]
+const NOVEL_FROM: u64 = crate::config::SHARED_HOMES_SAMPLED_FROM;
 
 /// While a model's new prompts share nothing with the table, the prefixes
 /// whose key is a multiple of this are still looked up (the others are
@@ -205,7 +201,7 @@ pub(crate) const NOVEL_FROM: u64 = 1_000;
 const NOVEL_SAMPLE: u64 = 16;
 
 /// Whether this gateway's prompts of a model and pool lately share nothing
-/// with the table: many new prompts ([`NOVEL_FROM`] by default), none of them found
+/// with the table: many new prompts (`routing.prefix_kv.shared_homes_sampled_from`), none of them found
 /// homed elsewhere (a lookup that found one placed before, or a touch that
 /// found the home elsewhere). On prompts that share nothing, every request
 /// is such a prompt, and its lookup and its cold mark's clear are two Redis
