@@ -737,8 +737,9 @@ pub struct PrefixKvConfig {
     /// homed by every gateway), so that gateways behind a load balancer send
     /// a shared prefix to the same replica (`routing::shared_table`).
     pub shared_homes: bool,
-    /// While a gateway meets a thousand new prompts of a model and more in
-    /// 5-10 s and finds none homed elsewhere, it looks up one prefix in 16
+    /// While a gateway meets `shared_homes_sampled_from` new prompts of a
+    /// model and more in 5-10 s and finds none homed elsewhere, it looks up
+    /// one prefix in 16
     /// (by key) and places the others as without the table. `false`: every
     /// new prompt is looked up, whatever the rate (a prefix that reaches
     /// several gateways as a trickle among many new prompts then keeps one

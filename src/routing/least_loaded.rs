@@ -31,7 +31,11 @@ impl LeastLoaded {
 const STALE_WORK: f64 = 1e9;
 
 /// In-flight from this gateway plus the replica's own queue from its fresh
-/// metrics; stale or missing metrics count as saturated ([`STALE_WORK`]).
+/// metrics (requests waiting for room: a decode leg pulling its KV is in
+/// flight already, and counting it again as waiting made agentic sessions'
+/// TTFT p99 1.20x higher in the median of five seeds: docs/BENCHMARKS.md,
+/// "Decode legs waiting for their KV"); stale or missing metrics count as
+/// saturated ([`STALE_WORK`]).
 /// With scraping off (`stale_after` unset) in-flight alone decides.
 pub(super) fn work(r: &ReplicaView, ctx: &RouteCtx<'_>, stale_after: Option<Duration>) -> f64 {
     let in_flight = f64::from(r.in_flight);
@@ -39,7 +43,7 @@ pub(super) fn work(r: &ReplicaView, ctx: &RouteCtx<'_>, stale_after: Option<Dura
         return in_flight;
     };
     match r.fresh_load(ctx.now, d) {
-        Some(s) => in_flight + s.waiting.unwrap_or(0.0),
+        Some(s) => in_flight + s.queue.or(s.waiting).unwrap_or(0.0),
         None => in_flight + STALE_WORK,
     }
 }

@@ -63,7 +63,8 @@
 //!   places itself (the table did not answer) is written over. Retries and
 //!   decisions a session made write nothing;
 //! - a gateway whose new prompts of a model and pool share nothing with the
-//!   table (a thousand and more in 5-10 s, none found homed elsewhere:
+//!   table (`routing.prefix_kv.shared_homes_sampled_from`, a thousand by
+//!   default, and more in 5-10 s, none found homed elsewhere:
 //!   all-distinct prompts) looks up only the prefixes whose key is a
 //!   multiple of [`NOVEL_SAMPLE`] and places the others as without the
 //!   table, writing nothing for them ([`Novelty`]); one used again is

@@ -1577,7 +1577,8 @@ async fn named(gw: &Gateway, pathology: &str, sim: &SimHandle) -> bool {
 }
 
 /// One prefill and one decode replica behind a gateway whose doctor looks
-/// over a 2-s window (findings cleared 300 ms after their cause).
+/// over a 2-s window (findings cleared 300 ms after their cause; the
+/// underutilisation rule off: idle replicas are not the subject).
 async fn doctored_fleet() -> (SimHandle, SimHandle, Gateway) {
     fleet(
         |_| {},
