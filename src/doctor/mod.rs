@@ -518,14 +518,11 @@ fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
             .filter(|p| p.replica.role == role && p.samples.len() >= 3)
             .collect()
     };
-    let queued_share = |p: &Patient<'_>| {
-        let n = p
-            .samples
-            .iter()
-            .filter(|s| s.queue().unwrap_or(0.0) >= 1.0)
-            .count();
-        n as f64 / p.samples.len() as f64
+    // The share of a replica's scrapes of which `pick` holds.
+    let share = |p: &Patient<'_>, pick: fn(&LoadSample) -> bool| {
+        p.samples.iter().filter(|s| pick(s)).count() as f64 / p.samples.len() as f64
     };
+    let queued_share = |p: &Patient<'_>| share(p, |s| s.queue().unwrap_or(0.0) >= 1.0);
     let prefill = of(Role::Prefill);
     if !prefill.is_empty() && prefill.iter().all(|p| queued_share(p) >= 0.8) {
         for p in &prefill {
@@ -549,10 +546,7 @@ fn pools(patients: &[Patient<'_>], out: &mut Vec<Finding>) {
     // prealloc queue on the way in), and only where the engine tells
     // requests pulling their KV apart: an older vLLM counts a slow pull as
     // waiting (kv_transfer_slow names that).
-    let persisting_share = |p: &Patient<'_>| {
-        let n = p.samples.iter().filter(|s| s.queued).count();
-        n as f64 / p.samples.len() as f64
-    };
+    let persisting_share = |p: &Patient<'_>| share(p, |s| s.queued);
     let decode_queued = |p: &Patient<'_>| {
         p.samples.iter().all(|s| s.deferred.is_some()) && persisting_share(p) >= 0.8
     };

@@ -43,7 +43,9 @@ pub(super) fn work(r: &ReplicaView, ctx: &RouteCtx<'_>, stale_after: Option<Dura
         return in_flight;
     };
     match r.fresh_load(ctx.now, d) {
-        Some(s) => in_flight + s.queue.or(s.waiting).unwrap_or(0.0),
+        // (The queue is every waiting request where the engine does not
+        // tell them apart: `LoadSample::queue`.)
+        Some(s) => in_flight + s.queue.unwrap_or(0.0),
         None => in_flight + STALE_WORK,
     }
 }
