@@ -176,6 +176,12 @@ pub struct SimArgs {
     /// lowest-priority running sequence is the one preempted for blocks).
     #[arg(long, value_enum, default_value = "fcfs")]
     pub scheduling_policy: crate::sim::SchedulingPolicy,
+    /// When a prompt block becomes a prefix-cache hit for other requests:
+    /// `compute`, once the step computing it has ended (SGLang), or
+    /// `schedule`, once that step is scheduled (vLLM V1: requests for a
+    /// prompt being prefilled share its blocks).
+    #[arg(long, value_enum, default_value = "compute")]
+    pub cache_at: crate::sim::CacheAt,
     /// Metric names of /metrics.
     #[arg(long, value_enum, default_value = "vllm")]
     pub dialect: crate::sim::Dialect,

@@ -130,6 +130,10 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                     args.scheduling_policy == sim::SchedulingPolicy::Priority,
                     "--scheduling-policy priority",
                 ),
+                (
+                    args.cache_at == sim::CacheAt::Schedule,
+                    "--cache-at schedule",
+                ),
                 (args.step_base.is_some(), "--step-base"),
                 (args.step_per_seq.is_some(), "--step-per-seq"),
                 (args.prefill_per_token.is_some(), "--prefill-per-token"),
@@ -165,6 +169,7 @@ pub async fn run(command: cli::Command) -> anyhow::Result<()> {
                 p.swap_blocks = args.swap_space;
                 p.chunked_prefill &= !args.no_chunked_prefill;
                 p.priority_scheduling = args.scheduling_policy == sim::SchedulingPolicy::Priority;
+                p.cache_at = args.cache_at;
                 Some(p)
             };
             anyhow::ensure!(args.speed > 0.0, "--speed must be positive");

@@ -15,7 +15,12 @@ shares no code with `src/sim/` and makes its own choices where engines differ:
   then admits waiting requests in arrival order while seats, budget and KV blocks
   last. A prompt is admitted only if the KV blocks of its whole prompt are free
   (cached blocks are reused, free cached blocks evicted least recently used
-  first); prefill is chunked across steps.
+  first); prefill is chunked across steps. A prompt block becomes findable by
+  later prompts once the step computing it ends (`--cache-at compute`, as
+  SGLang's radix tree inserts after the forward pass), or as soon as that step
+  is scheduled (`--cache-at schedule`, as vLLM V1 caches full blocks when it
+  allocates them: a prompt admitted in the same step, or while a long prompt's
+  chunks are in flight, shares them).
 - KV: fixed blocks; a running sequence grows block by block; when none is free
   the most recently admitted sequence is preempted (its blocks freed, back to the
   head of the queue: recomputed later). Usage counts blocks held by sequences.
@@ -140,10 +145,10 @@ class Engine:
             seq.blocks.append(b)
         return True
 
-    def register(self, seq):
-        """Prompt blocks fully computed become findable by later prompts."""
+    def register(self, seq, upto):
+        """Prompt blocks full within `upto` tokens become findable by later prompts."""
         bs = self.a.block_size
-        for i in range(min(seq.done_tokens // bs, len(seq.hashes))):
+        for i in range(min(upto // bs, len(seq.hashes))):
             hh = seq.hashes[i]
             if hh not in self.by_hash:
                 self.by_hash[hh] = seq.blocks[i]
@@ -185,6 +190,8 @@ class Engine:
                 budget -= want
                 if s.done_tokens < len(s.tokens):
                     prefill += want
+                    if a.cache_at == "schedule":
+                        self.register(s, s.done_tokens + want)
                 step.append((s, want))
             while self.waiting and len(self.running) < a.max_seqs and budget > 0:
                 s = self.waiting[0]
@@ -198,6 +205,8 @@ class Engine:
                 want = min(len(s.tokens) - s.done_tokens, budget)
                 budget -= want
                 prefill += want
+                if a.cache_at == "schedule":
+                    self.register(s, s.done_tokens + want)
                 step.append((s, want))
             if not step:
                 await asyncio.sleep(a.step_base)
@@ -208,7 +217,7 @@ class Engine:
                     continue
                 if s.done_tokens < len(s.tokens):
                     s.done_tokens += want
-                    self.register(s)
+                    self.register(s, s.done_tokens)
                     if s.done_tokens < len(s.tokens):
                         continue
                 s.generated += 1
@@ -344,6 +353,9 @@ async def main():
     ap.add_argument("--per-seq-ms", type=float, default=0.1)
     ap.add_argument("--per-token-ms", type=float, default=0.1)
     ap.add_argument("--output-tokens", type=int, default=4096)
+    ap.add_argument("--cache-at", choices=["compute", "schedule"], default="compute",
+                    help="when a prompt block becomes a prefix-cache hit: once computed, "
+                         "or once the step computing it is scheduled (vLLM V1)")
     a = ap.parse_args()
     a.step_base, a.per_seq, a.per_token = a.step_base_ms / 1e3, a.per_seq_ms / 1e3, a.per_token_ms / 1e3
     eng = Engine(a)

@@ -40,6 +40,11 @@ Cells (`--cells`, default all):
 from `sluice sim` (same API and metric names, its own tokenizer, scheduler, cache and
 preemption): a decision tuned on one model must hold on the other.
 
+`--cache-at schedule` gives either engine model vLLM V1's prefix caching: a prompt
+block is a cache hit as soon as the step computing it is scheduled, so requests
+for a prompt that is being prefilled share its blocks (by default, `compute`, only
+once that step has ended, as SGLang's radix tree does).
+
 Routers: Sluice (defaults, no config) and, from `--routers-venv`, sglang-router
 `cache_aware` and vllm-router `cache_aware` (prefix cells) or `consistent_hash`
 (session cells, hashing `x-session-id`). On session cells Sluice also runs as its
@@ -94,12 +99,20 @@ def engine_args(kind, e, blocks, port):
         return [sys.executable, os.path.join(HERE, "engine_b.py"), "--port", str(port),
                 "--num-blocks", str(blocks), "--max-seqs", str(e["seats"]),
                 "--max-batched-tokens", str(e["batched"]), "--step-base-ms", str(e["base"]),
-                "--per-seq-ms", str(e["per_seq"]), "--per-token-ms", str(e["per_token"])]
+                "--per-seq-ms", str(e["per_seq"]), "--per-token-ms", str(e["per_token"]),
+                *cache_at()]
     return [BIN, "sim", "--listen", f"127.0.0.1:{port}", "--profile", "h100-llama3-8b",
             "--output-tokens", "4096", "--num-blocks", str(blocks),
             "--step-base", f"{e['base'] * 1000:.0f}us", "--step-per-seq", f"{e['per_seq'] * 1000:.0f}us",
             "--prefill-per-token", f"{e['per_token'] * 1000:.0f}us",
-            "--max-num-seqs", str(e["seats"]), "--max-num-batched-tokens", str(e["batched"])]
+            "--max-num-seqs", str(e["seats"]), "--max-num-batched-tokens", str(e["batched"]),
+            *cache_at()]
+
+
+def cache_at():
+    """The engines' `--cache-at`, when not the default (older builds lack it)."""
+    return [] if CACHE_AT == "compute" else ["--cache-at", CACHE_AT]
+
 
 CELLS = {
     "few_keys": dict(kind="prefix", engine=FAST, blocks=1024, prefixes=16, rate=40.0),
@@ -120,6 +133,8 @@ CELLS = {
 
 
 ENGINE = "sim"
+# When a prompt block becomes a prefix-cache hit (`--cache-at`).
+CACHE_AT = "compute"
 # A config file for the Sluice gateways (experiments: `--sluice-config`).
 SLUICE_CONFIG = None
 
@@ -311,14 +326,17 @@ def main():
     ap.add_argument("--requests", type=int, default=3000, help="prefix cells: requests a run")
     ap.add_argument("--engine", choices=["sim", "b"], default="sim",
                     help="the replicas: `sluice sim`, or engine_b.py (the second engine model)")
+    ap.add_argument("--cache-at", choices=["compute", "schedule"], default="compute",
+                    help="the engines' prefix caching: blocks hit once computed, or once "
+                         "scheduled (vLLM V1)")
     ap.add_argument("--sluice-config", help="a config file for the Sluice gateways (experiments)")
     ap.add_argument("--requests-dir", help="prefix cells: every request's timing, a file a run")
     ap.add_argument("--bin", help="the sluice binary for replicas, gateways and load (default "
                     "target/release/sluice; a copy lets a long run outlive a rebuild)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    global ENGINE, SLUICE_CONFIG, BIN
-    ENGINE, SLUICE_CONFIG = args.engine, args.sluice_config
+    global ENGINE, SLUICE_CONFIG, BIN, CACHE_AT
+    ENGINE, SLUICE_CONFIG, CACHE_AT = args.engine, args.sluice_config, args.cache_at
     if args.bin:
         BIN = agentic.BIN = os.path.abspath(args.bin)
     if not os.path.exists(BIN):
@@ -357,7 +375,8 @@ def main():
                       f"p99 {row['ttft_p99_ms']:8.1f} warm {row['warm_ttft_p99_ms'] or 0:7.1f} ms | busiest {row['busiest_over_mean']:.2f}x | "
                       f"hit {row['prefix_hit'] if row['prefix_hit'] is not None else '-'}{extra} | "
                       f"ok {row['ok']}/{row['requests']} | {row.get('decisions', '')}", flush=True)
-            out["cells"][cname] = {"cell": cell, "engine": args.engine, "runs": runs}
+            out["cells"][cname] = {"cell": cell, "engine": args.engine,
+                                   "cache_at": args.cache_at, "runs": runs}
             save()
         summary = {}
         for n, rows in runs.items():

@@ -10,7 +10,13 @@
 //! waiting sequences in arrival order while the batch has room
 //! (`max_num_seqs`), token budget (`max_num_batched_tokens`, chunked prefill)
 //! and blocks. A new sequence first takes its cached prefix blocks, so only
-//! uncached prompt tokens cost prefill time. The step then lasts
+//! uncached prompt tokens cost prefill time. A prompt's full blocks become
+//! cached for others when the step computing them ends (`--cache-at
+//! compute`, as SGLang inserts into its radix tree after the forward pass),
+//! or as soon as that step is scheduled (`--cache-at schedule`, as vLLM V1
+//! caches the blocks it allocates: a request admitted later in the same
+//! step attends to KV written earlier in the same forward pass, so requests
+//! for a prompt being prefilled share it). The step then lasts
 //! `profile.step_time(batch, prefill tokens) / speed` plus the copy time of
 //! the blocks swapped, after which every sequence that caught up with its
 //! prompt emits one token. A sequence with the `leak` fault hands its blocks
@@ -46,7 +52,7 @@ use tokio::time::Instant;
 
 use super::SimMetrics;
 use super::kv::{BlockPool, CachedPrefixes};
-use super::profile::Profile;
+use super::profile::{CacheAt, Profile};
 use super::slot::{Request, Slot};
 
 struct Seq {
@@ -72,6 +78,21 @@ impl Seq {
     /// Tokens that must have KV before the next token can be produced.
     fn target(&self) -> u32 {
         self.req.prompt_tokens + self.generated
+    }
+
+    /// Make the full prompt blocks of its first `computed` tokens prefix-cache
+    /// hits for other requests (once; later calls add the blocks since).
+    fn register_blocks(&mut self, pool: &mut BlockPool) {
+        let bs = pool.block_size as usize;
+        let full =
+            (self.computed.min(self.req.prompt_tokens) as usize / bs).min(self.req.hashes.len());
+        while self.registered < full {
+            pool.register(
+                self.blocks[self.registered],
+                self.req.hashes[self.registered],
+            );
+            self.registered += 1;
+        }
     }
 }
 
@@ -226,6 +247,7 @@ impl State {
         let mut budget = self.profile.max_num_batched_tokens;
         let mut prefill = 0u32;
         let mut preempted = false;
+        let schedule_time = self.profile.cache_at == CacheAt::Schedule;
         // Cancelled requests leave first.
         let metrics = &self.metrics;
         let (pool, leaked) = (&mut self.pool, &mut self.leaked);
@@ -305,6 +327,9 @@ impl State {
             }
             s.scheduled = true;
             s.computed += n;
+            if schedule_time {
+                s.register_blocks(&mut self.pool);
+            }
             budget -= n;
             i += 1;
         }
@@ -335,6 +360,9 @@ impl State {
             }
             s.computed += n;
             s.scheduled = true;
+            if schedule_time {
+                s.register_blocks(&mut self.pool);
+            }
             budget -= n;
             self.running.push(s);
         }
@@ -408,6 +436,11 @@ impl State {
             }
             s.computed += n;
             s.scheduled = true;
+            if schedule_time {
+                // vLLM V1: cached when allocated, so a request admitted
+                // after this one in the same step shares its prompt.
+                s.register_blocks(&mut self.pool);
+            }
             budget = budget.saturating_sub(n);
             self.running.push(s);
         }
@@ -419,14 +452,8 @@ impl State {
     /// sequence that caught up, retire finished ones.
     fn complete_step(&mut self) {
         let now = Instant::now();
-        let bs = self.pool.block_size as usize;
         for s in self.running.iter_mut().filter(|s| s.scheduled) {
-            let full = (s.computed.min(s.req.prompt_tokens) as usize / bs).min(s.req.hashes.len());
-            while s.registered < full {
-                self.pool
-                    .register(s.blocks[s.registered], s.req.hashes[s.registered]);
-                s.registered += 1;
-            }
+            s.register_blocks(&mut self.pool);
             if s.computed < s.target() {
                 continue; // still prefilling (chunked)
             }

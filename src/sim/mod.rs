@@ -48,7 +48,7 @@ use faults::Faults;
 use generation::{Api, Generation};
 pub use metrics::{Dialect, SimMetrics};
 use profile::Profile;
-pub use profile::SchedulingPolicy;
+pub use profile::{CacheAt, SchedulingPolicy};
 use slot::Slot;
 use stream::{Keep, SimStream};
 

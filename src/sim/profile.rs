@@ -66,6 +66,9 @@ pub struct Profile {
     /// sequence preempted for blocks is the lowest-priority one running.
     /// Off (`fcfs`, vLLM's default): arrival order.
     pub priority_scheduling: bool,
+    /// When a prompt block the engine computes becomes a prefix-cache hit
+    /// for other requests (`--cache-at`).
+    pub cache_at: CacheAt,
     /// The GPU, as dcgm-exporter's `modelName` shows it, and how many the
     /// engine runs on (tensor parallelism).
     pub gpu: &'static str,
@@ -108,6 +111,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_swap_block: us(80),
         chunked_prefill: true,
         priority_scheduling: false,
+        cache_at: CacheAt::Compute,
         gpu: "NVIDIA H100 80GB HBM3",
         gpus: 1,
         gpu_memory_mib: 81_559,
@@ -135,6 +139,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_swap_block: us(130),
         chunked_prefill: true,
         priority_scheduling: false,
+        cache_at: CacheAt::Compute,
         gpu: "NVIDIA A100-SXM4-40GB",
         gpus: 1,
         gpu_memory_mib: 40_960,
@@ -160,6 +165,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_swap_block: us(50),
         chunked_prefill: true,
         priority_scheduling: false,
+        cache_at: CacheAt::Compute,
         gpu: "NVIDIA H100 80GB HBM3",
         gpus: 4,
         gpu_memory_mib: 81_559,
@@ -183,6 +189,7 @@ pub(crate) const PROFILES: &[Profile] = &[
         per_swap_block: us(20),
         chunked_prefill: true,
         priority_scheduling: false,
+        cache_at: CacheAt::Compute,
         gpu: "NVIDIA L4",
         gpus: 1,
         gpu_memory_mib: 23_034,
@@ -241,6 +248,20 @@ mod tests {
         let kv_tokens = p.num_blocks * p.block_size;
         assert!((400_000..550_000).contains(&kv_tokens));
     }
+}
+
+/// `sluice sim --cache-at`: when a prompt block becomes a prefix-cache hit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheAt {
+    /// Once the step that computes it has ended (SGLang's radix tree inserts
+    /// a prompt's KV after the forward pass).
+    #[default]
+    Compute,
+    /// As soon as the step that computes it is scheduled (vLLM V1's KV cache
+    /// manager caches a request's full blocks when it allocates them): a
+    /// request admitted in the same step, or while a long prompt's chunks
+    /// are in flight, shares them.
+    Schedule,
 }
 
 /// `sluice sim --scheduling-policy` (vLLM's flag of the same name).

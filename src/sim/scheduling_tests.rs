@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::SimMetrics;
 use super::engine::Engine;
-use super::profile::{self, Profile};
+use super::profile::{self, CacheAt, Profile};
 use super::slot::{Request, Slot};
 
 fn tiny() -> Profile {
@@ -26,11 +26,34 @@ fn submit_at(
     leak: bool,
     priority: i64,
 ) -> Arc<Slot> {
+    submit_request(
+        engine,
+        prompt_tokens,
+        Vec::new(),
+        output_tokens,
+        leak,
+        priority,
+    )
+}
+
+/// A request for a prompt whose blocks hash to `hashes` (a shared prompt).
+fn submit_prompt(engine: &Engine, prompt_tokens: u32, hashes: &[u64]) -> Arc<Slot> {
+    submit_request(engine, prompt_tokens, hashes.to_vec(), 2, false, 0)
+}
+
+fn submit_request(
+    engine: &Engine,
+    prompt_tokens: u32,
+    hashes: Vec<u64>,
+    output_tokens: u32,
+    leak: bool,
+    priority: i64,
+) -> Arc<Slot> {
     let slot = Arc::new(Slot::default());
     engine.submit(
         Request {
             prompt_tokens,
-            hashes: Vec::new(),
+            hashes,
             output_tokens,
             finish_reason: "stop",
             arrival: Instant::now(),
@@ -164,4 +187,41 @@ async fn leaked_blocks_stay_until_a_reset() {
     assert_eq!(engine.reset().await, 5);
     assert_eq!(engine.reset().await, 0);
     task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn blocks_cached_at_schedule_are_shared_by_requests_for_a_prompt_being_prefilled() {
+    // Two requests for the same prompt arrive together. (prompt tokens,
+    // token budget, what the second finds cached: blocks cached once
+    // computed, once scheduled.)
+    let cases = [
+        // The budget holds both prompts: admitted in the same step, the
+        // second shares the first's blocks only if they are cached when
+        // scheduled (19 of 20 blocks: its last token is always computed).
+        (320, 1024, 0, 19 * 16),
+        // 640 tokens in chunks of 256: the first takes the whole budget
+        // twice, and the second is admitted beside its last chunk, when two
+        // chunks are computed and the third is being computed.
+        (640, 256, 32 * 16, 39 * 16),
+    ];
+    for (prompt, budget, once_computed, once_scheduled) in cases {
+        for cache_at in [CacheAt::Compute, CacheAt::Schedule] {
+            let mut p = tiny();
+            p.max_num_batched_tokens = budget;
+            p.cache_at = cache_at;
+            let (engine, task) = Engine::spawn(p, 1.0, Arc::new(SimMetrics::new()));
+            let hashes: Vec<u64> = (1..=u64::from(prompt / 16)).collect();
+            let first = submit_prompt(&engine, prompt, &hashes);
+            let second = submit_prompt(&engine, prompt, &hashes);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert!(first.is_done() && second.is_done());
+            assert_eq!(first.cached(), 0, "{cache_at:?}, {prompt} tokens");
+            let want = match cache_at {
+                CacheAt::Compute => once_computed,
+                CacheAt::Schedule => once_scheduled,
+            };
+            assert_eq!(second.cached(), want, "{cache_at:?}, {prompt} tokens");
+            task.abort();
+        }
+    }
 }

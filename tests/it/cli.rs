@@ -309,6 +309,14 @@ async fn sim_refuses_options_it_cannot_honour() {
             &["--profile", "fixed", "--no-chunked-prefill"][..],
             "--no-chunked-prefill needs an engine profile",
         ),
+        (
+            &["--profile", "fixed", "--cache-at", "schedule"][..],
+            "--cache-at schedule needs an engine profile",
+        ),
+        (
+            &["--cache-at", "admission"][..],
+            "invalid value 'admission'",
+        ),
         (&["--swap-space", "lots"][..], "invalid value 'lots'"),
         (&["--max-num-batched-tokens", "0"][..], "invalid value '0'"),
         (&["--fault", "leak=1"][..], "fault `leak` takes no value"),

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use sluice::sim::{Dialect, SimConfig};
+use sluice::sim::{CacheAt, Dialect, SimConfig};
 
 use crate::common::*;
 
@@ -100,6 +100,40 @@ async fn a_repeated_prefix_skips_its_prefill() {
         queries > hits * 1.9,
         "two prompts queried, one hit: {queries} vs {hits}"
     );
+}
+
+/// Two requests for the same prompt sent together, to an engine slowed so
+/// that its prefill takes three steps of ~0.5 s: cached once computed (the
+/// default, SGLang's way), the second finds only the chunks computed before
+/// it is admitted; cached once scheduled (`--cache-at schedule`, vLLM V1's
+/// way), it also shares the chunk being computed beside it.
+#[tokio::test]
+async fn requests_for_a_prompt_being_prefilled_share_it_when_blocks_are_cached_at_schedule() {
+    let doc = "Every replica reports its queue and its cache. ".repeat(52);
+    let mut found = Vec::new();
+    for cache_at in [CacheAt::Compute, CacheAt::Schedule] {
+        let mut cfg = SimConfig::engine("tiny", 0.01).unwrap();
+        let profile = cfg.profile.as_mut().unwrap();
+        profile.max_num_batched_tokens = 256;
+        profile.cache_at = cache_at;
+        let sim = start_sim(cfg).await;
+        let base = sim.url();
+        let ((_, _, a), (_, _, b)) =
+            tokio::join!(stream_chat(&base, &doc, 2), stream_chat(&base, &doc, 2));
+        let prompt = a["prompt_tokens"].as_u64().unwrap();
+        assert!((600..700).contains(&prompt), "{prompt} prompt tokens");
+        let cached = |u: &serde_json::Value| {
+            u["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        };
+        // The first admitted finds nothing cached.
+        assert_eq!(cached(&a).min(cached(&b)), 0, "{cache_at:?}: {a} {b}");
+        found.push(cached(&a).max(cached(&b)));
+    }
+    // Two chunks of 256 once computed; all but the last block once scheduled.
+    assert_eq!(found[0], 512, "cached once computed");
+    assert!(found[1] > found[0] + 64, "cached once scheduled: {found:?}");
 }
 
 #[tokio::test]
