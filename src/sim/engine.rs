@@ -489,6 +489,13 @@ impl State {
     /// memory if the swap space holds them (it resumes where it was),
     /// otherwise dropped (it is recomputed from its prompt later).
     fn preempt(&mut self, mut victim: Seq) {
+        // Only a sequence not yet scheduled in this step is preempted, so a
+        // block registered at schedule time (`CacheAt::Schedule`) was computed
+        // before its owner could be preempted.
+        debug_assert!(
+            !victim.scheduled,
+            "preempted a sequence scheduled in this step"
+        );
         let n = victim.blocks.len() as u32;
         self.pool.release(&victim.blocks);
         victim.blocks.clear();

@@ -8,7 +8,7 @@
 //! allocation needs it, oldest first (LRU eviction). Free-queue operations are
 //! O(1) (an index-linked list), a prefix lookup is O(matched blocks).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, hash_map::Entry};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -199,12 +199,28 @@ impl BlockPool {
         }
     }
 
-    /// Mark a full block as holding the prefix with this chained hash.
+    /// Mark a full block as holding the prefix with this chained hash. Where
+    /// a free block holds it already (a swapped-in sequence's copy from before
+    /// its preemption), the live block takes over the hash: the free one is
+    /// evicted first, and its eviction would otherwise lose a prefix that the
+    /// live block still holds.
     pub(crate) fn register(&mut self, block: u32, hash: u64) {
         if self.hash_of[block as usize].is_some() {
             return;
         }
-        self.cached.lock().entry(hash).or_insert(block);
+        let mut cached = self.cached.lock();
+        match cached.entry(hash) {
+            Entry::Occupied(mut e) => {
+                let old = *e.get() as usize;
+                if self.ref_cnt[old] == 0 {
+                    self.hash_of[old] = None;
+                    e.insert(block);
+                }
+            }
+            Entry::Vacant(e) => {
+                e.insert(block);
+            }
+        }
         self.hash_of[block as usize] = Some(hash);
     }
 }
@@ -260,6 +276,26 @@ mod tests {
         assert!(pool.allocate(4, &mut b));
         assert!(pool.take_prefix(&[11]).is_empty());
         assert!(!pool.allocate(1, &mut b), "full");
+    }
+
+    #[test]
+    fn a_live_block_takes_over_a_prefix_from_a_free_copy() {
+        let mut pool = BlockPool::new(4, 16);
+        let mut old = Vec::new();
+        assert!(pool.allocate(1, &mut old));
+        pool.register(old[0], 11);
+        pool.release(&old);
+        // The same prefix computed again into another block (a swapped-in
+        // sequence), while the old copy sits free and cached.
+        let mut live = Vec::new();
+        assert!(pool.allocate(1, &mut live));
+        assert_ne!(live, old);
+        pool.register(live[0], 11);
+        // Evicting the free copy keeps the prefix: the live block holds it.
+        let mut rest = Vec::new();
+        assert!(pool.allocate(3, &mut rest));
+        assert!(rest.contains(&old[0]), "the old copy was evicted");
+        assert_eq!(pool.take_prefix(&[11]), live);
     }
 
     #[test]
