@@ -109,6 +109,10 @@ class Procs:
         self.procs = []
 
 
+# `--cache-at`: when a prompt block becomes a prefix hit on the replicas.
+CACHE_AT = "compute"
+
+
 def start_sims(procs, n, blocks):
     urls = []
     for _ in range(n):
@@ -117,6 +121,8 @@ def start_sims(procs, n, blocks):
                 "--output-tokens", "4096"]
         if blocks:
             args += ["--num-blocks", str(blocks)]
+        if CACHE_AT != "compute":  # (older builds lack the flag)
+            args += ["--cache-at", CACHE_AT]
         procs.start(args)
         urls.append(f"http://127.0.0.1:{port}")
     for u in urls:
@@ -273,8 +279,14 @@ def main():
     ap.add_argument("--rate", type=float, default=40.0, help="shared: requests per second")
     ap.add_argument("--duration", default="40s", help="shared: how long")
     ap.add_argument("--sluice-config", help="a config file for the Sluice gateways (tuning runs)")
+    ap.add_argument("--cache-at", choices=["compute", "schedule"], default="compute",
+                    help="when a prompt block becomes a prefix hit on the simulated replicas: "
+                    "once computed (SGLang's radix tree, the default) or once scheduled "
+                    "(vLLM V1, which shares a prompt still being prefilled)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    global CACHE_AT
+    CACHE_AT = args.cache_at
     if args.scenario == "shared":
         results = shared(args)
         if args.json:

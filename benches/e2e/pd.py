@@ -474,9 +474,15 @@ def main():
                     help="also run `sluice-pd-Ngw`: the disaggregated fleet through N Sluice "
                          "gateways behind nginx (round robin), and `sluice-pd-Ngw-shared`: the "
                          "same gateways sharing a routing table in Redis")
+    ap.add_argument("--cache-at", choices=["compute", "schedule"], default="compute",
+                    help="when a prompt block becomes a prefix hit on the simulated replicas: "
+                    "once computed (SGLang's radix tree, the default) or once scheduled "
+                    "(vLLM V1, which shares a prompt still being prefilled)")
     ap.add_argument("--json")
     args = ap.parse_args()
     global EXTRA, PREFILL_BLOCKS, GATEWAY_BIN
+    if args.cache_at != "compute":  # (older builds lack the flag)
+        ENGINE.extend(["--cache-at", args.cache_at])
     if args.gateway_bin:
         GATEWAY_BIN = os.path.abspath(args.gateway_bin)
     if args.agentic_concurrency:
