@@ -191,6 +191,14 @@ impl RequestGuard {
         self.placement = Some(p);
     }
 
+    /// The current attempt's prompt is being prefilled: requests for it
+    /// may wait for its first token (`routing::prefilling`).
+    pub(crate) fn prefilling(&mut self, mark: crate::routing::prefilling::PrefillMark) {
+        if let Some(p) = self.placement.as_mut() {
+            p.mark_prefilling(mark);
+        }
+    }
+
     /// Keep `x` until the request ends.
     pub(crate) fn hold(&mut self, x: Box<dyn std::any::Any + Send + Sync>) {
         self.held = Some(x);

@@ -307,6 +307,13 @@ def run_one(name, cell, args, seed):
                 if v and 'outcome="' in k:
                     o = k.split('outcome="')[1].split('"')[0]
                     row["admissions"][o] = row["admissions"].get(o, 0) + v
+            # Requests held for a prefill of their prompt under way
+            # (`routing.prefix_kv.hold_for_prefill`), by outcome.
+            row["prefill_holds"] = {}
+            for k, v in gateway_counts(ADMINS, ["sluice_routing_prefill_holds_total"]).items():
+                if v and 'outcome="' in k:
+                    o = k.split('outcome="')[1].split('"')[0]
+                    row["prefill_holds"][o] = row["prefill_holds"].get(o, 0) + v
         return row
     finally:
         procs.stop()
@@ -374,7 +381,8 @@ def main():
                 print(f"{cname:15s} seed {seed} {n:22s} p50 {row['ttft_p50_ms']:7.1f} "
                       f"p99 {row['ttft_p99_ms']:8.1f} warm {row['warm_ttft_p99_ms'] or 0:7.1f} ms | busiest {row['busiest_over_mean']:.2f}x | "
                       f"hit {row['prefix_hit'] if row['prefix_hit'] is not None else '-'}{extra} | "
-                      f"ok {row['ok']}/{row['requests']} | {row.get('decisions', '')}", flush=True)
+                      f"ok {row['ok']}/{row['requests']} | {row.get('decisions', '')}"
+                      f"{' held ' + str(row['prefill_holds']) if row.get('prefill_holds') else ''}", flush=True)
             out["cells"][cname] = {"cell": cell, "engine": args.engine,
                                    "cache_at": args.cache_at, "runs": runs}
             save()

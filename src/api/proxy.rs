@@ -21,13 +21,14 @@ use super::homes::{record_home, table_home};
 use super::inbound::{self, Inbound};
 use super::request_id::RequestId;
 use super::send;
-use crate::config::EnginePriority;
+use crate::config::{EnginePriority, HoldForPrefill};
 use crate::error::{GatewayError, TimeoutPhase};
 use crate::flow::Ask;
 use crate::headers::Lookup;
 use crate::limits::Identity;
 use crate::request::RequestGuard;
 use crate::routing::placement::Placement;
+use crate::routing::prefilling::{self, Prefilling};
 use crate::routing::shared_table::{Leg, TableHome};
 use crate::routing::{Decision, LoadView, ReplicaView, RouteCtx, SessionKey};
 use crate::state::AppState;
@@ -608,6 +609,51 @@ pub(crate) fn start_attempt(
     );
 }
 
+/// Whether requests to `replica` wait for a prefill of their prompt under
+/// way there (`routing.prefix_kv.hold_for_prefill`).
+fn holds_for_prefill(state: &AppState, replica: &Replica) -> bool {
+    match state.config.routing.prefix_kv.hold_for_prefill {
+        HoldForPrefill::Off => false,
+        HoldForPrefill::On => true,
+        HoldForPrefill::Auto => replica
+            .load()
+            .is_some_and(|s| s.engine == crate::vocab::EngineKind::Sglang),
+    }
+}
+
+/// Waits, if this gateway has a prefill of the request's prompt under way
+/// on `replica` that it would otherwise compute again, for its first token
+/// (or its attempt's end), at most until the request's own first-token
+/// bound; counted in `sluice_routing_prefill_holds_total{outcome}` and the
+/// wait in `sluice_routing_prefill_hold_seconds`.
+async fn hold_for_prefill(
+    state: &AppState,
+    guard: &RequestGuard,
+    replica: &Replica,
+    decision: &Decision,
+    input: &RouteInput,
+    deadline: Instant,
+) {
+    let now = turn::fresh();
+    let memory = state.affinity.of(&replica.name, now.into_std());
+    let Some(prefill) = memory
+        .prefilling
+        .ahead_of(&input.hashes, decision.matched_blocks)
+    else {
+        return;
+    };
+    let by = (now + state.config.upstream.timeouts.first_token).min(deadline);
+    let outcome = prefill.wait(by).await;
+    let model = &guard.record.model;
+    let m = &state.metrics;
+    m.prefill_holds
+        .get(&(model.clone(), outcome.as_str()))
+        .inc();
+    m.prefill_hold
+        .get(&(model.clone(),))
+        .observe(turn::fresh().saturating_duration_since(now).as_secs_f64());
+}
+
 async fn forward(
     state: &AppState,
     endpoint: Endpoint,
@@ -713,6 +759,18 @@ async fn forward(
             decision.reason
         };
         count_route(state, guard, &decision, reason);
+        // Where the engine shares a prompt only once its prefill has run, a
+        // request for a prompt this gateway sent there moments ago waits
+        // for that prefill's first token (boxed: rare).
+        let holds = !decode_leg
+            && input.hashes.len() >= prefilling::HOLD_MIN_BLOCKS
+            && holds_for_prefill(state, &replica);
+        if holds {
+            Box::pin(hold_for_prefill(
+                state, guard, &replica, &decision, &input, deadline,
+            ))
+            .await;
+        }
 
         // The client's body as it came unless the replica takes a priority
         // field (borrowed: a clone is a reference count up and down).
@@ -787,6 +845,12 @@ async fn forward(
         // Read afresh: the gateway's overhead ends here.
         let sent = turn::fresh();
         start_attempt(state, guard, &replica, &decision, reason, &input, sent);
+        if holds && inbound.stream {
+            let memory = state.affinity.of(&replica.name, sent.into_std());
+            if let Some(mark) = Prefilling::begin(&memory, &input.hashes, decision.matched_blocks) {
+                guard.prefilling(mark);
+            }
+        }
         // Streams must show a first event within `first_token`; a non-streamed
         // answer only comes when generation is over, so only `total` bounds it.
         let headers_by = if inbound.stream {

@@ -748,6 +748,23 @@ pub struct PrefixKvConfig {
     /// How many new prompts of a model and pool a gateway meets in 5-10 s
     /// before it samples their lookups (`shared_homes_sampled`).
     pub shared_homes_sampled_from: u64,
+    /// Whether a streamed request whose prompt this gateway sent to the same
+    /// replica moments ago, still before that request's first token, waits
+    /// for it before it is sent (`routing::prefilling`): `auto` where the
+    /// replica's metrics say SGLang (which shares a prompt's KV only once
+    /// the forward pass computing it has ended), `on` for every engine,
+    /// `off` never.
+    pub hold_for_prefill: HoldForPrefill,
+}
+
+/// `routing.prefix_kv.hold_for_prefill`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldForPrefill {
+    #[default]
+    Auto,
+    On,
+    Off,
 }
 
 /// Prompts new to a gateway (held nowhere in its index) of a model and
@@ -802,6 +819,7 @@ impl Default for PrefixKvConfig {
             shared_homes: true,
             shared_homes_sampled: true,
             shared_homes_sampled_from: SHARED_HOMES_SAMPLED_FROM,
+            hold_for_prefill: HoldForPrefill::Auto,
         }
     }
 }

@@ -36,6 +36,9 @@ pub(crate) struct ReplicaMemory {
     /// The stalled gaps this gateway's local prefills may still cause here
     /// (a decode replica of a disaggregated model: `api::disagg`).
     pub(crate) stalls: Mutex<StallLedger>,
+    /// Prompts this gateway has in their first prefill here
+    /// (`routing.prefix_kv.hold_for_prefill`).
+    pub(crate) prefilling: super::prefilling::Prefilling,
     /// Nanoseconds since `epoch()` of the last decision that looked here.
     used: AtomicU64,
 }
@@ -203,6 +206,7 @@ impl Affinity {
             load: Load::default(),
             sessions: Mutex::new(SessionsHere::default()),
             stalls: Mutex::new(StallLedger::default()),
+            prefilling: Default::default(),
             used: AtomicU64::new(0),
         });
         fresh.touch(now);

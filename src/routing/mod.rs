@@ -12,6 +12,7 @@ pub(crate) mod index;
 mod least_loaded;
 pub(crate) mod load;
 pub(crate) mod placement;
+pub(crate) mod prefilling;
 pub(crate) mod prefix;
 mod prefix_kv;
 mod round_robin;

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::affinity::ReplicaMemory;
+use super::prefilling::PrefillMark;
 use super::shared_table::ColdMark;
 
 /// One request's accounting on the replica it was sent to.
@@ -38,6 +39,9 @@ pub(crate) struct Placement {
     /// A new home's cold prefill, counted by the shared table until the
     /// first token ([`Placement::cold`]).
     cold: Option<Arc<ColdMark>>,
+    /// Its prompt's prefill marked under way here until the first token
+    /// ([`Placement::prefilling`]).
+    prefilling: Option<PrefillMark>,
 }
 
 impl Placement {
@@ -65,6 +69,7 @@ impl Placement {
             session: None,
             continuing: false,
             cold: None,
+            prefilling: None,
         }
     }
 
@@ -76,9 +81,18 @@ impl Placement {
         self
     }
 
+    /// Requests for the same prompt sent here before its first token may
+    /// wait for it ([`super::prefilling`]); dropped without one, they go.
+    pub(crate) fn mark_prefilling(&mut self, mark: PrefillMark) {
+        self.prefilling = Some(mark);
+    }
+
     fn prefilled(&mut self) {
         if let Some(mark) = self.cold.take() {
             mark.clear();
+        }
+        if let Some(mark) = self.prefilling.take() {
+            mark.prefilled();
         }
     }
 
@@ -263,6 +277,8 @@ impl Placement {
 
 impl Drop for Placement {
     fn drop(&mut self) {
+        // Without its first token: those waiting for it go (`ended`).
+        drop(self.prefilling.take());
         self.prefilled();
         if let Some(k) = self.session {
             self.memory.sessions.lock().end(k, crate::turn::now_std());

@@ -287,6 +287,11 @@ pub struct Metrics {
     /// model, outcome: looks at a decode replica's engine before a local
     /// prefill past `local_max_tokens` (`confirmed`, `refused`, `failed`).
     pub pd_decode_looks: Family<(Arc<str>, &'static str), Counter>,
+    /// model, outcome: requests held for a prefill of their prompt under
+    /// way on their replica (`routing.prefix_kv.hold_for_prefill`).
+    pub prefill_holds: Family<(Arc<str>, &'static str), Counter>,
+    /// model: how long they were held.
+    pub prefill_hold: Family<(Arc<str>,), Histogram>,
     /// model: a remote prefill leg, sent to answered (TTFT's first part).
     pub pd_prefill: Family<(Arc<str>,), Histogram>,
     /// model: after a remote prefill, the decode leg sent to its first token
@@ -564,6 +569,11 @@ impl Metrics {
             flow_waiting: Family::new(&["model", "band"], Gauge::default),
             pd_decisions: Family::new(&["model", "reason"], Counter::default),
             pd_decode_looks: Family::new(&["model", "outcome"], Counter::default),
+            prefill_holds: Family::new(&["model", "outcome"], Counter::default),
+            prefill_hold: Family::new(&["model"], {
+                let b = prefill_buckets.clone();
+                move || Histogram::seconds(b.clone())
+            }),
             pd_prefill: Family::new(&["model"], {
                 let b = prefill_buckets.clone();
                 move || Histogram::seconds(b.clone())
@@ -679,6 +689,10 @@ impl Metrics {
             self.pd_decode_looks.get(&(model.clone(), outcome));
         }
         self.pd_prefill.get(&(model.clone(),));
+        for outcome in crate::routing::prefilling::HoldOutcome::ALL {
+            self.prefill_holds.get(&(model.clone(), outcome.as_str()));
+        }
+        self.prefill_hold.get(&(model.clone(),));
         self.pd_decode_first_token.get(&(model.clone(),));
         for kind in &known.retry_kinds {
             self.retries.get(&(model.clone(), *kind));
@@ -947,6 +961,18 @@ impl Metrics {
             "Looks at a decode replica's engine before prefilling a prompt past `local_max_tokens` there (`local_idle`, `local_stall_budget`), whose last scrape allowed it: `confirmed` (prefilled there), `refused` (the engine ran or queued streams the scrape did not show, or the allowance no longer fitted: the prompt went to the prefill pool), `failed` (no answer within 100 ms, or within a second of such a look: to the pool).",
             &self.pd_decode_looks,
             |c| c,
+        );
+        e.counters(
+            "sluice_routing_prefill_holds_total",
+            "Streamed requests held before sending until a prefill of their prompt that this gateway had under way on their replica gave its first token (`routing.prefix_kv.hold_for_prefill`), by outcome: `prefilled`, `ended` (that attempt ended without one), `deadline` (the held request's own first-token bound).",
+            &self.prefill_holds,
+            |c| c,
+        );
+        e.histograms(
+            "sluice_routing_prefill_hold_seconds",
+            "How long requests were held for a prefill of their prompt under way on their replica (part of their queue time and TTFT).",
+            &self.prefill_hold,
+            |h| h,
         );
         e.histograms(
             "sluice_pd_prefill_seconds",

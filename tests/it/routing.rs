@@ -983,3 +983,68 @@ async fn gateways_sharing_prefix_homes_spread_cold_prefills() {
     .await;
     assert_eq!(counted(&conn).await, [0, 0]);
 }
+
+/// SGLang caches a prompt once the forward pass computing it has ended: a
+/// second request for a prompt whose prefill the gateway has under way on
+/// the same replica would compute it again beside the first. With
+/// `hold_for_prefill: auto` the gateway holds it until the first's first
+/// token where the replica's metrics say SGLang (the simulator caching as
+/// SGLang does, speaking its metrics), and it finds all but the prompt's
+/// last partial block cached; not where they say vLLM (which shares a
+/// prompt from allocation), nor with `off`. The prompt's prefill takes three
+/// engine steps of ~0.5 s (256 tokens a step).
+#[tokio::test]
+async fn a_request_for_a_prompt_being_prefilled_waits_for_it_where_the_engine_caches_after_the_forward_pass()
+ {
+    use sluice::config::HoldForPrefill;
+    let doc = "Every replica reports its queue and its cache. ".repeat(52);
+    let cached = |u: &serde_json::Value| {
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no cached tokens in {u}"))
+    };
+    for (dialect, hold, held) in [
+        (Dialect::Sglang, HoldForPrefill::Auto, true),
+        (Dialect::Vllm, HoldForPrefill::Auto, false),
+        (Dialect::Sglang, HoldForPrefill::Off, false),
+    ] {
+        let mut cfg = SimConfig::engine("tiny", 0.01).unwrap();
+        cfg.profile.as_mut().unwrap().max_num_batched_tokens = 256;
+        cfg.dialect = dialect;
+        let sim = start_sim(cfg).await;
+        let mut c = routing_config(&[sim.url()]);
+        c.routing.prefix_kv.hold_for_prefill = hold;
+        let gw = start_routed(c, 1).await;
+        let base = api(&gw);
+        let first = {
+            let (base, doc) = (base.clone(), doc.clone());
+            tokio::spawn(async move { crate::sim::stream_chat(&base, &doc, 2).await })
+        };
+        // The first is at the engine (the gateway marked its prefill before
+        // sending it), a second's worth of prefill from its first token.
+        wait_until(
+            "the first request sent",
+            Duration::from_secs(10),
+            || async { sim.state.metrics.received.get() >= 1 },
+        )
+        .await;
+        let (_, _, second) = crate::sim::stream_chat(&base, &doc, 2).await;
+        let (_, _, first) = first.await.unwrap();
+        let prompt = second["prompt_tokens"].as_u64().unwrap();
+        assert!((600..700).contains(&prompt), "{prompt} prompt tokens");
+        assert_eq!(cached(&first), 0, "{dialect:?} {hold:?}: {first}");
+        let holds = gateway_metric(
+            &gw,
+            r#"sluice_routing_prefill_holds_total{model="sim-model",outcome="prefilled"}"#,
+        )
+        .await;
+        if held {
+            assert_eq!(holds, 1.0);
+            assert!(cached(&second) + 16 >= prompt, "{second}");
+        } else {
+            assert_eq!(holds, 0.0, "{dialect:?} {hold:?}");
+            // The chunks computed before it was admitted, at most.
+            assert!(cached(&second) <= 512, "{dialect:?} {hold:?}: {second}");
+        }
+    }
+}

@@ -8,7 +8,7 @@ use sluice::sim::{CacheAt, Dialect, SimConfig};
 use crate::common::*;
 
 /// One streamed chat request straight to a replica: (TTFT, largest gap, usage).
-async fn stream_chat(
+pub(crate) async fn stream_chat(
     base: &str,
     content: &str,
     max_tokens: u32,

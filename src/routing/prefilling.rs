@@ -1,0 +1,282 @@
+//! Prompts this gateway has in their first prefill on a replica, for the
+//! requests that would share them (`routing.prefix_kv.hold_for_prefill`).
+//!
+//! SGLang inserts a prompt into its radix tree when the forward pass that
+//! computed it ends; a second request for the same prompt admitted before
+//! that computes the whole prompt again (its default `fcfs` policy does not
+//! look for duplicates in the batch). vLLM V1 caches a block when it
+//! allocates it, so its second request shares the one prefill. On an engine
+//! of the first kind, a request whose prefix this gateway sent to the same
+//! replica moments ago, still before its first token, is held until that
+//! first token (then the prefix is cached there and it prefills only its
+//! own tail), or until that request's attempt ends without one, or its own
+//! first-token deadline. In a cold start (16 prompts of 1,500 tokens on 4
+//! replicas) those are the requests queued behind their own prompt's
+//! prefill, each prefilling it again: docs/BENCHMARKS.md, "Prefix caching
+//! as vLLM caches it".
+//!
+//! A prefill is known by its first block not cached at routing (the
+//! prompt's block hashes chain, so that block names the whole prompt up to
+//! it); a later request is held for it when at least [`HOLD_MIN_BLOCKS`]
+//! of the blocks routing counts cached for it start at such a block, so
+//! that the tokens it would prefill again are worth a wait of at most one
+//! prefill. Only streamed requests mark their prefill: the gateway sees
+//! their first token (a non-streamed answer's first token is its end).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+/// Blocks (16 tokens each by default) a request must be counted cached in
+/// a prefill still under way for it to wait for that prefill: 256 tokens,
+/// whose prefill takes several engine steps' worth of compute on a GPU and
+/// more than the few milliseconds a hold adds past the first token.
+pub(crate) const HOLD_MIN_BLOCKS: usize = 16;
+
+/// The prefills under way on one replica, by their first block.
+#[derive(Default)]
+pub(crate) struct Prefilling {
+    under_way: Mutex<HashMap<u64, Arc<Prefill>>>,
+}
+
+/// One prompt's prefill under way.
+#[derive(Default)]
+pub(crate) struct Prefill {
+    /// [`RUNNING`], [`PREFILLED`] or [`ENDED`].
+    state: AtomicU8,
+    done: Notify,
+}
+
+const RUNNING: u8 = 0;
+const PREFILLED: u8 = 1;
+const ENDED: u8 = 2;
+
+/// How a hold ended (`sluice_routing_prefill_holds_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HoldOutcome {
+    /// The prefill's first token came: the prompt is cached there.
+    Prefilled,
+    /// Its attempt ended without a first token (failed, cut, retried).
+    Ended,
+    /// The held request's own first-token deadline came first.
+    Deadline,
+}
+
+impl HoldOutcome {
+    pub(crate) const ALL: [HoldOutcome; 3] = [
+        HoldOutcome::Prefilled,
+        HoldOutcome::Ended,
+        HoldOutcome::Deadline,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            HoldOutcome::Prefilled => "prefilled",
+            HoldOutcome::Ended => "ended",
+            HoldOutcome::Deadline => "deadline",
+        }
+    }
+}
+
+/// A prefill marked under way, cleared once: at its first token
+/// ([`PrefillMark::prefilled`]) or when dropped (its attempt ended).
+pub(crate) struct PrefillMark {
+    on: Arc<super::affinity::ReplicaMemory>,
+    key: u64,
+    prefill: Arc<Prefill>,
+}
+
+impl Prefilling {
+    /// Marks the prefill of a prompt (`hashes`, of which routing counted the
+    /// first `cached` blocks cached here) under way, unless it prefills
+    /// fewer than [`HOLD_MIN_BLOCKS`] blocks or the same prefill is already
+    /// marked.
+    pub(crate) fn begin(
+        memory: &Arc<super::affinity::ReplicaMemory>,
+        hashes: &[u64],
+        cached: usize,
+    ) -> Option<PrefillMark> {
+        if hashes.len().saturating_sub(cached) < HOLD_MIN_BLOCKS {
+            return None;
+        }
+        let key = hashes[cached];
+        let prefill = Arc::new(Prefill::default());
+        {
+            let mut map = memory.prefilling.under_way.lock();
+            if map.contains_key(&key) {
+                return None;
+            }
+            map.insert(key, prefill.clone());
+        }
+        Some(PrefillMark {
+            on: memory.clone(),
+            key,
+            prefill,
+        })
+    }
+
+    /// The prefill under way here that a request for `hashes`, counted
+    /// cached here up to block `cached`, would otherwise compute again: the
+    /// earliest marked block among its cached ones, with at least
+    /// [`HOLD_MIN_BLOCKS`] cached blocks from there on.
+    pub(crate) fn ahead_of(&self, hashes: &[u64], cached: usize) -> Option<Arc<Prefill>> {
+        let cached = cached.min(hashes.len());
+        if cached < HOLD_MIN_BLOCKS {
+            return None;
+        }
+        let map = self.under_way.lock();
+        if map.is_empty() {
+            return None;
+        }
+        hashes[..=cached - HOLD_MIN_BLOCKS]
+            .iter()
+            .find_map(|h| map.get(h))
+            .cloned()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.under_way.lock().len()
+    }
+}
+
+impl Prefill {
+    fn state(&self) -> Option<HoldOutcome> {
+        match self.state.load(Relaxed) {
+            PREFILLED => Some(HoldOutcome::Prefilled),
+            ENDED => Some(HoldOutcome::Ended),
+            _ => None,
+        }
+    }
+
+    /// Waits until the prefill's first token or its end, at most until
+    /// `deadline`.
+    pub(crate) async fn wait(&self, deadline: tokio::time::Instant) -> HoldOutcome {
+        let done = self.done.notified();
+        tokio::pin!(done);
+        // Registered before the state is read: a clearing between the two
+        // still wakes it.
+        done.as_mut().enable();
+        if let Some(o) = self.state() {
+            return o;
+        }
+        match tokio::time::timeout_at(deadline, done).await {
+            Ok(()) => self.state().unwrap_or(HoldOutcome::Ended),
+            Err(_) => HoldOutcome::Deadline,
+        }
+    }
+}
+
+impl PrefillMark {
+    /// The prefill's first token came.
+    pub(crate) fn prefilled(self) {
+        self.clear(PREFILLED);
+    }
+
+    fn clear(&self, to: u8) {
+        if self
+            .prefill
+            .state
+            .compare_exchange(RUNNING, to, Relaxed, Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        {
+            let mut map = self.on.prefilling.under_way.lock();
+            if map
+                .get(&self.key)
+                .is_some_and(|p| Arc::ptr_eq(p, &self.prefill))
+            {
+                map.remove(&self.key);
+            }
+        }
+        self.prefill.done.notify_waiters();
+    }
+}
+
+impl Drop for PrefillMark {
+    fn drop(&mut self) {
+        self.clear(ENDED);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::routing::Affinity;
+
+    fn memory() -> Arc<super::super::affinity::ReplicaMemory> {
+        let t = (64, Duration::from_secs(60));
+        Affinity::new(1024, t, t).of(&Arc::from("r"), Instant::now())
+    }
+
+    fn prompt(n: u64) -> Vec<u64> {
+        (1..=n).collect()
+    }
+
+    #[test]
+    fn a_request_counted_cached_in_a_prefill_under_way_finds_it() {
+        let m = memory();
+        let first = prompt(100);
+        let mark = Prefilling::begin(&m, &first, 0).expect("100 blocks to prefill");
+        // The same prompt, counted cached (the index holds the first's blocks).
+        assert!(m.prefilling.ahead_of(&first, 100).is_some());
+        // Sharing fewer than HOLD_MIN_BLOCKS of it: not worth a wait.
+        assert!(m.prefilling.ahead_of(&first, HOLD_MIN_BLOCKS - 1).is_none());
+        assert!(m.prefilling.ahead_of(&first, HOLD_MIN_BLOCKS).is_some());
+        // A prompt whose cached blocks were there before this prefill began:
+        // the prefill under way starts at block 40 of another prompt.
+        let second = prompt(120);
+        drop(mark);
+        let _tail = Prefilling::begin(&m, &second, 100).expect("20 blocks to prefill");
+        assert!(
+            m.prefilling.ahead_of(&second, 100).is_none(),
+            "its 100 were cached before"
+        );
+        assert!(m.prefilling.ahead_of(&second, 120).is_some());
+    }
+
+    #[test]
+    fn a_short_prefill_or_one_already_under_way_is_not_marked_twice() {
+        let m = memory();
+        assert!(Prefilling::begin(&m, &prompt(20), 5).is_none());
+        let p = prompt(40);
+        let first = Prefilling::begin(&m, &p, 0).expect("marked");
+        assert!(Prefilling::begin(&m, &p, 0).is_none());
+        assert_eq!(m.prefilling.len(), 1);
+        first.prefilled();
+        assert_eq!(m.prefilling.len(), 0);
+        assert!(Prefilling::begin(&m, &p, 0).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_ends_at_the_first_token_at_the_attempts_end_or_at_its_deadline() {
+        let m = memory();
+        let p = prompt(64);
+        let far = tokio::time::Instant::now() + Duration::from_secs(30);
+
+        let mark = Prefilling::begin(&m, &p, 0).unwrap();
+        let held = m.prefilling.ahead_of(&p, 64).unwrap();
+        let waiting = tokio::spawn(async move { held.wait(far).await });
+        tokio::task::yield_now().await;
+        mark.prefilled();
+        assert_eq!(waiting.await.unwrap(), HoldOutcome::Prefilled);
+
+        let mark = Prefilling::begin(&m, &p, 0).unwrap();
+        let held = m.prefilling.ahead_of(&p, 64).unwrap();
+        drop(mark);
+        // Cleared before the wait began: it does not wait.
+        assert_eq!(held.wait(far).await, HoldOutcome::Ended);
+
+        let _mark = Prefilling::begin(&m, &p, 0).unwrap();
+        let held = m.prefilling.ahead_of(&p, 64).unwrap();
+        let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+        assert_eq!(held.wait(soon).await, HoldOutcome::Deadline);
+    }
+}
