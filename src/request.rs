@@ -193,9 +193,9 @@ impl RequestGuard {
 
     /// The current attempt's prompt is being prefilled: requests for it
     /// may wait for its first token (`routing::prefilling`).
-    pub(crate) fn prefilling(&mut self, mark: crate::routing::prefilling::PrefillMark) {
+    pub(crate) fn prefilling(&mut self) {
         if let Some(p) = self.placement.as_mut() {
-            p.mark_prefilling(mark);
+            p.mark_prefilling();
         }
     }
 
@@ -236,6 +236,9 @@ impl RequestGuard {
     /// in-flight count falls now.
     pub(crate) fn end_attempt(&mut self) {
         self.attempt = None;
+        if let Some(p) = self.placement.as_mut() {
+            p.end_prefilling();
+        }
     }
 
     /// The request failed with `e`: its status and kind.

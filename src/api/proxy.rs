@@ -28,7 +28,7 @@ use crate::headers::Lookup;
 use crate::limits::Identity;
 use crate::request::RequestGuard;
 use crate::routing::placement::Placement;
-use crate::routing::prefilling::{self, Prefilling};
+use crate::routing::prefilling;
 use crate::routing::shared_table::{Leg, TableHome};
 use crate::routing::{Decision, LoadView, ReplicaView, RouteCtx, SessionKey};
 use crate::state::AppState;
@@ -621,27 +621,19 @@ fn holds_for_prefill(state: &AppState, replica: &Replica) -> bool {
     }
 }
 
-/// Waits, if this gateway has a prefill of the request's prompt under way
-/// on `replica` that it would otherwise compute again, for its first token
-/// (or its attempt's end), at most until the request's own first-token
-/// bound; counted in `sluice_routing_prefill_holds_total{outcome}` and the
-/// wait in `sluice_routing_prefill_hold_seconds`.
+/// Waits for `prefill`, a prefill of the request's prompt under way on its
+/// replica that it would otherwise compute again, until its first token (or
+/// its attempt's end), at most the request's first-token bound (then it has
+/// that bound again from its sending); counted in
+/// `sluice_routing_prefill_holds_total{outcome}` and the wait in
+/// `sluice_routing_prefill_hold_seconds`.
 async fn hold_for_prefill(
     state: &AppState,
     guard: &RequestGuard,
-    replica: &Replica,
-    decision: &Decision,
-    input: &RouteInput,
+    prefill: Arc<prefilling::Prefill>,
     deadline: Instant,
 ) {
     let now = turn::fresh();
-    let memory = state.affinity.of(&replica.name, now.into_std());
-    let Some(prefill) = memory
-        .prefilling
-        .ahead_of(&input.hashes, decision.matched_blocks)
-    else {
-        return;
-    };
     let by = (now + state.config.upstream.timeouts.first_token).min(deadline);
     let outcome = prefill.wait(by).await;
     let model = &guard.record.model;
@@ -765,11 +757,15 @@ async fn forward(
         let holds = !decode_leg
             && input.hashes.len() >= prefilling::HOLD_MIN_BLOCKS
             && holds_for_prefill(state, &replica);
-        if holds {
-            Box::pin(hold_for_prefill(
-                state, guard, &replica, &decision, &input, deadline,
-            ))
-            .await;
+        if holds
+            && decision.matched_blocks >= prefilling::HOLD_MIN_BLOCKS
+            && let Some(prefill) = state
+                .affinity
+                .of(&replica.name, turn::now_std())
+                .prefilling
+                .ahead_of(&input.hashes, decision.matched_blocks)
+        {
+            Box::pin(hold_for_prefill(state, guard, prefill, deadline)).await;
         }
 
         // The client's body as it came unless the replica takes a priority
@@ -846,10 +842,7 @@ async fn forward(
         let sent = turn::fresh();
         start_attempt(state, guard, &replica, &decision, reason, &input, sent);
         if holds && inbound.stream {
-            let memory = state.affinity.of(&replica.name, sent.into_std());
-            if let Some(mark) = Prefilling::begin(&memory, &input.hashes, decision.matched_blocks) {
-                guard.prefilling(mark);
-            }
+            guard.prefilling();
         }
         // Streams must show a first event within `first_token`; a non-streamed
         // answer only comes when generation is over, so only `total` bounds it.

@@ -748,7 +748,7 @@ pub struct PrefixKvConfig {
     /// How many new prompts of a model and pool a gateway meets in 5-10 s
     /// before it samples their lookups (`shared_homes_sampled`).
     pub shared_homes_sampled_from: u64,
-    /// Whether a streamed request whose prompt this gateway sent to the same
+    /// Whether a request whose prompt this gateway streamed to the same
     /// replica moments ago, still before that request's first token, waits
     /// for it before it is sent (`routing::prefilling`): `auto` where the
     /// replica's metrics say SGLang (which shares a prompt's KV only once

@@ -83,8 +83,15 @@ impl Placement {
 
     /// Requests for the same prompt sent here before its first token may
     /// wait for it ([`super::prefilling`]); dropped without one, they go.
-    pub(crate) fn mark_prefilling(&mut self, mark: PrefillMark) {
-        self.prefilling = Some(mark);
+    pub(crate) fn mark_prefilling(&mut self) {
+        self.prefilling =
+            super::prefilling::Prefilling::begin(&self.memory, &self.hashes, self.matched_blocks);
+    }
+
+    /// The attempt ended without a first token: those waiting for its
+    /// prefill go (`ended`), before any retry is routed.
+    pub(crate) fn end_prefilling(&mut self) {
+        drop(self.prefilling.take());
     }
 
     fn prefilled(&mut self) {

@@ -18,10 +18,11 @@
 //! A prefill is known by its first block not cached at routing (the
 //! prompt's block hashes chain, so that block names the whole prompt up to
 //! it); a later request is held for it when at least [`HOLD_MIN_BLOCKS`]
-//! of the blocks routing counts cached for it start at such a block, so
-//! that the tokens it would prefill again are worth a wait of at most one
-//! prefill. Only streamed requests mark their prefill: the gateway sees
-//! their first token (a non-streamed answer's first token is its end).
+//! of the blocks routing counts cached for it start at such a block and
+//! cover all but [`HOLD_MIN_BLOCKS`] of that prefill, so that the tokens it
+//! would prefill again are worth a wait of at most that prefill. Only
+//! streamed requests mark their prefill: the gateway sees their first token
+//! (a non-streamed answer's first token is its end); any request may wait.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,6 +49,8 @@ pub(crate) struct Prefill {
     /// [`RUNNING`], [`PREFILLED`] or [`ENDED`].
     state: AtomicU8,
     done: Notify,
+    /// The blocks it prefills.
+    span: usize,
 }
 
 const RUNNING: u8 = 0;
@@ -103,7 +106,10 @@ impl Prefilling {
             return None;
         }
         let key = hashes[cached];
-        let prefill = Arc::new(Prefill::default());
+        let prefill = Arc::new(Prefill {
+            span: hashes.len() - cached,
+            ..Prefill::default()
+        });
         {
             let mut map = memory.prefilling.under_way.lock();
             if map.contains_key(&key) {
@@ -121,7 +127,11 @@ impl Prefilling {
     /// The prefill under way here that a request for `hashes`, counted
     /// cached here up to block `cached`, would otherwise compute again: the
     /// earliest marked block among its cached ones, with at least
-    /// [`HOLD_MIN_BLOCKS`] cached blocks from there on.
+    /// [`HOLD_MIN_BLOCKS`] cached blocks from there on, and all but
+    /// [`HOLD_MIN_BLOCKS`] of what that prefill computes (engines cache a
+    /// long prompt chunk by chunk: a request sharing only the start of a
+    /// 32k-token prefill finds that start cached long before its first
+    /// token).
     pub(crate) fn ahead_of(&self, hashes: &[u64], cached: usize) -> Option<Arc<Prefill>> {
         let cached = cached.min(hashes.len());
         if cached < HOLD_MIN_BLOCKS {
@@ -131,10 +141,11 @@ impl Prefilling {
         if map.is_empty() {
             return None;
         }
-        hashes[..=cached - HOLD_MIN_BLOCKS]
+        let (at, prefill) = hashes[..=cached - HOLD_MIN_BLOCKS]
             .iter()
-            .find_map(|h| map.get(h))
-            .cloned()
+            .enumerate()
+            .find_map(|(i, h)| map.get(h).map(|p| (i, p)))?;
+        (cached - at + HOLD_MIN_BLOCKS >= prefill.span).then(|| prefill.clone())
     }
 
     #[cfg(test)]
@@ -227,11 +238,23 @@ mod tests {
         let mark = Prefilling::begin(&m, &first, 0).expect("100 blocks to prefill");
         // The same prompt, counted cached (the index holds the first's blocks).
         assert!(m.prefilling.ahead_of(&first, 100).is_some());
-        // Sharing fewer than HOLD_MIN_BLOCKS of it: not worth a wait.
-        assert!(m.prefilling.ahead_of(&first, HOLD_MIN_BLOCKS - 1).is_none());
-        assert!(m.prefilling.ahead_of(&first, HOLD_MIN_BLOCKS).is_some());
+        // All but HOLD_MIN_BLOCKS of it (another question after the same
+        // document): worth the wait.
+        assert!(
+            m.prefilling
+                .ahead_of(&first, 100 - HOLD_MIN_BLOCKS)
+                .is_some()
+        );
+        // Only its start: engines cache a prompt chunk by chunk, and that
+        // start is cached long before the whole prompt's first token.
+        assert!(
+            m.prefilling
+                .ahead_of(&first, 100 - HOLD_MIN_BLOCKS - 1)
+                .is_none()
+        );
+        assert!(m.prefilling.ahead_of(&first, HOLD_MIN_BLOCKS).is_none());
         // A prompt whose cached blocks were there before this prefill began:
-        // the prefill under way starts at block 40 of another prompt.
+        // the prefill under way starts at block 100 of a longer prompt.
         let second = prompt(120);
         drop(mark);
         let _tail = Prefilling::begin(&m, &second, 100).expect("20 blocks to prefill");

@@ -964,7 +964,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_routing_prefill_holds_total",
-            "Streamed requests held before sending until a prefill of their prompt that this gateway had under way on their replica gave its first token (`routing.prefix_kv.hold_for_prefill`), by outcome: `prefilled`, `ended` (that attempt ended without one), `deadline` (the held request's own first-token bound).",
+            "Requests held before sending until a prefill of their prompt that this gateway had under way on their replica gave its first token (`routing.prefix_kv.hold_for_prefill`), by outcome: `prefilled`, `ended` (that attempt ended without one), `deadline` (the held request's first-token bound: then it is sent).",
             &self.prefill_holds,
             |c| c,
         );
