@@ -38,7 +38,7 @@ pub(crate) struct ReplicaMemory {
     pub(crate) stalls: Mutex<StallLedger>,
     /// Prompts this gateway has in their first prefill here
     /// (`routing.prefix_kv.hold_for_prefill`).
-    pub(crate) prefilling: super::prefilling::Prefilling,
+    pub(crate) prefilling: Arc<super::prefilling::Prefilling>,
     /// Nanoseconds since `epoch()` of the last decision that looked here.
     used: AtomicU64,
 }

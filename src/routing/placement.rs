@@ -84,8 +84,10 @@ impl Placement {
     /// Requests for the same prompt sent here before its first token may
     /// wait for it ([`super::prefilling`]); dropped without one, they go.
     pub(crate) fn mark_prefilling(&mut self) {
-        self.prefilling =
-            super::prefilling::Prefilling::begin(&self.memory, &self.hashes, self.matched_blocks);
+        self.prefilling = self
+            .memory
+            .prefilling
+            .begin(&self.hashes, self.matched_blocks);
     }
 
     /// The attempt ended without a first token: those waiting for its

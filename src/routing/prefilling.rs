@@ -69,12 +69,7 @@ pub(crate) enum HoldOutcome {
 }
 
 impl HoldOutcome {
-    pub(crate) const ALL: [HoldOutcome; 3] = [
-        HoldOutcome::Prefilled,
-        HoldOutcome::Ended,
-        HoldOutcome::Deadline,
-    ];
-
+    /// Its label, one of `telemetry::metrics::PREFILL_HOLD_OUTCOMES`.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             HoldOutcome::Prefilled => "prefilled",
@@ -87,7 +82,7 @@ impl HoldOutcome {
 /// A prefill marked under way, cleared once: at its first token
 /// ([`PrefillMark::prefilled`]) or when dropped (its attempt ended).
 pub(crate) struct PrefillMark {
-    on: Arc<super::affinity::ReplicaMemory>,
+    on: Arc<Prefilling>,
     key: u64,
     prefill: Arc<Prefill>,
 }
@@ -97,11 +92,7 @@ impl Prefilling {
     /// first `cached` blocks cached here) under way, unless it prefills
     /// fewer than [`HOLD_MIN_BLOCKS`] blocks or the same prefill is already
     /// marked.
-    pub(crate) fn begin(
-        memory: &Arc<super::affinity::ReplicaMemory>,
-        hashes: &[u64],
-        cached: usize,
-    ) -> Option<PrefillMark> {
+    pub(crate) fn begin(self: &Arc<Self>, hashes: &[u64], cached: usize) -> Option<PrefillMark> {
         if hashes.len().saturating_sub(cached) < HOLD_MIN_BLOCKS {
             return None;
         }
@@ -111,14 +102,14 @@ impl Prefilling {
             ..Prefill::default()
         });
         {
-            let mut map = memory.prefilling.under_way.lock();
+            let mut map = self.under_way.lock();
             if map.contains_key(&key) {
                 return None;
             }
             map.insert(key, prefill.clone());
         }
         Some(PrefillMark {
-            on: memory.clone(),
+            on: self.clone(),
             key,
             prefill,
         })
@@ -197,7 +188,7 @@ impl PrefillMark {
             return;
         }
         {
-            let mut map = self.on.prefilling.under_way.lock();
+            let mut map = self.on.under_way.lock();
             if map
                 .get(&self.key)
                 .is_some_and(|p| Arc::ptr_eq(p, &self.prefill))
@@ -217,14 +208,12 @@ impl Drop for PrefillMark {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::*;
-    use crate::routing::Affinity;
 
-    fn memory() -> Arc<super::super::affinity::ReplicaMemory> {
-        let t = (64, Duration::from_secs(60));
-        Affinity::new(1024, t, t).of(&Arc::from("r"), Instant::now())
+    fn memory() -> Arc<Prefilling> {
+        Arc::new(Prefilling::default())
     }
 
     fn prompt(n: u64) -> Vec<u64> {
@@ -235,47 +224,39 @@ mod tests {
     fn a_request_counted_cached_in_a_prefill_under_way_finds_it() {
         let m = memory();
         let first = prompt(100);
-        let mark = Prefilling::begin(&m, &first, 0).expect("100 blocks to prefill");
+        let mark = m.begin(&first, 0).expect("100 blocks to prefill");
         // The same prompt, counted cached (the index holds the first's blocks).
-        assert!(m.prefilling.ahead_of(&first, 100).is_some());
+        assert!(m.ahead_of(&first, 100).is_some());
         // All but HOLD_MIN_BLOCKS of it (another question after the same
         // document): worth the wait.
-        assert!(
-            m.prefilling
-                .ahead_of(&first, 100 - HOLD_MIN_BLOCKS)
-                .is_some()
-        );
+        assert!(m.ahead_of(&first, 100 - HOLD_MIN_BLOCKS).is_some());
         // Only its start: engines cache a prompt chunk by chunk, and that
         // start is cached long before the whole prompt's first token.
-        assert!(
-            m.prefilling
-                .ahead_of(&first, 100 - HOLD_MIN_BLOCKS - 1)
-                .is_none()
-        );
-        assert!(m.prefilling.ahead_of(&first, HOLD_MIN_BLOCKS).is_none());
+        assert!(m.ahead_of(&first, 100 - HOLD_MIN_BLOCKS - 1).is_none());
+        assert!(m.ahead_of(&first, HOLD_MIN_BLOCKS).is_none());
         // A prompt whose cached blocks were there before this prefill began:
         // the prefill under way starts at block 100 of a longer prompt.
         let second = prompt(120);
         drop(mark);
-        let _tail = Prefilling::begin(&m, &second, 100).expect("20 blocks to prefill");
+        let _tail = m.begin(&second, 100).expect("20 blocks to prefill");
         assert!(
-            m.prefilling.ahead_of(&second, 100).is_none(),
+            m.ahead_of(&second, 100).is_none(),
             "its 100 were cached before"
         );
-        assert!(m.prefilling.ahead_of(&second, 120).is_some());
+        assert!(m.ahead_of(&second, 120).is_some());
     }
 
     #[test]
     fn a_short_prefill_or_one_already_under_way_is_not_marked_twice() {
         let m = memory();
-        assert!(Prefilling::begin(&m, &prompt(20), 5).is_none());
+        assert!(m.begin(&prompt(20), 5).is_none());
         let p = prompt(40);
-        let first = Prefilling::begin(&m, &p, 0).expect("marked");
-        assert!(Prefilling::begin(&m, &p, 0).is_none());
-        assert_eq!(m.prefilling.len(), 1);
+        let first = m.begin(&p, 0).expect("marked");
+        assert!(m.begin(&p, 0).is_none());
+        assert_eq!(m.len(), 1);
         first.prefilled();
-        assert_eq!(m.prefilling.len(), 0);
-        assert!(Prefilling::begin(&m, &p, 0).is_some());
+        assert_eq!(m.len(), 0);
+        assert!(m.begin(&p, 0).is_some());
     }
 
     #[tokio::test(start_paused = true)]
@@ -284,21 +265,21 @@ mod tests {
         let p = prompt(64);
         let far = tokio::time::Instant::now() + Duration::from_secs(30);
 
-        let mark = Prefilling::begin(&m, &p, 0).unwrap();
-        let held = m.prefilling.ahead_of(&p, 64).unwrap();
+        let mark = m.begin(&p, 0).unwrap();
+        let held = m.ahead_of(&p, 64).unwrap();
         let waiting = tokio::spawn(async move { held.wait(far).await });
         tokio::task::yield_now().await;
         mark.prefilled();
         assert_eq!(waiting.await.unwrap(), HoldOutcome::Prefilled);
 
-        let mark = Prefilling::begin(&m, &p, 0).unwrap();
-        let held = m.prefilling.ahead_of(&p, 64).unwrap();
+        let mark = m.begin(&p, 0).unwrap();
+        let held = m.ahead_of(&p, 64).unwrap();
         drop(mark);
         // Cleared before the wait began: it does not wait.
         assert_eq!(held.wait(far).await, HoldOutcome::Ended);
 
-        let _mark = Prefilling::begin(&m, &p, 0).unwrap();
-        let held = m.prefilling.ahead_of(&p, 64).unwrap();
+        let _mark = m.begin(&p, 0).unwrap();
+        let held = m.ahead_of(&p, 64).unwrap();
         let soon = tokio::time::Instant::now() + Duration::from_millis(50);
         assert_eq!(held.wait(soon).await, HoldOutcome::Deadline);
     }

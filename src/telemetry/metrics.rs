@@ -237,6 +237,10 @@ pub(crate) const FLOW_OUTCOMES: [&str; 4] =
 /// (`sluice_pd_decode_looks_total{outcome}`).
 pub(crate) const PD_LOOK_OUTCOMES: [&str; 3] = ["confirmed", "refused", "failed"];
 
+/// How a hold for a prefill under way ended
+/// (`sluice_routing_prefill_holds_total{outcome}`; `routing::prefilling`).
+pub(crate) const PREFILL_HOLD_OUTCOMES: [&str; 3] = ["prefilled", "ended", "deadline"];
+
 /// Decisions of the rate limiter that name no limit
 /// (`sluice_ratelimit_decisions_total{limit=""}`); a refusal by a limit is
 /// `rejected` with that limit.
@@ -689,8 +693,8 @@ impl Metrics {
             self.pd_decode_looks.get(&(model.clone(), outcome));
         }
         self.pd_prefill.get(&(model.clone(),));
-        for outcome in crate::routing::prefilling::HoldOutcome::ALL {
-            self.prefill_holds.get(&(model.clone(), outcome.as_str()));
+        for outcome in PREFILL_HOLD_OUTCOMES {
+            self.prefill_holds.get(&(model.clone(), outcome));
         }
         self.prefill_hold.get(&(model.clone(),));
         self.pd_decode_first_token.get(&(model.clone(),));
