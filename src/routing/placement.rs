@@ -40,7 +40,7 @@ pub(crate) struct Placement {
     /// first token ([`Placement::cold`]).
     cold: Option<Arc<ColdMark>>,
     /// Its prompt's prefill marked under way here until the first token
-    /// ([`Placement::prefilling`]).
+    /// ([`Placement::mark_prefilling`]).
     prefilling: Option<PrefillMark>,
 }
 

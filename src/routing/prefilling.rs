@@ -97,17 +97,15 @@ impl Prefilling {
             return None;
         }
         let key = hashes[cached];
+        let mut map = self.under_way.lock();
+        let std::collections::hash_map::Entry::Vacant(slot) = map.entry(key) else {
+            return None;
+        };
         let prefill = Arc::new(Prefill {
             span: hashes.len() - cached,
             ..Prefill::default()
         });
-        {
-            let mut map = self.under_way.lock();
-            if map.contains_key(&key) {
-                return None;
-            }
-            map.insert(key, prefill.clone());
-        }
+        slot.insert(prefill.clone());
         Some(PrefillMark {
             on: self.clone(),
             key,
