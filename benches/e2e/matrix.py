@@ -45,6 +45,11 @@ block is a cache hit as soon as the step computing it is scheduled, so requests
 for a prompt that is being prefilled share its blocks (by default, `compute`, only
 once that step has ended, as SGLang's radix tree does).
 
+`--dialect sglang` has the `sluice sim` replicas speak SGLang's metrics instead of
+vLLM's, so Sluice takes them for SGLang engines (what it reads of their queue and
+cache changes with it, and `hold_for_prefill: auto` holds); the prefix hit is then
+each replica's hit-rate gauge weighted by its prompt tokens.
+
 Routers: Sluice (defaults, no config) and, from `--routers-venv`, sglang-router
 `cache_aware` and vllm-router `cache_aware` (prefix cells) or `consistent_hash`
 (session cells, hashing `x-session-id`). On session cells Sluice also runs as its
@@ -106,7 +111,7 @@ def engine_args(kind, e, blocks, port):
             "--step-base", f"{e['base'] * 1000:.0f}us", "--step-per-seq", f"{e['per_seq'] * 1000:.0f}us",
             "--prefill-per-token", f"{e['per_token'] * 1000:.0f}us",
             "--max-num-seqs", str(e["seats"]), "--max-num-batched-tokens", str(e["batched"]),
-            *cache_at()]
+            *cache_at(), *(["--dialect", DIALECT] if DIALECT != "vllm" else [])]
 
 
 def cache_at():
@@ -135,6 +140,9 @@ CELLS = {
 ENGINE = "sim"
 # When a prompt block becomes a prefix-cache hit (`--cache-at`).
 CACHE_AT = "compute"
+# The metrics the simulated replicas speak (`--dialect`): which engine Sluice
+# sees, e.g. `routing.prefix_kv.hold_for_prefill: auto` holds on SGLang's.
+DIALECT = "vllm"
 # A config file for the Sluice gateways (experiments: `--sluice-config`).
 SLUICE_CONFIG = None
 
@@ -276,9 +284,17 @@ def run_one(name, cell, args, seed):
         url = start(procs, name, sims, cell, args.routers_venv)
         time.sleep(2)  # health checks and the first metrics scrapes
         r = bench(url, cell, args, seed)
-        served = sim_counts(sims, "vllm:request_success_total")
-        hits = sum(sim_counts(sims, "vllm:prefix_cache_hits_total"))
-        queries = sum(sim_counts(sims, "vllm:prefix_cache_queries_total"))
+        if DIALECT == "sglang":
+            # SGLang's metrics have no hit counter: its hit-rate gauge (the
+            # whole run's, in the simulator) weighs each replica's prompt tokens.
+            served = sim_counts(sims, "sglang:num_requests_total")
+            prompts = sim_counts(sims, "sglang:prompt_tokens_total")
+            rates = sim_counts(sims, "sglang:cache_hit_rate")
+            hits, queries = sum(r * p for r, p in zip(rates, prompts)), sum(prompts)
+        else:
+            served = sim_counts(sims, "vllm:request_success_total")
+            hits = sum(sim_counts(sims, "vllm:prefix_cache_hits_total"))
+            queries = sum(sim_counts(sims, "vllm:prefix_cache_queries_total"))
         total = sum(served) or 1
         row = {
             "ok": r["ok"], "requests": r["requests"],
@@ -336,14 +352,20 @@ def main():
     ap.add_argument("--cache-at", choices=["compute", "schedule"], default="compute",
                     help="the engines' prefix caching: blocks hit once computed, or once "
                          "scheduled (vLLM V1)")
+    ap.add_argument("--dialect", choices=["vllm", "sglang"], default="vllm",
+                    help="`sluice sim` replicas: whose metrics they speak (which engine "
+                         "Sluice takes them for)")
     ap.add_argument("--sluice-config", help="a config file for the Sluice gateways (experiments)")
     ap.add_argument("--requests-dir", help="prefix cells: every request's timing, a file a run")
     ap.add_argument("--bin", help="the sluice binary for replicas, gateways and load (default "
                     "target/release/sluice; a copy lets a long run outlive a rebuild)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    global ENGINE, SLUICE_CONFIG, BIN, CACHE_AT
+    global ENGINE, SLUICE_CONFIG, BIN, CACHE_AT, DIALECT
     ENGINE, SLUICE_CONFIG, CACHE_AT = args.engine, args.sluice_config, args.cache_at
+    DIALECT = args.dialect
+    if DIALECT != "vllm" and ENGINE != "sim":
+        raise SystemExit("--dialect is a `sluice sim` knob: engine b speaks vLLM's metrics")
     if args.bin:
         BIN = agentic.BIN = os.path.abspath(args.bin)
     if not os.path.exists(BIN):
@@ -384,7 +406,8 @@ def main():
                       f"ok {row['ok']}/{row['requests']} | {row.get('decisions', '')}"
                       f"{' held ' + str(row['prefill_holds']) if row.get('prefill_holds') else ''}", flush=True)
             out["cells"][cname] = {"cell": cell, "engine": args.engine,
-                                   "cache_at": args.cache_at, "runs": runs}
+                                   "cache_at": args.cache_at, "dialect": args.dialect,
+                                   "runs": runs}
             save()
         summary = {}
         for n, rows in runs.items():
