@@ -29,6 +29,7 @@ use crate::flow::Seat;
 use crate::limits::{Admission, Identity, RateHeaders};
 use crate::routing::Affinity;
 use crate::routing::placement::Placement;
+use crate::routing::prefilling::PrefillMark;
 use crate::routing::sessions::response_key;
 use crate::telemetry::Telemetry;
 use crate::telemetry::metrics::ModelSeries;
@@ -192,10 +193,12 @@ impl RequestGuard {
     }
 
     /// The current attempt's prompt is being prefilled: requests for it
-    /// may wait for its first token (`routing::prefilling`).
-    pub(crate) fn prefilling(&mut self) {
+    /// may wait for its first token (`routing::prefilling`); `retaken`, a
+    /// prefill this request waited for and marked again when its attempt
+    /// ended without a first token.
+    pub(crate) fn prefilling(&mut self, retaken: Option<PrefillMark>) {
         if let Some(p) = self.placement.as_mut() {
-            p.mark_prefilling();
+            p.mark_prefilling(retaken);
         }
     }
 

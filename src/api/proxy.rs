@@ -621,21 +621,50 @@ fn holds_for_prefill(state: &AppState, replica: &Replica) -> bool {
     }
 }
 
-/// Waits for `prefill`, a prefill of the request's prompt under way on its
-/// replica that it would otherwise compute again, until its first token (or
-/// its attempt's end), at most the request's first-token bound (then it has
-/// that bound again from its sending); counted in
-/// `sluice_routing_prefill_holds_total{outcome}` and the wait in
+/// What a request held for a prefill under way needs to mark that prefill
+/// again should its attempt end without a first token.
+struct Held<'a> {
+    on: &'a Arc<prefilling::Prefilling>,
+    hashes: &'a [u64],
+    /// The blocks routing counted cached.
+    cached: usize,
+    /// Whether the request marks its own prefill (a stream).
+    marks: bool,
+}
+
+/// Waits for `ahead`, a prefill of the request's prompt under way on its
+/// replica that it would otherwise compute again, until its first token, at
+/// most the request's first-token bound (then it has that bound again from
+/// its sending). Where that prefill's attempt ends without a first token the
+/// request marks it again (returned, for its placement) and goes, unless
+/// another waiter did first: then it waits for that one. Counted in
+/// `sluice_routing_prefill_holds_total{outcome}` (`ended` for a hold whose
+/// prefill ended, retaken or not) and the wait in
 /// `sluice_routing_prefill_hold_seconds`.
 async fn hold_for_prefill(
     state: &AppState,
     guard: &RequestGuard,
-    prefill: Arc<prefilling::Prefill>,
+    held: Held<'_>,
+    mut ahead: prefilling::Ahead,
     deadline: Instant,
-) {
+) -> Option<prefilling::PrefillMark> {
     let now = turn::fresh();
     let by = (now + state.config.upstream.timeouts.first_token).min(deadline);
-    let outcome = prefill.wait(by).await;
+    let mut retaken = None;
+    let outcome = loop {
+        let outcome = ahead.wait(by).await;
+        if outcome != prefilling::HoldOutcome::Ended || !held.marks {
+            break outcome;
+        }
+        retaken = held.on.retake(held.hashes, &ahead);
+        if retaken.is_some() {
+            break outcome;
+        }
+        match held.on.ahead_of(held.hashes, held.cached) {
+            Some(next) => ahead = next,
+            None => break outcome,
+        }
+    };
     let model = &guard.record.model;
     let m = &state.metrics;
     m.prefill_holds
@@ -644,6 +673,7 @@ async fn hold_for_prefill(
     m.prefill_hold
         .get(&(model.clone(),))
         .observe(turn::fresh().saturating_duration_since(now).as_secs_f64());
+    retaken
 }
 
 async fn forward(
@@ -757,15 +787,21 @@ async fn forward(
         let holds = !decode_leg
             && input.hashes.len() >= prefilling::HOLD_MIN_BLOCKS
             && holds_for_prefill(state, &replica);
-        if holds
-            && decision.matched_blocks >= prefilling::HOLD_MIN_BLOCKS
-            && let Some(prefill) = state
-                .affinity
-                .of(&replica.name, turn::now_std())
+        let mut retaken = None;
+        if holds && decision.matched_blocks >= prefilling::HOLD_MIN_BLOCKS {
+            let memory = state.affinity.of(&replica.name, turn::now_std());
+            if let Some(ahead) = memory
                 .prefilling
                 .ahead_of(&input.hashes, decision.matched_blocks)
-        {
-            Box::pin(hold_for_prefill(state, guard, prefill, deadline)).await;
+            {
+                let held = Held {
+                    on: &memory.prefilling,
+                    hashes: &input.hashes,
+                    cached: decision.matched_blocks,
+                    marks: inbound.stream,
+                };
+                retaken = Box::pin(hold_for_prefill(state, guard, held, ahead, deadline)).await;
+            }
         }
 
         // The client's body as it came unless the replica takes a priority
@@ -842,7 +878,7 @@ async fn forward(
         let sent = turn::fresh();
         start_attempt(state, guard, &replica, &decision, reason, &input, sent);
         if holds && inbound.stream {
-            guard.prefilling();
+            guard.prefilling(retaken);
         }
         // Streams must show a first event within `first_token`; a non-streamed
         // answer only comes when generation is over, so only `total` bounds it.

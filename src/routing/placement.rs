@@ -83,11 +83,14 @@ impl Placement {
 
     /// Requests for the same prompt sent here before its first token may
     /// wait for it ([`super::prefilling`]); dropped without one, they go.
-    pub(crate) fn mark_prefilling(&mut self) {
-        self.prefilling = self
-            .memory
-            .prefilling
-            .begin(&self.hashes, self.matched_blocks);
+    /// `retaken`: the mark of a prefill this request waited for, whose
+    /// attempt ended without a first token (routing counted it cached).
+    pub(crate) fn mark_prefilling(&mut self, retaken: Option<PrefillMark>) {
+        self.prefilling = retaken.or_else(|| {
+            self.memory
+                .prefilling
+                .begin(&self.hashes, self.matched_blocks)
+        });
     }
 
     /// The attempt ended without a first token: those waiting for its

@@ -23,6 +23,10 @@
 //! would prefill again are worth a wait of at most that prefill. Only
 //! streamed requests mark their prefill: the gateway sees their first token
 //! (a non-streamed answer's first token is its end); any request may wait.
+//! A prefill whose attempt ends without a first token (failed, cut, its
+//! client gone) releases its waiters, and the first of them to go marks the
+//! prompt's prefill again for the others ([`Prefilling::retake`]): one of
+//! them computes it, not each.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,6 +60,21 @@ pub(crate) struct Prefill {
 const RUNNING: u8 = 0;
 const PREFILLED: u8 = 1;
 const ENDED: u8 = 2;
+
+/// A prefill under way that a request would compute again, from block
+/// `at` of its prompt ([`Prefilling::ahead_of`]).
+pub(crate) struct Ahead {
+    at: usize,
+    prefill: Arc<Prefill>,
+}
+
+impl Ahead {
+    /// Waits until the prefill's first token or its end, at most until
+    /// `deadline`.
+    pub(crate) async fn wait(&self, deadline: tokio::time::Instant) -> HoldOutcome {
+        self.prefill.wait(deadline).await
+    }
+}
 
 /// How a hold ended (`sluice_routing_prefill_holds_total{outcome}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,14 +133,15 @@ impl Prefilling {
     }
 
     /// The prefill under way here that a request for `hashes`, counted
-    /// cached here up to block `cached`, would otherwise compute again: the
+    /// cached here up to block `cached`, would otherwise compute again
+    /// (and where it starts among `hashes`): the
     /// earliest marked block among its cached ones, with at least
     /// [`HOLD_MIN_BLOCKS`] cached blocks from there on, and all but
     /// [`HOLD_MIN_BLOCKS`] of what that prefill computes (engines cache a
     /// long prompt chunk by chunk: a request sharing only the start of a
     /// 32k-token prefill finds that start cached long before its first
     /// token).
-    pub(crate) fn ahead_of(&self, hashes: &[u64], cached: usize) -> Option<Arc<Prefill>> {
+    pub(crate) fn ahead_of(&self, hashes: &[u64], cached: usize) -> Option<Ahead> {
         let cached = cached.min(hashes.len());
         if cached < HOLD_MIN_BLOCKS {
             return None;
@@ -134,7 +154,19 @@ impl Prefilling {
             .iter()
             .enumerate()
             .find_map(|(i, h)| map.get(h).map(|p| (i, p)))?;
-        (cached - at + HOLD_MIN_BLOCKS >= prefill.span).then(|| prefill.clone())
+        (cached - at + HOLD_MIN_BLOCKS >= prefill.span).then(|| Ahead {
+            at,
+            prefill: prefill.clone(),
+        })
+    }
+
+    /// Marks again, for a request that was waiting for it, a prefill
+    /// `ahead` whose attempt ended without a first token: the prompt is
+    /// not cached after all, and this request computes it from the block
+    /// where that prefill started. `None` where another waiter marked it
+    /// first (wait for that one: [`Prefilling::ahead_of`]).
+    pub(crate) fn retake(self: &Arc<Self>, hashes: &[u64], ahead: &Ahead) -> Option<PrefillMark> {
+        self.begin(hashes, ahead.at)
     }
 
     #[cfg(test)]
@@ -152,9 +184,7 @@ impl Prefill {
         }
     }
 
-    /// Waits until the prefill's first token or its end, at most until
-    /// `deadline`.
-    pub(crate) async fn wait(&self, deadline: tokio::time::Instant) -> HoldOutcome {
+    async fn wait(&self, deadline: tokio::time::Instant) -> HoldOutcome {
         let done = self.done.notified();
         tokio::pin!(done);
         // Registered before the state is read: a clearing between the two
@@ -280,5 +310,24 @@ mod tests {
         let held = m.ahead_of(&p, 64).unwrap();
         let soon = tokio::time::Instant::now() + Duration::from_millis(50);
         assert_eq!(held.wait(soon).await, HoldOutcome::Deadline);
+    }
+
+    #[test]
+    fn a_prefill_that_ended_without_a_first_token_is_retaken_by_one_waiter() {
+        let m = memory();
+        // 20 blocks cached before, 80 under way from block 20.
+        let p = prompt(100);
+        let mark = m.begin(&p, 20).unwrap();
+        let (b, c) = (m.ahead_of(&p, 100).unwrap(), m.ahead_of(&p, 100).unwrap());
+        assert_eq!((b.at, c.at), (20, 20));
+        // While it runs no waiter takes it.
+        assert!(m.retake(&p, &b).is_none());
+        drop(mark);
+        let again = m.retake(&p, &b).expect("the first waiter to go marks it");
+        assert!(m.retake(&p, &c).is_none(), "one waiter computes it");
+        let next = m.ahead_of(&p, 100).expect("the others wait for it");
+        assert_eq!(next.at, 20);
+        assert!(Arc::ptr_eq(&next.prefill, &again.prefill));
+        assert_eq!(again.prefill.span, 80);
     }
 }

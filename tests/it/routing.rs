@@ -1048,3 +1048,99 @@ async fn a_request_for_a_prompt_being_prefilled_waits_for_it_where_the_engine_ca
         }
     }
 }
+
+/// A prefill whose attempt ends without a first token (here its client
+/// leaves while the engine has not begun it) releases the requests held for
+/// it; the first of them to go marks the prompt's prefill again and the
+/// other waits for that one's first token, then finds the prompt cached: one
+/// recompute, not one per waiter.
+#[tokio::test]
+async fn a_prefill_that_ends_without_a_first_token_is_computed_again_once() {
+    let doc = "Every replica reports its queue and its cache. ".repeat(52);
+    let mut cfg = SimConfig::engine("tiny", 0.01).unwrap();
+    cfg.profile.as_mut().unwrap().max_num_batched_tokens = 256;
+    cfg.dialect = Dialect::Sglang;
+    let sim = start_sim(cfg).await;
+    let gw = start_routed(routing_config(&[sim.url()]), 1).await;
+    let base = api(&gw);
+    // The first: the engine holds it a minute before starting it, so it
+    // computes nothing; the gateway marks its prefill when it sends it.
+    let first = {
+        let url = format!("{base}/v1/chat/completions");
+        let body = serde_json::json!({
+            "model": "sim-model",
+            "stream": true,
+            "max_tokens": 2,
+            "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": doc}],
+        });
+        tokio::spawn(async move {
+            let sent = client()
+                .post(&url)
+                .header("x-sim-fault", "first_token=60s")
+                .json(&body)
+                .send()
+                .await;
+            if let Ok(r) = sent {
+                let _ = r.bytes().await;
+            }
+        })
+    };
+    wait_until(
+        "the first request sent",
+        Duration::from_secs(10),
+        || async { sim.state.metrics.received.get() >= 1 },
+    )
+    .await;
+    let held = |base: String, doc: String| {
+        tokio::spawn(async move { crate::sim::stream_chat(&base, &doc, 2).await })
+    };
+    let (b, c) = (
+        held(base.clone(), doc.clone()),
+        held(base.clone(), doc.clone()),
+    );
+    // Both routed (the routing decision is counted just before the hold).
+    let decided = || async {
+        let (_, text) = get_text(&format!("{}/metrics", admin(&gw))).await;
+        text.lines()
+            .filter(|l| l.starts_with("sluice_routing_decisions_total{model=\"sim-model\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    wait_until("all three routed", Duration::from_secs(10), || async {
+        decided().await >= 3.0
+    })
+    .await;
+    assert_eq!(
+        sim.state.metrics.received.get(),
+        1,
+        "the two others are held"
+    );
+    first.abort();
+    let _ = first.await;
+    let (b, c) = (b.await.unwrap().2, c.await.unwrap().2);
+    let cached = |u: &serde_json::Value| {
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no cached tokens in {u}"))
+    };
+    let prompt = b["prompt_tokens"].as_u64().unwrap();
+    let mut got = [cached(&b), cached(&c)];
+    got.sort_unstable();
+    // One computed the prompt (the first had computed none of it); the
+    // other waited for it and prefilled only its last partial block.
+    assert_eq!(got[0], 0, "{b} {c}");
+    assert!(got[1] + 16 >= prompt, "{b} {c}");
+    let holds = |outcome: &'static str| {
+        let gw = &gw;
+        async move {
+            gateway_metric(
+                gw,
+                &format!(
+                    "sluice_routing_prefill_holds_total{{model=\"sim-model\",outcome=\"{outcome}\"}}"
+                ),
+            )
+            .await
+        }
+    };
+    assert_eq!((holds("ended").await, holds("prefilled").await), (1.0, 1.0));
+}

@@ -3,7 +3,8 @@
 # speaking SGLang's metrics (`sluice sim --dialect sglang`, caching a prompt
 # once computed as SGLang does), so `hold_for_prefill: auto` (the default: no
 # config file) holds; per seed Sluice with `hold_for_prefill: off` alone, then
-# Sluice with the defaults beside sglang-router `cache_aware`.
+# Sluice with the defaults beside sglang-router `cache_aware`. `many_keys` ran
+# 2026-12-06 02:17-02:38 (the release build of 40a76ed).
 # Usage: run.sh CELL [ROUTERS_VENV]
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
