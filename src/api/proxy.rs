@@ -635,31 +635,36 @@ struct Held<'a> {
 /// Waits for `ahead`, a prefill of the request's prompt under way on its
 /// replica that it would otherwise compute again, until its first token, at
 /// most the request's first-token bound (then it has that bound again from
-/// its sending). Where that prefill's attempt ends without a first token the
-/// request marks it again (returned, for its placement) and goes, unless
-/// another waiter did first: then it waits for that one. Counted in
-/// `sluice_routing_prefill_holds_total{outcome}` (`ended` for a hold whose
-/// prefill ended, retaken or not) and the wait in
-/// `sluice_routing_prefill_hold_seconds`.
+/// its sending). Where that prefill's attempt ends without a first token a
+/// streamed request marks it again and goes (the mark returned for its
+/// placement, with the block it starts at: what routing counted cached from
+/// there is not), unless another waiter did first: then it waits for that
+/// one where it covers its prompt. Counted in
+/// `sluice_routing_prefill_holds_total{outcome}` by how its last wait ended
+/// (`ended` for the request that marks it again or goes without it) and the
+/// whole wait in `sluice_routing_prefill_hold_seconds`.
 async fn hold_for_prefill(
     state: &AppState,
     guard: &RequestGuard,
     held: Held<'_>,
     mut ahead: prefilling::Ahead,
     deadline: Instant,
-) -> Option<prefilling::PrefillMark> {
+) -> Option<(prefilling::PrefillMark, usize)> {
     let now = turn::fresh();
     let by = (now + state.config.upstream.timeouts.first_token).min(deadline);
     let mut retaken = None;
     let outcome = loop {
         let outcome = ahead.wait(by).await;
-        if outcome != prefilling::HoldOutcome::Ended || !held.marks {
+        if outcome != prefilling::HoldOutcome::Ended {
             break outcome;
         }
-        retaken = held.on.retake(held.hashes, &ahead);
-        if retaken.is_some() {
+        if held.marks
+            && let Some(mark) = held.on.retake(held.hashes, &ahead)
+        {
+            retaken = Some((mark, ahead.at()));
             break outcome;
         }
+        // (An ended prefill has left the map: this is another.)
         match held.on.ahead_of(held.hashes, held.cached) {
             Some(next) => ahead = next,
             None => break outcome,
@@ -768,7 +773,7 @@ async fn forward(
                 record_home(state, &ctx, candidates, leg, d);
             }
         }
-        let Some(decision) = decision else {
+        let Some(mut decision) = decision else {
             // Only reachable after retries exhausted the candidates.
             return Err(GatewayError::NoHealthyBackend(model.to_string()));
         };
@@ -800,7 +805,18 @@ async fn forward(
                     cached: decision.matched_blocks,
                     marks: inbound.stream,
                 };
-                retaken = Box::pin(hold_for_prefill(state, guard, held, ahead, deadline)).await;
+                retaken = Box::pin(hold_for_prefill(state, guard, held, ahead, deadline))
+                    .await
+                    .map(|(mark, at)| {
+                        // Cached only up to where the prefill it takes up
+                        // starts: its placement predicts what it computes.
+                        let at_tokens = u32::try_from(at)
+                            .unwrap_or(u32::MAX)
+                            .saturating_mul(input.tokens_per_block);
+                        decision.matched_blocks = at;
+                        decision.cached_tokens = decision.cached_tokens.min(at_tokens);
+                        mark
+                    });
             }
         }
 

@@ -24,9 +24,9 @@
 //! streamed requests mark their prefill: the gateway sees their first token
 //! (a non-streamed answer's first token is its end); any request may wait.
 //! A prefill whose attempt ends without a first token (failed, cut, its
-//! client gone) releases its waiters, and the first of them to go marks the
-//! prompt's prefill again for the others ([`Prefilling::retake`]): one of
-//! them computes it, not each.
+//! client gone) releases its waiters, and the first streamed one to go marks
+//! the prompt's prefill again ([`Prefilling::retake`]); the others wait for
+//! that one where it covers their prompt as the first did.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,6 +69,11 @@ pub(crate) struct Ahead {
 }
 
 impl Ahead {
+    /// The block of the request's prompt where the prefill starts.
+    pub(crate) fn at(&self) -> usize {
+        self.at
+    }
+
     /// Waits until the prefill's first token or its end, at most until
     /// `deadline`.
     pub(crate) async fn wait(&self, deadline: tokio::time::Instant) -> HoldOutcome {
@@ -207,16 +212,18 @@ impl PrefillMark {
     }
 
     fn clear(&self, to: u8) {
-        if self
-            .prefill
-            .state
-            .compare_exchange(RUNNING, to, Relaxed, Relaxed)
-            .is_err()
         {
-            return;
-        }
-        {
+            // The state changes under the lock: a waiter that reads it ended
+            // finds it gone from the map (else it could take it up again).
             let mut map = self.on.under_way.lock();
+            if self
+                .prefill
+                .state
+                .compare_exchange(RUNNING, to, Relaxed, Relaxed)
+                .is_err()
+            {
+                return;
+            }
             if map
                 .get(&self.key)
                 .is_some_and(|p| Arc::ptr_eq(p, &self.prefill))

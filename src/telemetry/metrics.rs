@@ -968,7 +968,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_routing_prefill_holds_total",
-            "Requests held before sending until a prefill of their prompt that this gateway had under way on their replica gave its first token (`routing.prefix_kv.hold_for_prefill`), by outcome: `prefilled`, `ended` (that attempt ended without one), `deadline` (the held request's first-token bound: then it is sent).",
+            "Requests held before sending until a prefill of their prompt that this gateway had under way on their replica gave its first token (`routing.prefix_kv.hold_for_prefill`), by outcome: `prefilled`, `ended` (that attempt ended without one: a streamed request then marks the prefill again, unless another waiter did first, and goes; a waiter that then waits for another's mark is counted by how that wait ends), `deadline` (the held request's first-token bound: then it is sent).",
             &self.prefill_holds,
             |c| c,
         );

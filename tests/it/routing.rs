@@ -1143,4 +1143,25 @@ async fn a_prefill_that_ends_without_a_first_token_is_computed_again_once() {
         }
     };
     assert_eq!((holds("ended").await, holds("prefilled").await), (1.0, 1.0));
+    // The one that computed it was placed as computing it (nothing cached),
+    // not as routing had counted it, in the prefill that ended: what routing
+    // predicted cached is near what the engine reported (a shortfall would
+    // read as the replica evicting, and drop the prompt from the index).
+    let series = |name: &str| format!("sluice_backend_{name}{{backend=\"{}\"}}", sim.addr);
+    let gw = &gw;
+    let in_flight = series("in_flight");
+    wait_until("both answers counted", Duration::from_secs(5), || {
+        let in_flight = &in_flight;
+        async move { gateway_metric(gw, in_flight).await == 0.0 }
+    })
+    .await;
+    let predicted = gateway_metric(gw, &series("cached_tokens_predicted_total")).await;
+    let actual = gateway_metric(gw, &series("cached_tokens_actual_total")).await;
+    assert_eq!(actual, got[1] as f64);
+    // (Routing counts tokens from characters: near the engine's count, not
+    // equal. Counted cached for both, it would be twice the engine's.)
+    assert!(
+        predicted < 1.5 * actual,
+        "{predicted} predicted, {actual} cached"
+    );
 }
