@@ -1831,11 +1831,16 @@ async fn a_disaggregated_gateway_meeting_only_new_prompts_samples_each_pools_hom
     .await;
     let url = format!("{}/v1/chat/completions", api(&gw));
     const PROMPTS: usize = crate::routing::SAMPLED_PROMPTS;
-    // Every prefix twice, 16 at a time: first all new, then with another
+    // Every prefix twice: first all new, 16 at a time, then with another
     // question (prefilled in the pool again: the decode replica holds the
-    // prefix but not the question, more than it prefills by choice).
+    // prefix but not the question, more than it prefills by choice), one at
+    // a time: two decode replicas two streams apart would spill one to the
+    // other, and a spill leaves the table's home alone.
     for pass in 0..2 {
-        for batch in (0..PROMPTS).collect::<Vec<_>>().chunks(16) {
+        for batch in (0..PROMPTS)
+            .collect::<Vec<_>>()
+            .chunks(if pass == 0 { 16 } else { 1 })
+        {
             let mut sent = tokio::task::JoinSet::new();
             for &p in batch {
                 let url = url.clone();

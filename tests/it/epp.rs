@@ -1014,10 +1014,15 @@ async fn a_picker_meeting_only_new_prompts_samples_each_pools_homes_apart() {
     let gw = start_routed(c, 4).await;
     let answer = br#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}"#;
     const PROMPTS: usize = crate::routing::SAMPLED_PROMPTS;
-    // Every prefix twice, 16 at a time: first all new, then with another
-    // question (the decode replica holds the prefix, not the question).
+    // Every prefix twice: first all new, 16 at a time, then with another
+    // question (the decode replica holds the prefix, not the question), one
+    // at a time: two decode replicas two streams apart would spill one to
+    // the other, and a spill leaves the table's home alone.
     for pass in 0..2 {
-        for batch in (0..PROMPTS).collect::<Vec<_>>().chunks(16) {
+        for batch in (0..PROMPTS)
+            .collect::<Vec<_>>()
+            .chunks(if pass == 0 { 16 } else { 1 })
+        {
             let gw = &gw;
             futures_util::future::join_all(batch.iter().map(|&p| async move {
                 let body = serde_json::to_vec(&prefixed(p, pass)).unwrap();

@@ -648,8 +648,9 @@ pub async fn each_pool_sampled(gw: &Gateway, redis: &crate::common::redis::Redis
 }
 
 /// After the same `prompts` used again: every one homed in both pools,
-/// those placed without the table written by their touches (or by a move,
-/// where a busy replica sent one elsewhere), none of the writes failed.
+/// those placed without the table written by their touches, none of the
+/// writes failed. (A spill writes nothing: the prompts used again must not
+/// find their replica busier than another.)
 pub async fn each_pool_homes_all(
     gw: &Gateway,
     redis: &crate::common::redis::Redis,

@@ -4,7 +4,9 @@
 # once computed as SGLang does), so `hold_for_prefill: auto` (the default: no
 # config file) holds; per seed Sluice with `hold_for_prefill: off` alone, then
 # Sluice with the defaults beside sglang-router `cache_aware`. `many_keys` ran
-# 2026-12-06 02:17-02:38 (the release build of 40a76ed).
+# 2026-12-06 02:17-02:38 and `few_keys` 03:03-03:23 (the release build of
+# 40a76ed); seed 4 of `few_keys` rerun after, Sluice alone, with
+# --requests-dir (few_keys_seed4_rerun_{off,auto}.json).
 # Usage: run.sh CELL [ROUTERS_VENV]
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
