@@ -6,7 +6,9 @@
 # Sluice with the defaults beside sglang-router `cache_aware`. `many_keys` ran
 # 2026-12-06 02:17-02:38 and `few_keys` 03:03-03:23 (the release build of
 # 40a76ed); seed 4 of `few_keys` rerun after, Sluice alone, with
-# --requests-dir (few_keys_seed4_rerun_{off,auto}.json).
+# --requests-dir (few_keys_seed4_rerun_{off,auto}.json); `few_keys_tight_3gw`
+# 03:33-03:48 with `--only sluice-shared sglang-cache_aware` per seed (no
+# `off` run: --sluice-config applies to plain `sluice` only).
 # Usage: run.sh CELL [ROUTERS_VENV]
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
