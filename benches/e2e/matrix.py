@@ -324,11 +324,14 @@ def run_one(name, cell, args, seed):
                     o = k.split('outcome="')[1].split('"')[0]
                     row["admissions"][o] = row["admissions"].get(o, 0) + v
             # Requests held for a prefill of their prompt under way
-            # (`routing.prefix_kv.hold_for_prefill`), by outcome.
+            # (`routing.prefix_kv.hold_for_prefill`), by outcome, and
+            # those held for another gateway's prefill apart (`shared_*`).
             row["prefill_holds"] = {}
             for k, v in gateway_counts(ADMINS, ["sluice_routing_prefill_holds_total"]).items():
                 if v and 'outcome="' in k:
                     o = k.split('outcome="')[1].split('"')[0]
+                    if 'prefill="shared"' in k:
+                        o = "shared_" + o
                     row["prefill_holds"][o] = row["prefill_holds"].get(o, 0) + v
         return row
     finally:

@@ -297,6 +297,7 @@ pub(crate) async fn choose(
         &pool,
         s.view,
         Leg::Prefill,
+        false,
     ))
     .await;
     let ctx = RouteCtx {
@@ -355,6 +356,7 @@ pub(crate) async fn prefill(
         &pool,
         a.view,
         Leg::Prefill,
+        false,
     ))
     .await;
     let ctx = RouteCtx {

@@ -14,13 +14,16 @@ use crate::vocab::RouteReason;
 /// prefix no candidate holds in this gateway's index is looked up in the
 /// shared table, and placed there when new (`leg`: the pool the decision is
 /// for). `None`: no table, a prefix held here, a session that decides, or
-/// the table did not answer.
+/// the table did not answer. (`watched`: the request's first token is seen
+/// when its prefill is done, a stream: another gateway's request for the
+/// same prompt may wait for a cold prefill it starts.)
 pub(crate) async fn table_home(
     state: &AppState,
     ctx: &RouteCtx<'_>,
     candidates: &[Arc<Replica>],
     view: fn(&Replica) -> ReplicaView,
     leg: Leg,
+    watched: bool,
 ) -> Option<TableHome> {
     let table = state.shared_table.as_ref().filter(|t| t.homes)?;
     // Nothing to place: no prefix, or no choice (the views not built).
@@ -37,7 +40,16 @@ pub(crate) async fn table_home(
         .map(|&i| candidates[i].name.clone())
         .collect();
     table
-        .place_home(ctx.model, leg, new.key, &order, new.open)
+        .place_home(
+            ctx.model,
+            leg,
+            new.key,
+            &order,
+            new.open,
+            watched
+                .then(|| crate::routing::prefilling::reach(ctx.hashes))
+                .flatten(),
+        )
         .await
 }
 

@@ -670,15 +670,46 @@ async fn hold_for_prefill(
             None => break outcome,
         }
     };
+    count_hold(state, guard, "own", outcome, now);
+    retaken
+}
+
+/// Waits for `under_way`, another gateway's cold prefill of the request's
+/// prompt on its replica (the prompt's home in the shared table), as
+/// [`hold_for_prefill`] waits for this gateway's own, and counts it
+/// (`sluice_routing_prefill_holds_total{prefill="shared"}`). `true`: the
+/// prefill came (the prompt is cached there); otherwise the request goes
+/// and computes it.
+async fn hold_for_shared_prefill(
+    state: &AppState,
+    guard: &RequestGuard,
+    under_way: &crate::routing::shared_table::UnderWay,
+    deadline: Instant,
+) -> bool {
+    let now = turn::fresh();
+    let by = (now + state.config.upstream.timeouts.first_token).min(deadline);
+    let outcome = under_way.wait(by).await;
+    count_hold(state, guard, "shared", outcome, now);
+    outcome == prefilling::HoldOutcome::Prefilled
+}
+
+/// Counts a hold for a prefill under way (`of`: `own`, this gateway's;
+/// `shared`, another gateway's) that began at `since`.
+fn count_hold(
+    state: &AppState,
+    guard: &RequestGuard,
+    of: &'static str,
+    outcome: prefilling::HoldOutcome,
+    since: Instant,
+) {
     let model = &guard.record.model;
     let m = &state.metrics;
     m.prefill_holds
-        .get(&(model.clone(), outcome.as_str()))
+        .get(&(model.clone(), of, outcome.as_str()))
         .inc();
     m.prefill_hold
         .get(&(model.clone(),))
-        .observe(turn::fresh().saturating_duration_since(now).as_secs_f64());
-    retaken
+        .observe(turn::fresh().saturating_duration_since(since).as_secs_f64());
 }
 
 async fn forward(
@@ -755,7 +786,15 @@ async fn forward(
             decode_leg,
             ..input.ctx(&model)
         };
-        let home = Box::pin(table_home(state, &ctx, candidates, view, leg)).await;
+        let home = Box::pin(table_home(
+            state,
+            &ctx,
+            candidates,
+            view,
+            leg,
+            inbound.stream,
+        ))
+        .await;
         input.shared_home = home;
     }
     loop {
@@ -817,6 +856,35 @@ async fn forward(
                         decision.cached_tokens = decision.cached_tokens.min(at_tokens);
                         mark
                     });
+            }
+        } else if holds
+            && let Some(under_way) = input
+                .shared_home
+                .as_ref()
+                .and_then(|h| h.prefill_on(&replica.name, &input.hashes))
+        {
+            // Another gateway's cold prefill of this prompt is under way
+            // there (this gateway holds none of it): marked here first, so
+            // that this gateway's next requests for it wait for this one.
+            let memory = state.affinity.of(&replica.name, turn::now_std());
+            retaken = inbound
+                .stream
+                .then(|| {
+                    memory
+                        .prefilling
+                        .begin(&input.hashes, decision.matched_blocks)
+                })
+                .flatten();
+            if Box::pin(hold_for_shared_prefill(state, guard, under_way, deadline)).await {
+                // Cached there now: its placement predicts it.
+                let shared = under_way.shared_blocks().max(decision.matched_blocks);
+                let tokens = u32::try_from(shared)
+                    .unwrap_or(u32::MAX)
+                    .saturating_mul(input.tokens_per_block);
+                decision.matched_blocks = shared;
+                decision.cached_tokens = decision
+                    .cached_tokens
+                    .max(tokens.min(input.prompt_tokens.saturating_sub(1)));
             }
         }
 

@@ -282,6 +282,8 @@ impl Exchange {
                 &c.replicas,
                 proxy::view,
                 pool,
+                // (The picker does not see the first token.)
+                false,
             ))
             .await;
             input.shared_home = home;

@@ -101,7 +101,7 @@ impl Placement {
 
     fn prefilled(&mut self) {
         if let Some(mark) = self.cold.take() {
-            mark.clear();
+            mark.prefilled();
         }
         if let Some(mark) = self.prefilling.take() {
             mark.prefilled();

@@ -41,6 +41,25 @@ use tokio::sync::Notify;
 /// more than the few milliseconds a hold adds past the first token.
 pub(crate) const HOLD_MIN_BLOCKS: usize = 16;
 
+/// Where a request may wait for another gateway's prefill of a prompt
+/// (`hashes`, computed from its first block: a new home's cold prefill,
+/// `routing::shared_table`): the block, by index and hash, that a prompt
+/// must share with it for the wait to pay by the rule of
+/// [`Prefilling::ahead_of`] (at least [`HOLD_MIN_BLOCKS`] blocks, and all
+/// but [`HOLD_MIN_BLOCKS`] of that prefill). `None`: too short to be worth
+/// a wait.
+pub(crate) fn reach(hashes: &[u64]) -> Option<(usize, u64)> {
+    if hashes.len() < HOLD_MIN_BLOCKS {
+        return None;
+    }
+    let i = hashes
+        .len()
+        .saturating_sub(HOLD_MIN_BLOCKS)
+        .max(HOLD_MIN_BLOCKS)
+        - 1;
+    Some((i, hashes[i]))
+}
+
 /// The prefills under way on one replica, by their first block.
 #[derive(Default)]
 pub(crate) struct Prefilling {
@@ -279,6 +298,24 @@ mod tests {
             "its 100 were cached before"
         );
         assert!(m.ahead_of(&second, 120).is_some());
+    }
+
+    /// Another gateway's prefill is waited for by the same rule as this
+    /// gateway's own: a prompt sharing all but [`HOLD_MIN_BLOCKS`] of it,
+    /// and at least [`HOLD_MIN_BLOCKS`].
+    #[test]
+    fn another_gateways_prefill_is_reached_as_this_gateways_own() {
+        assert_eq!(reach(&prompt(15)), None);
+        for n in [16, 20, 32, 33, 100] {
+            let p = prompt(n);
+            let (i, h) = reach(&p).unwrap();
+            assert_eq!(h, p[i]);
+            let m = memory();
+            let _mark = m.begin(&p, 0).unwrap();
+            // Sharing up to the reach: waited for here too; one block less: not.
+            assert!(m.ahead_of(&p, i + 1).is_some(), "{n}: {i}");
+            assert!(m.ahead_of(&p, i).is_none(), "{n}: {i}");
+        }
     }
 
     #[test]

@@ -54,6 +54,14 @@
 //!   alike, and a new prefix does not join another gateway's cold prefill
 //!   where a replica with as few homes has none (8 such of 160 new homes
 //!   before, 1 after: docs/benchmarks-log.md, "2026-12-02 (evening)");
+//! - a new home's cold prefill placed for a stream can be waited for by the
+//!   other gateways (`routing.prefix_kv.hold_for_prefill`, as a gateway
+//!   waits for its own: `routing::prefilling`): beside its count the placing
+//!   script writes the block a prompt must share with it
+//!   (`{key_prefix}:reach:{<model>/<pool>}:<key>`), the lookup of a gateway
+//!   that finds the home answers it while the count is on, and that gateway
+//!   waits until the count leaves the set (the first token) or reads 0 (the
+//!   attempt ended without one), at most until it runs out ([`UnderWay`]);
 //! - after routing, in the background: a prefix routed by its prefix to a
 //!   holder pushes its home's expiry back (at most once a quarter of
 //!   [`HOME_TTL`] per prefix and gateway), and where the table names another
@@ -93,6 +101,7 @@ use redis::{Client, Cmd};
 use redis::Script;
 
 use super::affinity::Affinity;
+use super::prefilling::HoldOutcome;
 use super::sessions::Sessions;
 use crate::config::{RedisConfig, SessionsConfig};
 use crate::telemetry::metrics::Metrics;
@@ -107,47 +116,62 @@ pub(crate) const HOME_TTL: Duration = super::affinity::FORGET_AFTER;
 const TOUCHED: usize = 65_536;
 
 /// Places, finds and keeps prefix homes, atomically.
-/// KEYS[1]: the prefix's home; KEYS[1 + i] and KEYS[1 + n + i]: the
+/// KEYS[1]: the prefix's home; KEYS[2]: its cold prefill's reach, where
+/// other gateways may wait for it; KEYS[2 + i] and KEYS[2 + n + i]: the
 /// prefixes homed on, and the cold prefills counted on, candidate i (of n,
-/// named ARGV[4 + i]). ARGV[1]: `place`, `touch` or `move`; ARGV[2]: the
+/// named ARGV[5 + i]). ARGV[1]: `place`, `touch` or `move`; ARGV[2]: the
 /// homes' time to live in ms; ARGV[3]: for `place`, how many of the
 /// candidates (the first) a new home may go to, else the replica; ARGV[4]:
 /// for `place`, how long a new home's cold prefill is counted at most, in
-/// ms (0: not counted); ARGV[5..]: the candidates, those a new home may go
-/// to first, in the placing gateway's order. Returns `{replica, 1 if
-/// written there now else 0}`: `place` answers the home (found, or new on
-/// the candidate with the fewest homes, then the fewest cold prefills under
-/// way, the earlier of equals, and counts the new home's cold prefill
-/// there); `touch` keeps the replica's home (or writes it where there is
-/// none) and answers another home where there is one; `move` writes it
+/// ms (0: not counted); ARGV[5]: for `place`, the block that a request must
+/// share with the placing one to wait for its cold prefill (`<index>:<hash>`,
+/// [`crate::routing::prefilling::reach`]), or empty where none may (the
+/// placing gateway would not see the first token: not a stream);
+/// ARGV[6..]: the candidates, those a new home may go to first, in the
+/// placing gateway's order. Returns `{replica, 1 if written there now else
+/// 0, ms, reach}`: `place` answers the home (found, or new on the candidate
+/// with the fewest homes, then the fewest cold prefills under way, the
+/// earlier of equals, and counts the new home's cold prefill there), and
+/// for a home found whose cold prefill another gateway has under way and
+/// may be waited for, how long it is counted still and its reach (else 0
+/// and empty); `touch` keeps the replica's home (or writes it where there
+/// is none) and answers another home where there is one; `move` writes it
 /// over (and the old home counts its cold prefill no more).
 const HOMES: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-local n = #ARGV - 4
+local n = #ARGV - 5
 local home = redis.call('GET', KEYS[1])
 local function at(name)
   for i = 1, n do
-    if ARGV[4 + i] == name then return i end
+    if ARGV[5 + i] == name then return i end
   end
 end
 local function hold(name)
   redis.call('SET', KEYS[1], name, 'PX', ttl)
   local i = at(name)
   if i then
-    redis.call('ZADD', KEYS[1 + i], now, KEYS[1])
-    redis.call('PEXPIRE', KEYS[1 + i], ttl)
+    redis.call('ZADD', KEYS[2 + i], now, KEYS[1])
+    redis.call('PEXPIRE', KEYS[2 + i], ttl)
   end
 end
 if ARGV[1] == 'place' then
   if home then
     hold(home)
-    return {home, 0}
+    local i = at(home)
+    if i then
+      local ends = tonumber(redis.call('ZSCORE', KEYS[2 + n + i], KEYS[1]))
+      local reach = redis.call('GET', KEYS[2])
+      if ends and ends > now and reach then
+        return {home, 0, ends - now, reach}
+      end
+    end
+    return {home, 0, 0, ''}
   end
   local best, fewest, coldest
   for i = 1, tonumber(ARGV[3]) do
-    local z, c = KEYS[1 + i], KEYS[1 + n + i]
+    local z, c = KEYS[2 + i], KEYS[2 + n + i]
     redis.call('ZREMRANGEBYSCORE', z, '-inf', now - ttl)
     redis.call('ZREMRANGEBYSCORE', c, '-inf', now)
     local h, k = redis.call('ZCARD', z), redis.call('ZCARD', c)
@@ -155,26 +179,30 @@ if ARGV[1] == 'place' then
       best, fewest, coldest = i, h, k
     end
   end
-  hold(ARGV[4 + best])
+  hold(ARGV[5 + best])
   local cold = tonumber(ARGV[4])
   if cold > 0 then
-    redis.call('ZADD', KEYS[1 + n + best], now + cold, KEYS[1])
-    redis.call('PEXPIRE', KEYS[1 + n + best], cold)
+    redis.call('ZADD', KEYS[2 + n + best], now + cold, KEYS[1])
+    redis.call('PEXPIRE', KEYS[2 + n + best], cold)
+    if ARGV[5] ~= '' then
+      redis.call('SET', KEYS[2], ARGV[5], 'PX', cold)
+    end
   end
-  return {ARGV[4 + best], 1}
+  return {ARGV[5 + best], 1, 0, ''}
 end
 if home and home ~= ARGV[3] then
   if ARGV[1] == 'touch' then
-    return {home, 0}
+    return {home, 0, 0, ''}
   end
   local i = at(home)
   if i then
-    redis.call('ZREM', KEYS[1 + i], KEYS[1])
-    redis.call('ZREM', KEYS[1 + n + i], KEYS[1])
+    redis.call('ZREM', KEYS[2 + i], KEYS[1])
+    redis.call('ZREM', KEYS[2 + n + i], KEYS[1])
+    redis.call('DEL', KEYS[2])
   end
 end
 hold(ARGV[3])
-return {ARGV[3], 1}
+return {ARGV[3], 1, 0, ''}
 "#;
 
 /// The hash of a prompt's home prefix: its `home_blocks`-th block, or the
@@ -279,8 +307,77 @@ pub(crate) struct TableHome {
     pub(crate) new: bool,
     /// A new home's cold prefill, counted on `replica` by every gateway's
     /// placing until the request sent there has its first token (then
-    /// [`ColdMark::clear`]; see [`TableHome::cold_on`]).
+    /// [`ColdMark::prefilled`]; see [`TableHome::cold_on`]).
     cold: Option<Arc<ColdMark>>,
+    /// A home found with its cold prefill under way, placed by another
+    /// gateway that sees its first token ([`TableHome::prefill_on`]).
+    under_way: Option<UnderWay>,
+}
+
+/// Another gateway's cold prefill of a prefix under way on its home, as the
+/// table counts it ([`ColdMark`]): a request of this gateway sent there
+/// before its first token would compute the prompt again on an engine that
+/// shares a prompt only once its prefill has run (`routing::prefilling`).
+/// Through three gateways each gateway's first request of a new prefix did
+/// so (docs/BENCHMARKS.md, `few_keys_tight_3gw` with the hold: each gateway
+/// held only for its own prefills).
+#[derive(Clone)]
+pub(crate) struct UnderWay {
+    table: Arc<SharedTable>,
+    set: String,
+    member: String,
+    /// The block a prompt must share with it to wait for it: its index and
+    /// hash ([`crate::routing::prefilling::reach`]).
+    reach: (usize, u64),
+    /// When the table stops counting it (its gateway died, or it is that
+    /// slow): waiting ends then.
+    until: Instant,
+}
+
+/// How often a wait for another gateway's prefill asks the table whether
+/// it is done (one `ZSCORE`; a wait's first token comes at most this much
+/// after the prefill's). A poll, not Redis pub/sub: only one request per
+/// prefix and gateway waits on the table (the gateway's later requests
+/// wait for that one, `routing::prefilling`), a cold prefill lasts tens to
+/// hundreds of milliseconds, and a poll needs no connection of its own to
+/// keep subscribed, nor any notice lost while one reconnects.
+const WATCH_EVERY: Duration = Duration::from_millis(5);
+
+impl UnderWay {
+    /// The blocks a prompt waiting for it shares with it, at least.
+    pub(crate) fn shared_blocks(&self) -> usize {
+        self.reach.0 + 1
+    }
+
+    /// Waits until the prefill's first token (its count leaves the table),
+    /// its attempt's end without one ([`ColdMark`] ended), or the count's
+    /// or `deadline`'s end, whichever is first. A table that does not
+    /// answer ends the wait as `Ended` (the request goes as if nothing
+    /// were under way).
+    pub(crate) async fn wait(&self, deadline: tokio::time::Instant) -> HoldOutcome {
+        let until = tokio::time::Instant::from_std(self.until).min(deadline);
+        let mut every = tokio::time::interval(WATCH_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut conn = self.table.conn.clone();
+        loop {
+            if tokio::time::timeout_at(until, every.tick()).await.is_err() {
+                return HoldOutcome::Deadline;
+            }
+            let mut cmd = redis::cmd("ZSCORE");
+            cmd.arg(&self.set).arg(&self.member);
+            let r: Result<Option<f64>, String> = self.table.query(cmd, &mut conn).await;
+            match r {
+                Ok(None) => return HoldOutcome::Prefilled,
+                Ok(Some(s)) if s <= 0.0 => return HoldOutcome::Ended,
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    self.table.count_home("watch", "error");
+                    tracing::debug!(error = %e, "watching a prefill under way failed");
+                    return HoldOutcome::Ended;
+                }
+            }
+        }
+    }
 }
 
 /// A new home's cold prefill as the table counts it on its replica (the
@@ -290,20 +387,36 @@ pub(crate) struct TableHome {
 /// several, each knew only its own, and cold prefills queued behind one
 /// another's: docs/benchmarks-log.md, "Where three gateways' cold-start
 /// tail comes from"). Cleared once, in the background: at the first token
-/// of the request sent there, when its attempt ends without one, when the
-/// request went elsewhere, or when dropped (a non-streamed answer's first
-/// token is its end; SGLang's disaggregation protocol: at the prefill
-/// replica's answer).
+/// of the request sent there ([`ColdMark::prefilled`]), when its attempt
+/// ends without one, when the request went elsewhere, or when dropped (a
+/// non-streamed answer's first token is its end; SGLang's disaggregation
+/// protocol: at the prefill replica's answer). A streamed request's mark,
+/// which other gateways wait on ([`UnderWay`]), ends without a first token
+/// as a score of 0 (the next placement there removes it), so that they
+/// know the prompt is not cached there after all.
 pub(crate) struct ColdMark {
     table: Arc<SharedTable>,
     /// The replica's sorted set, and the prefix's member in it.
     set: String,
     member: String,
+    /// Other gateways may wait for it (it has a reach: [`HOMES`]' ARGV[5]).
+    watched: bool,
     cleared: std::sync::atomic::AtomicBool,
 }
 
 impl ColdMark {
-    pub(crate) fn clear(&self) {
+    /// The prefill's first token came: the prompt is cached there.
+    pub(crate) fn prefilled(&self) {
+        self.clear(true);
+    }
+
+    /// The prefill will not be: its request went elsewhere, or its attempt
+    /// ended without a first token.
+    pub(crate) fn ended(&self) {
+        self.clear(false);
+    }
+
+    fn clear(&self, prefilled: bool) {
         // (Outside a runtime, nothing to send it with: it expires.)
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -315,8 +428,15 @@ impl ColdMark {
             return;
         }
         let table = self.table.clone();
-        let mut cmd = redis::cmd("ZREM");
-        cmd.arg(&self.set).arg(&self.member);
+        let cmd = if prefilled || !self.watched {
+            let mut cmd = redis::cmd("ZREM");
+            cmd.arg(&self.set).arg(&self.member);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("ZADD");
+            cmd.arg(&self.set).arg("XX").arg(0).arg(&self.member);
+            cmd
+        };
         rt.spawn(async move {
             let mut conn = table.conn.clone();
             let r: Result<i64, String> = table.query(cmd, &mut conn).await;
@@ -327,7 +447,16 @@ impl ColdMark {
 
 impl Drop for ColdMark {
     fn drop(&mut self) {
-        self.clear();
+        self.ended();
+    }
+}
+
+impl std::fmt::Debug for UnderWay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnderWay")
+            .field("set", &self.set)
+            .field("until", &self.until)
+            .finish()
     }
 }
 
@@ -354,9 +483,18 @@ impl TableHome {
         if *self.replica == *replica {
             Some(mark.clone())
         } else {
-            mark.clear();
+            mark.ended();
             None
         }
+    }
+
+    /// Another gateway's cold prefill of this prefix under way on
+    /// `replica`, its home, for a request for `hashes` sent there, where the
+    /// request shares enough of that prompt to wait for it.
+    pub(crate) fn prefill_on(&self, replica: &str, hashes: &[u64]) -> Option<&UnderWay> {
+        self.under_way
+            .as_ref()
+            .filter(|u| *self.replica == *replica && hashes.get(u.reach.0) == Some(&u.reach.1))
     }
 }
 
@@ -369,7 +507,7 @@ pub(crate) enum HomeWrite {
     Move,
 }
 
-/// The script's call being built: its ARGV[4], then the candidates.
+/// The script's call being built: its ARGV[4] and ARGV[5], then the candidates.
 struct Invocation<'a>(redis::ScriptInvocation<'a>);
 
 impl<'a> Invocation<'a> {
@@ -612,6 +750,11 @@ impl SharedTable {
     /// gateway homed it, else where the table places it now. `None`: the
     /// table could not say within `redis.timeout` (or failed within the last
     /// [`PAUSE`]: a Redis gone quiet costs each prompt nothing more then).
+    /// (`reach`: where other gateways may wait for the cold prefill of a
+    /// home placed now, the block a prompt must share with this one,
+    /// [`crate::routing::prefilling::reach`]; `None` where the request's
+    /// first token is not seen at its prefill's end: not a stream.)
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn place_home(
         self: &Arc<Self>,
         model: &str,
@@ -619,6 +762,7 @@ impl SharedTable {
         key: u64,
         candidates: &[Arc<str>],
         open: usize,
+        reach: Option<(usize, u64)>,
     ) -> Option<TableHome> {
         if open == 0 || open > candidates.len() {
             return None;
@@ -653,14 +797,15 @@ impl SharedTable {
         let inv = self
             .homes(model, leg, key, "place", &open.to_string(), candidates)
             .arg(cold.as_millis().to_string())
+            .arg(reach.map_or_else(String::new, |(i, h)| format!("{i}:{h:016x}")))
             .with_candidates(candidates);
-        let got: Result<(String, i64), String> =
+        let got: Result<(String, i64, i64, String), String> =
             match tokio::time::timeout(self.timeout, inv.invoke_async(&mut conn)).await {
                 Ok(r) => r.map_err(|e| e.to_string()),
                 Err(_) => Err("timed out".into()),
             };
         match got {
-            Ok((replica, new)) => {
+            Ok((replica, new, left, theirs)) => {
                 let new = new == 1;
                 self.count_home("place", if new { "placed" } else { "found" });
                 if let Some((novelty, _)) = novelty.as_ref().filter(|_| !new) {
@@ -671,13 +816,26 @@ impl SharedTable {
                         table: self.clone(),
                         set: self.cold_set(model, leg, &replica),
                         member: self.home(model, leg, key),
+                        watched: reach.is_some(),
                         cleared: false.into(),
                     })
                 });
+                let under_way = theirs
+                    .split_once(':')
+                    .and_then(|(i, h)| Some((i.parse().ok()?, u64::from_str_radix(h, 16).ok()?)))
+                    .filter(|_| !new && left > 0)
+                    .map(|reach| UnderWay {
+                        table: self.clone(),
+                        set: self.cold_set(model, leg, &replica),
+                        member: self.home(model, leg, key),
+                        reach,
+                        until: Instant::now() + Duration::from_millis(left.unsigned_abs()),
+                    });
                 Some(TableHome {
                     replica: Arc::from(replica),
                     new,
                     cold,
+                    under_way,
                 })
             }
             Err(e) => {
@@ -726,11 +884,12 @@ impl SharedTable {
             let inv = this
                 .homes(&model, leg, key, op, &replica, &candidates)
                 .arg(0)
+                .arg("")
                 .with_candidates(&candidates);
-            let r: Result<Result<(String, i64), _>, _> =
+            let r: Result<Result<(String, i64, i64, String), _>, _> =
                 tokio::time::timeout(this.timeout * 4, inv.invoke_async(&mut conn)).await;
             match r {
-                Ok(Ok((home, _))) if *home != *replica => {
+                Ok(Ok((home, ..))) if *home != *replica => {
                     this.count_home(op, "elsewhere");
                     let now = crate::turn::now_std();
                     if this.sampled.is_some() {
@@ -750,7 +909,7 @@ impl SharedTable {
     }
 
     /// The script's call for prefix `key` (see [`HOMES`]; `arg`: its
-    /// ARGV[3]), its ARGV[4] and candidates to follow
+    /// ARGV[3]), its ARGV[4], ARGV[5] and candidates to follow
     /// ([`Invocation::with_candidates`]).
     fn homes<'a>(
         &'a self,
@@ -763,6 +922,7 @@ impl SharedTable {
     ) -> Invocation<'a> {
         let mut inv = self.script.prepare_invoke();
         inv.key(self.home(model, leg, key));
+        inv.key(self.reach(model, leg, key));
         for c in candidates {
             inv.key(self.set(model, leg, "homes", c));
         }
@@ -780,6 +940,16 @@ impl SharedTable {
     fn home(&self, model: &str, leg: Leg, key: u64) -> String {
         format!(
             "{}:home:{{{model}/{}}}:{key:016x}",
+            self.prefix,
+            leg.as_str()
+        )
+    }
+
+    /// Where prefix `key`'s cold prefill may be waited for, its reach
+    /// (see [`HOMES`]).
+    fn reach(&self, model: &str, leg: Leg, key: u64) -> String {
+        format!(
+            "{}:reach:{{{model}/{}}}:{key:016x}",
             self.prefix,
             leg.as_str()
         )
@@ -866,7 +1036,7 @@ mod tests {
 
     async fn place(t: &Arc<SharedTable>, key: u64, order: &[&str]) -> (String, bool) {
         let h = t
-            .place_home("m", Leg::Serve, key, &names(order), order.len())
+            .place_home("m", Leg::Serve, key, &names(order), order.len(), None)
             .await
             .expect("the table answers");
         (h.replica.to_string(), h.new)
@@ -909,7 +1079,7 @@ mod tests {
         assert_eq!(place(&a, 4, &["r3"]).await, ("r1".into(), false));
         // Homes of each pool apart: the prefill leg's prefix 1 is new.
         let h = a
-            .place_home("m", Leg::Prefill, 1, &names(&["r3"]), 1)
+            .place_home("m", Leg::Prefill, 1, &names(&["r3"]), 1, None)
             .await
             .unwrap();
         assert!(h.new && &*h.replica == "r3", "{h:?}");
@@ -917,7 +1087,7 @@ mod tests {
         // 4 moved to r2, r1 holds none, r3 one, r2 three; r1 is not open.
         write(&b, 4, "r2", "move").await;
         let h = a
-            .place_home("m", Leg::Serve, 5, &names(&["r3", "r2", "r1"]), 2)
+            .place_home("m", Leg::Serve, 5, &names(&["r3", "r2", "r1"]), 2, None)
             .await
             .unwrap();
         assert!(h.new && &*h.replica == "r3", "{h:?}");
@@ -933,20 +1103,29 @@ mod tests {
         let (a, metrics) = table(redis.port);
         let (b, b_metrics) = table(redis.port);
         let order = names(&["r1", "r2"]);
-        let first = a.place_home("m", Leg::Serve, 1, &order, 2).await.unwrap();
+        let first = a
+            .place_home("m", Leg::Serve, 1, &order, 2, None)
+            .await
+            .unwrap();
         assert_eq!((&*first.replica, first.new), ("r1", true));
         let mark = first
             .cold_on("r1")
             .expect("a new home's prefill is counted");
         // r1 holds one home: the next goes to r2 whatever the order.
-        let h = b.place_home("m", Leg::Serve, 2, &order, 2).await.unwrap();
+        let h = b
+            .place_home("m", Leg::Serve, 2, &order, 2, None)
+            .await
+            .unwrap();
         assert_eq!(&*h.replica, "r2");
         drop(h);
         wait_for(&b, &b_metrics, 1).await;
         // One home each, a cold prefill under way on r1 only (prefix 2's
         // count ended with its lookup's answer, dropped unsent): the other
         // gateway's first choice r1 is passed over.
-        let h = b.place_home("m", Leg::Serve, 3, &order, 2).await.unwrap();
+        let h = b
+            .place_home("m", Leg::Serve, 3, &order, 2, None)
+            .await
+            .unwrap();
         assert_eq!(&*h.replica, "r2", "{h:?}");
         assert!(h.cold_on("r1").is_none(), "sent elsewhere: not counted");
         // r1's prefill done: its count ends.
@@ -958,22 +1137,99 @@ mod tests {
         };
         assert_eq!(cold_on_r1().await, 1);
         drop(first);
-        mark.clear();
+        mark.prefilled();
         wait_for(&a, &metrics, 1).await;
         assert_eq!(cold_on_r1().await, 0);
         // r1 takes the next by the fewest homes; once its prefill is done
         // (and prefix 3's count, sent elsewhere), homes are equal and none is
         // under way: the gateway's order again.
-        let h = a.place_home("m", Leg::Serve, 4, &order, 2).await.unwrap();
+        let h = a
+            .place_home("m", Leg::Serve, 4, &order, 2, None)
+            .await
+            .unwrap();
         assert_eq!(&*h.replica, "r1", "{h:?}");
         drop(h);
         wait_for(&a, &metrics, 2).await;
         wait_for(&b, &b_metrics, 2).await;
-        let h = b.place_home("m", Leg::Serve, 5, &order, 2).await.unwrap();
+        let h = b
+            .place_home("m", Leg::Serve, 5, &order, 2, None)
+            .await
+            .unwrap();
         assert_eq!(&*h.replica, "r1", "{h:?}");
         // A decode leg's new home is not counted.
-        let h = a.place_home("m", Leg::Decode, 5, &order, 2).await.unwrap();
+        let h = a
+            .place_home("m", Leg::Decode, 5, &order, 2, None)
+            .await
+            .unwrap();
         assert!(h.new && h.cold_on(&h.replica).is_none(), "{h:?}");
+    }
+
+    /// A gateway that finds a home whose cold prefill another gateway has
+    /// under way, and sees the first token of (a stream), may wait for it:
+    /// until that first token, or the attempt's end without one; not for a
+    /// prompt sharing too little of it, on another replica, or where the
+    /// placing request was not a stream.
+    #[tokio::test]
+    async fn another_gateways_cold_prefill_is_waited_for_until_its_first_token() {
+        use crate::routing::prefilling::{HOLD_MIN_BLOCKS, reach};
+        let redis = crate::limits::tests::redis_server().await;
+        let (a, _) = table(redis.port);
+        let (b, _) = table(redis.port);
+        let order = names(&["r1", "r2"]);
+        let prompt: Vec<u64> = (1..=40).collect();
+        let far = tokio::time::Instant::now() + Duration::from_secs(30);
+        let place = async |t: &Arc<SharedTable>, key: u64, watched: bool| {
+            let reach = watched.then(|| reach(&prompt)).flatten();
+            t.place_home("m", Leg::Serve, key, &order, 2, reach)
+                .await
+                .unwrap()
+        };
+
+        let first = place(&a, 7, true).await;
+        assert!(first.new && first.prefill_on(&first.replica, &prompt).is_none());
+        let mark = first.cold_on(&first.replica).unwrap();
+        let found = place(&b, 7, true).await;
+        assert!(!found.new);
+        let on = &*found.replica;
+        assert!(
+            found
+                .prefill_on(if on == "r1" { "r2" } else { "r1" }, &prompt)
+                .is_none()
+        );
+        // Sharing all but HOLD_MIN_BLOCKS + 1 of its 40 blocks: not worth it.
+        let mut short = prompt.clone();
+        short[40 - HOLD_MIN_BLOCKS - 1] = 0;
+        assert!(found.prefill_on(on, &short).is_none());
+        let under_way = found.prefill_on(on, &prompt).expect("under way").clone();
+        assert_eq!(under_way.shared_blocks(), 40 - HOLD_MIN_BLOCKS);
+        let waiting = tokio::spawn(async move { under_way.wait(far).await });
+        mark.prefilled();
+        assert_eq!(waiting.await.unwrap(), HoldOutcome::Prefilled);
+        // Done: found again, nothing to wait for.
+        assert!(place(&b, 7, true).await.prefill_on(on, &prompt).is_none());
+
+        // An attempt that ends without a first token.
+        let first = place(&a, 8, true).await;
+        let found = place(&b, 8, true).await;
+        let under_way = found.prefill_on(&found.replica, &prompt).unwrap().clone();
+        let waiting = tokio::spawn(async move { under_way.wait(far).await });
+        drop(first);
+        assert_eq!(waiting.await.unwrap(), HoldOutcome::Ended);
+        assert!(place(&b, 8, true).await.prefill_on(on, &prompt).is_none());
+
+        // Its first-token bound first.
+        let first = place(&a, 9, true).await;
+        let found = place(&b, 9, true).await;
+        let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+        let under_way = found.prefill_on(&found.replica, &prompt).unwrap();
+        assert_eq!(under_way.wait(soon).await, HoldOutcome::Deadline);
+        drop(first);
+
+        // A placing request that is not a stream: its first token is its
+        // end, nothing to wait for.
+        let _first = place(&a, 10, false).await;
+        let found = place(&b, 10, true).await;
+        assert!(found.prefill_on(&found.replica, &prompt).is_none());
     }
 
     /// With `routing.prefix_kv.shared_homes_sampled: false` a gateway
@@ -985,7 +1241,7 @@ mod tests {
         let (a, metrics) = table_with(redis.port, false);
         let order = names(&["r1", "r2"]);
         for k in 0..NOVEL_FROM + 2 * NOVEL_SAMPLE {
-            let h = a.place_home("m", Leg::Serve, k, &order, 2).await;
+            let h = a.place_home("m", Leg::Serve, k, &order, 2, None).await;
             assert!(h.is_some(), "prompt {k} looked up");
         }
         assert!(!a.novel("m", Leg::Serve));
@@ -1025,7 +1281,7 @@ mod tests {
         let looked_up = async |t: &Arc<SharedTable>, leg: Leg, keys: std::ops::Range<u64>| {
             let mut n = 0;
             for k in keys {
-                n += usize::from(t.place_home("m", leg, k, &order, 2).await.is_some());
+                n += usize::from(t.place_home("m", leg, k, &order, 2, None).await.is_some());
             }
             n
         };
@@ -1110,8 +1366,9 @@ mod tests {
         let inv = t
             .homes("m", Leg::Serve, key, op, to, &c)
             .arg(0)
+            .arg("")
             .with_candidates(&c);
-        let _: (String, i64) = inv.invoke_async(&mut conn).await.unwrap();
+        let _: (String, i64, i64, String) = inv.invoke_async(&mut conn).await.unwrap();
     }
 
     /// No Redis: the lookup answers nothing, and the error is counted.
@@ -1125,7 +1382,7 @@ mod tests {
         let (t, metrics) = table(port);
         for _ in 0..2 {
             assert!(
-                t.place_home("m", Leg::Serve, 1, &names(&["r1"]), 1)
+                t.place_home("m", Leg::Serve, 1, &names(&["r1"]), 1, None)
                     .await
                     .is_none()
             );

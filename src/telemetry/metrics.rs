@@ -293,7 +293,7 @@ pub struct Metrics {
     pub pd_decode_looks: Family<(Arc<str>, &'static str), Counter>,
     /// model, outcome: requests held for a prefill of their prompt under
     /// way on their replica (`routing.prefix_kv.hold_for_prefill`).
-    pub prefill_holds: Family<(Arc<str>, &'static str), Counter>,
+    pub prefill_holds: Family<(Arc<str>, &'static str, &'static str), Counter>,
     /// model: how long they were held.
     pub prefill_hold: Family<(Arc<str>,), Histogram>,
     /// model: a remote prefill leg, sent to answered (TTFT's first part).
@@ -573,7 +573,7 @@ impl Metrics {
             flow_waiting: Family::new(&["model", "band"], Gauge::default),
             pd_decisions: Family::new(&["model", "reason"], Counter::default),
             pd_decode_looks: Family::new(&["model", "outcome"], Counter::default),
-            prefill_holds: Family::new(&["model", "outcome"], Counter::default),
+            prefill_holds: Family::new(&["model", "prefill", "outcome"], Counter::default),
             prefill_hold: Family::new(&["model"], {
                 let b = prefill_buckets.clone();
                 move || Histogram::seconds(b.clone())
@@ -693,8 +693,10 @@ impl Metrics {
             self.pd_decode_looks.get(&(model.clone(), outcome));
         }
         self.pd_prefill.get(&(model.clone(),));
-        for outcome in PREFILL_HOLD_OUTCOMES {
-            self.prefill_holds.get(&(model.clone(), outcome));
+        for of in ["own", "shared"] {
+            for outcome in PREFILL_HOLD_OUTCOMES {
+                self.prefill_holds.get(&(model.clone(), of, outcome));
+            }
         }
         self.prefill_hold.get(&(model.clone(),));
         self.pd_decode_first_token.get(&(model.clone(),));
@@ -968,7 +970,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_routing_prefill_holds_total",
-            "Requests held before sending until a prefill of their prompt that this gateway had under way on their replica gave its first token (`routing.prefix_kv.hold_for_prefill`), by outcome: `prefilled`, `ended` (that attempt ended without one: a streamed request then marks the prefill again, unless another waiter did first, and goes; a waiter that then waits for another's mark is counted by how that wait ends), `deadline` (the held request's first-token bound: then it is sent).",
+            "Requests held before sending until a prefill of their prompt under way on their replica gave its first token (`routing.prefix_kv.hold_for_prefill`), by whose prefill (`own`: this gateway's; `shared`: another gateway's cold prefill of a new prefix home, seen in the shared table, routing.prefix_kv.shared_homes) and outcome: `prefilled`, `ended` (that attempt ended without one: a streamed request then marks the prefill again, unless another waiter did first, and goes; a waiter that then waits for another's mark is counted by how that wait ends; a table that did not answer counts here too), `deadline` (the held request's first-token bound, or the table's count of that prefill ran out: then it is sent).",
             &self.prefill_holds,
             |c| c,
         );
