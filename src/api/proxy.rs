@@ -858,6 +858,7 @@ async fn forward(
                     });
             }
         } else if holds
+            && guard.record.attempts == 0
             && let Some(under_way) = input
                 .shared_home
                 .as_ref()
