@@ -60,8 +60,9 @@
 //!   script writes the block a prompt must share with it
 //!   (`{key_prefix}:reach:{<model>/<pool>}:<key>`), the lookup of a gateway
 //!   that finds the home answers it while the count is on, and that gateway
-//!   waits until the count leaves the set (the first token) or reads 0 (the
-//!   attempt ended without one), at most until it runs out ([`UnderWay`]);
+//!   waits until the count leaves the set (the first token; where the
+//!   attempt ended without one, its reach then reads `ended`), at most
+//!   until it runs out ([`UnderWay`]);
 //! - after routing, in the background: a prefix routed by its prefix to a
 //!   holder pushes its home's expiry back (at most once a quarter of
 //!   [`HOME_TTL`] per prefix and gateway), and where the table names another
@@ -186,6 +187,8 @@ if ARGV[1] == 'place' then
     redis.call('PEXPIRE', KEYS[2 + n + best], cold)
     if ARGV[5] ~= '' then
       redis.call('SET', KEYS[2], ARGV[5], 'PX', cold)
+    else
+      redis.call('DEL', KEYS[2])
     end
   end
   return {ARGV[5 + best], 1, 0, ''}
@@ -326,6 +329,8 @@ pub(crate) struct UnderWay {
     table: Arc<SharedTable>,
     set: String,
     member: String,
+    /// Its reach's key ([`ENDED`] once it ended without a first token).
+    reach_key: String,
     /// The block a prompt must share with it to wait for it: its index and
     /// hash ([`crate::routing::prefilling::reach`]).
     reach: (usize, u64),
@@ -350,8 +355,8 @@ impl UnderWay {
     }
 
     /// Waits until the prefill's first token (its count leaves the table),
-    /// its attempt's end without one ([`ColdMark`] ended), or the count's
-    /// or `deadline`'s end, whichever is first. A table that does not
+    /// its attempt's end without one (its count leaves, its reach
+    /// [`ENDED`]), or the count's or `deadline`'s end, whichever is first. A table that does not
     /// answer ends the wait as `Ended` (the request goes as if nothing
     /// were under way).
     pub(crate) async fn wait(&self, deadline: tokio::time::Instant) -> HoldOutcome {
@@ -363,13 +368,18 @@ impl UnderWay {
             if tokio::time::timeout_at(until, every.tick()).await.is_err() {
                 return HoldOutcome::Deadline;
             }
-            let mut cmd = redis::cmd("ZSCORE");
-            cmd.arg(&self.set).arg(&self.member);
-            let r: Result<Option<f64>, String> = self.table.query(cmd, &mut conn).await;
+            let mut pipe = redis::pipe();
+            pipe.cmd("ZSCORE")
+                .arg(&self.set)
+                .arg(&self.member)
+                .cmd("GET")
+                .arg(&self.reach_key);
+            let r: Result<(Option<f64>, Option<String>), String> =
+                self.table.query_pipe(pipe, &mut conn).await;
             match r {
-                Ok(None) => return HoldOutcome::Prefilled,
-                Ok(Some(s)) if s <= 0.0 => return HoldOutcome::Ended,
-                Ok(Some(_)) => {}
+                Ok((None, Some(r))) if r == ENDED => return HoldOutcome::Ended,
+                Ok((None, _)) => return HoldOutcome::Prefilled,
+                Ok((Some(_), _)) => {}
                 Err(e) => {
                     self.table.count_home("watch", "error");
                     tracing::debug!(error = %e, "watching a prefill under way failed");
@@ -391,18 +401,22 @@ impl UnderWay {
 /// ends without one, when the request went elsewhere, or when dropped (a
 /// non-streamed answer's first token is its end; SGLang's disaggregation
 /// protocol: at the prefill replica's answer). A streamed request's mark,
-/// which other gateways wait on ([`UnderWay`]), ends without a first token
-/// as a score of 0 (the next placement there removes it), so that they
-/// know the prompt is not cached there after all.
+/// which other gateways wait on ([`UnderWay`]), ending without a first
+/// token also sets its reach to [`ENDED`], so that they know the prompt is
+/// not cached there after all.
 pub(crate) struct ColdMark {
     table: Arc<SharedTable>,
     /// The replica's sorted set, and the prefix's member in it.
     set: String,
     member: String,
-    /// Other gateways may wait for it (it has a reach: [`HOMES`]' ARGV[5]).
-    watched: bool,
+    /// Its reach's key, where other gateways may wait for it ([`HOMES`]'
+    /// KEYS[2]).
+    reach: Option<String>,
     cleared: std::sync::atomic::AtomicBool,
 }
+
+/// A cold prefill's reach once its attempt ended without a first token.
+const ENDED: &str = "ended";
 
 impl ColdMark {
     /// The prefill's first token came: the prompt is cached there.
@@ -428,18 +442,23 @@ impl ColdMark {
             return;
         }
         let table = self.table.clone();
-        let cmd = if prefilled || !self.watched {
-            let mut cmd = redis::cmd("ZREM");
-            cmd.arg(&self.set).arg(&self.member);
-            cmd
-        } else {
-            let mut cmd = redis::cmd("ZADD");
-            cmd.arg(&self.set).arg("XX").arg(0).arg(&self.member);
-            cmd
-        };
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("ZREM")
+            .arg(&self.set)
+            .arg(&self.member)
+            .ignore();
+        if let Some(reach) = self.reach.as_ref().filter(|_| !prefilled) {
+            pipe.cmd("SET")
+                .arg(reach)
+                .arg(ENDED)
+                .arg("PX")
+                .arg(u64::try_from(COLD_FOR.as_millis()).unwrap_or(u64::MAX))
+                .ignore();
+        }
         rt.spawn(async move {
             let mut conn = table.conn.clone();
-            let r: Result<i64, String> = table.query(cmd, &mut conn).await;
+            let r: Result<(), String> = table.query_pipe(pipe, &mut conn).await;
             table.count_home("cold", if r.is_ok() { "ok" } else { "error" });
         });
     }
@@ -816,7 +835,7 @@ impl SharedTable {
                         table: self.clone(),
                         set: self.cold_set(model, leg, &replica),
                         member: self.home(model, leg, key),
-                        watched: reach.is_some(),
+                        reach: reach.map(|_| self.reach(model, leg, key)),
                         cleared: false.into(),
                     })
                 });
@@ -828,6 +847,7 @@ impl SharedTable {
                         table: self.clone(),
                         set: self.cold_set(model, leg, &replica),
                         member: self.home(model, leg, key),
+                        reach_key: self.reach(model, leg, key),
                         reach,
                         until: Instant::now() + Duration::from_millis(left.unsigned_abs()),
                     });
@@ -989,6 +1009,17 @@ impl SharedTable {
 
     fn count_home(&self, op: &'static str, outcome: &'static str) {
         self.metrics.home_store.get(&(op, outcome)).inc();
+    }
+
+    async fn query_pipe<T: redis::FromRedisValue>(
+        &self,
+        pipe: redis::Pipeline,
+        conn: &mut ConnectionManager,
+    ) -> Result<T, String> {
+        match tokio::time::timeout(self.timeout * 4, pipe.query_async(conn)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err("timed out".into()),
+        }
     }
 
     async fn query<T: redis::FromRedisValue>(
