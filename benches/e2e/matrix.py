@@ -79,7 +79,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stream_overhead import free_port, wait_http  # noqa: E402
@@ -276,6 +278,32 @@ def warm_p99(path):
     return v[min(len(v) - 1, int(0.99 * len(v)))] if v else None
 
 
+def watch_gateways(args, seed):
+    """With `--requests-dir`: each gateway's view of the replicas
+    (`/admin/backends`) every 100 ms until the returned event is set, one JSON
+    line per look (`t`: seconds since the first)."""
+    if not (ADMINS and args.requests_dir):
+        return None
+    stop = threading.Event()
+    os.makedirs(args.requests_dir, exist_ok=True)
+    path = os.path.join(args.requests_dir, f"{args.current}_{ENGINE}_seed{seed}_backends.jsonl")
+    admins = list(ADMINS)
+
+    def run():
+        t0 = time.time()
+        with open(path, "w") as f:
+            while not stop.wait(0.1):
+                for k, admin in enumerate(admins):
+                    try:
+                        with urllib.request.urlopen(admin + "/admin/backends", timeout=2) as r:
+                            f.write(json.dumps({"t": round(time.time() - t0, 3), "gateway": k,
+                                                "backends": json.loads(r.read())}) + "\n")
+                    except OSError:
+                        pass
+    threading.Thread(target=run, daemon=True).start()
+    return stop
+
+
 def run_one(name, cell, args, seed):
     args.current = f"{args.cell_name}_{name}"
     procs = Procs()
@@ -283,7 +311,12 @@ def run_one(name, cell, args, seed):
         sims = start_fleet(procs, cell)
         url = start(procs, name, sims, cell, args.routers_venv)
         time.sleep(2)  # health checks and the first metrics scrapes
-        r = bench(url, cell, args, seed)
+        watch = watch_gateways(args, seed)
+        try:
+            r = bench(url, cell, args, seed)
+        finally:
+            if watch:
+                watch.set()
         if DIALECT == "sglang":
             # SGLang's metrics have no hit counter: its hit-rate gauge (the
             # whole run's, in the simulator) weighs each replica's prompt tokens.
@@ -313,6 +346,14 @@ def run_one(name, cell, args, seed):
             row["second_turn_sticky"] = round(s["second_turn_stickiness"], 4)
             row["engine_hit"] = round(s["prefix_hit"], 4)
             row["ideal_hit"] = round(s["ideal_prefix_hit"], 4)
+        if ADMINS and args.requests_dir:
+            # Each gateway's own metrics at the run's end, beside its requests.
+            for k, admin in enumerate(ADMINS):
+                path = os.path.join(args.requests_dir,
+                                    f"{args.current}_{ENGINE}_seed{seed}_gateway{k}.prom")
+                with urllib.request.urlopen(admin + "/metrics", timeout=10) as resp, \
+                        open(path, "wb") as f:
+                    f.write(resp.read())
         if ADMINS:
             row["decisions"] = {k.split('reason="')[1].rstrip('"}'): v for k, v in gateway_counts(
                 ADMINS, ["sluice_routing_decisions_total"]).items() if v}
@@ -359,7 +400,9 @@ def main():
                     help="`sluice sim` replicas: whose metrics they speak (which engine "
                          "Sluice takes them for)")
     ap.add_argument("--sluice-config", help="a config file for the Sluice gateways (experiments)")
-    ap.add_argument("--requests-dir", help="prefix cells: every request's timing, a file a run")
+    ap.add_argument("--requests-dir", help="prefix cells: every request's timing, a file a run; "
+                    "through Sluice also each gateway's /metrics at the end and its "
+                    "/admin/backends every 100 ms")
     ap.add_argument("--bin", help="the sluice binary for replicas, gateways and load (default "
                     "target/release/sluice; a copy lets a long run outlive a rebuild)")
     ap.add_argument("--json")

@@ -45,7 +45,7 @@ pub(crate) async fn table_home(
             leg,
             new.key,
             &order,
-            new.open,
+            (new.open, new.queued),
             watched
                 .then(|| crate::routing::prefilling::reach(ctx.hashes))
                 .flatten(),

@@ -134,6 +134,11 @@ pub struct NewHome {
     /// hold left out (the shared table counts that over every gateway).
     pub order: Vec<usize>,
     pub open: usize,
+    /// After those, how many were left out only because their engine's
+    /// queue outlived its last scrapes (a moment's view, up to a scrape
+    /// interval old): the shared table may still place there when every
+    /// open one has more cold prefills under way (`routing::shared_table`).
+    pub queued: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

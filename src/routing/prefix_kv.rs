@@ -120,6 +120,9 @@ struct View {
     /// and the requests this gateway sent there in the last 5-10 s (not for
     /// a decode leg).
     work: f64,
+    /// Blocked only because its engine's queue outlived its last scrapes
+    /// while another replica's did not (`views`).
+    queued_only: bool,
     /// Scraped KV-cache usage (0 unknown): a tiebreak, never a stop.
     kv: f64,
     /// Leading prompt blocks this gateway's index says are cached there.
@@ -321,13 +324,36 @@ impl RoutingPolicy for PrefixKv {
         // the rendezvous order between equals); then the others.
         order.sort_by(|&a, &b| by_wait(&views, ctx.prompt_tokens, a, b));
         let open = order.len();
+        // Then those left out only for their engine's queue at its last
+        // scrapes, within their bounded load: every gateway sees that queue
+        // until the next scrape, and all of them would send every new prompt
+        // of that interval to the others (`routing::shared_table` weighs
+        // them against the cold prefills under way there).
+        let mut queued: Vec<usize> = ranked
+            .iter()
+            .copied()
+            .filter(|&i| {
+                !order.contains(&i)
+                    && views[i].queued_only
+                    && limits.within(&views, i)
+                    && !limits.uneven(&views, i)
+            })
+            .collect();
+        queued.sort_by(|&a, &b| by_wait(&views, ctx.prompt_tokens, a, b));
+        let queued_n = queued.len();
+        order.extend(queued);
         let rest: Vec<usize> = ranked
             .iter()
             .copied()
             .filter(|i| !order.contains(i))
             .collect();
         order.extend(rest);
-        Some(NewHome { key, order, open })
+        Some(NewHome {
+            key,
+            order,
+            open,
+            queued: queued_n,
+        })
     }
 
     fn pick(&self, ctx: &RouteCtx<'_>, candidates: &[ReplicaView]) -> Option<Decision> {
@@ -514,6 +540,7 @@ impl PrefixKv {
             for v in &mut views {
                 if v.blocked == Blocked::No {
                     v.blocked = v.pressed;
+                    v.queued_only = v.pressed == Blocked::Queue;
                 }
             }
         }
@@ -608,6 +635,7 @@ impl PrefixKv {
                 } else {
                     memory.load.routed.get(ctx.now) as f64
                 },
+            queued_only: false,
             kv,
             // (Read in `pick`, after `warm`.)
             matched: 0,

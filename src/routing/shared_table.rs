@@ -122,7 +122,9 @@ const TOUCHED: usize = 65_536;
 /// prefixes homed on, and the cold prefills counted on, candidate i (of n,
 /// named ARGV[5 + i]). ARGV[1]: `place`, `touch` or `move`; ARGV[2]: the
 /// homes' time to live in ms; ARGV[3]: for `place`, how many of the
-/// candidates (the first) a new home may go to, else the replica; ARGV[4]:
+/// candidates (the first) a new home may go to, then, after a colon, how
+/// many after those were left out only for their engine's queue at its last
+/// scrapes (`<open>:<queued>`), else the replica; ARGV[4]:
 /// for `place`, how long a new home's cold prefill is counted at most, in
 /// ms (0: not counted); ARGV[5]: for `place`, the block that a request must
 /// share with the placing one to wait for its cold prefill (`<index>:<hash>`,
@@ -132,7 +134,9 @@ const TOUCHED: usize = 65_536;
 /// placing gateway's order. Returns `{replica, 1 if written there now else
 /// 0, ms, reach}`: `place` answers the home (found, or new on the candidate
 /// with the fewest homes, then the fewest cold prefills under way, the
-/// earlier of equals, and counts the new home's cold prefill there), and
+/// earlier of equals, among the open ones and those queued ones with at
+/// least two cold prefills fewer under way than every open one, and counts
+/// the new home's cold prefill there), and
 /// for a home found whose cold prefill another gateway has under way and
 /// may be waited for, how long it is counted still and its reach (else 0
 /// and empty); `touch` keeps the replica's home (or writes it where there
@@ -170,14 +174,23 @@ if ARGV[1] == 'place' then
     end
     return {home, 0, 0, ''}
   end
-  local best, fewest, coldest
-  for i = 1, tonumber(ARGV[3]) do
+  local open = tonumber(string.match(ARGV[3], '^%d+'))
+  local queued = tonumber(string.match(ARGV[3], ':(%d+)$') or '0')
+  local hs, ks, least = {}, {}, nil
+  for i = 1, open + queued do
     local z, c = KEYS[2 + i], KEYS[2 + n + i]
     redis.call('ZREMRANGEBYSCORE', z, '-inf', now - ttl)
     redis.call('ZREMRANGEBYSCORE', c, '-inf', now)
-    local h, k = redis.call('ZCARD', z), redis.call('ZCARD', c)
-    if not fewest or h < fewest or (h == fewest and k < coldest) then
-      best, fewest, coldest = i, h, k
+    hs[i], ks[i] = redis.call('ZCARD', z), redis.call('ZCARD', c)
+    if i <= open and (not least or ks[i] < least) then least = ks[i] end
+  end
+  local best, fewest, coldest
+  for i = 1, open + queued do
+    if i <= open or ks[i] + 2 <= least then
+      local h, k = hs[i], ks[i]
+      if not fewest or h < fewest or (h == fewest and k < coldest) then
+        best, fewest, coldest = i, h, k
+      end
     end
   end
   hold(ARGV[5 + best])
@@ -780,10 +793,10 @@ impl SharedTable {
         leg: Leg,
         key: u64,
         candidates: &[Arc<str>],
-        open: usize,
+        (open, queued): (usize, usize),
         reach: Option<(usize, u64)>,
     ) -> Option<TableHome> {
-        if open == 0 || open > candidates.len() {
+        if open == 0 || open + queued > candidates.len() {
             return None;
         }
         let now = crate::turn::now_std();
@@ -814,7 +827,14 @@ impl SharedTable {
             Leg::Serve | Leg::Prefill => COLD_FOR,
         };
         let inv = self
-            .homes(model, leg, key, "place", &open.to_string(), candidates)
+            .homes(
+                model,
+                leg,
+                key,
+                "place",
+                &format!("{open}:{queued}"),
+                candidates,
+            )
             .arg(cold.as_millis().to_string())
             .arg(reach.map_or_else(String::new, |(i, h)| format!("{i}:{h:016x}")))
             .with_candidates(candidates);
@@ -1067,7 +1087,7 @@ mod tests {
 
     async fn place(t: &Arc<SharedTable>, key: u64, order: &[&str]) -> (String, bool) {
         let h = t
-            .place_home("m", Leg::Serve, key, &names(order), order.len(), None)
+            .place_home("m", Leg::Serve, key, &names(order), (order.len(), 0), None)
             .await
             .expect("the table answers");
         (h.replica.to_string(), h.new)
@@ -1110,7 +1130,7 @@ mod tests {
         assert_eq!(place(&a, 4, &["r3"]).await, ("r1".into(), false));
         // Homes of each pool apart: the prefill leg's prefix 1 is new.
         let h = a
-            .place_home("m", Leg::Prefill, 1, &names(&["r3"]), 1, None)
+            .place_home("m", Leg::Prefill, 1, &names(&["r3"]), (1, 0), None)
             .await
             .unwrap();
         assert!(h.new && &*h.replica == "r3", "{h:?}");
@@ -1118,7 +1138,14 @@ mod tests {
         // 4 moved to r2, r1 holds none, r3 one, r2 three; r1 is not open.
         write(&b, 4, "r2", "move").await;
         let h = a
-            .place_home("m", Leg::Serve, 5, &names(&["r3", "r2", "r1"]), 2, None)
+            .place_home(
+                "m",
+                Leg::Serve,
+                5,
+                &names(&["r3", "r2", "r1"]),
+                (2, 0),
+                None,
+            )
             .await
             .unwrap();
         assert!(h.new && &*h.replica == "r3", "{h:?}");
@@ -1135,7 +1162,7 @@ mod tests {
         let (b, b_metrics) = table(redis.port);
         let order = names(&["r1", "r2"]);
         let first = a
-            .place_home("m", Leg::Serve, 1, &order, 2, None)
+            .place_home("m", Leg::Serve, 1, &order, (2, 0), None)
             .await
             .unwrap();
         assert_eq!((&*first.replica, first.new), ("r1", true));
@@ -1144,7 +1171,7 @@ mod tests {
             .expect("a new home's prefill is counted");
         // r1 holds one home: the next goes to r2 whatever the order.
         let h = b
-            .place_home("m", Leg::Serve, 2, &order, 2, None)
+            .place_home("m", Leg::Serve, 2, &order, (2, 0), None)
             .await
             .unwrap();
         assert_eq!(&*h.replica, "r2");
@@ -1154,7 +1181,7 @@ mod tests {
         // count ended with its lookup's answer, dropped unsent): the other
         // gateway's first choice r1 is passed over.
         let h = b
-            .place_home("m", Leg::Serve, 3, &order, 2, None)
+            .place_home("m", Leg::Serve, 3, &order, (2, 0), None)
             .await
             .unwrap();
         assert_eq!(&*h.replica, "r2", "{h:?}");
@@ -1175,7 +1202,7 @@ mod tests {
         // (and prefix 3's count, sent elsewhere), homes are equal and none is
         // under way: the gateway's order again.
         let h = a
-            .place_home("m", Leg::Serve, 4, &order, 2, None)
+            .place_home("m", Leg::Serve, 4, &order, (2, 0), None)
             .await
             .unwrap();
         assert_eq!(&*h.replica, "r1", "{h:?}");
@@ -1183,16 +1210,60 @@ mod tests {
         wait_for(&a, &metrics, 2).await;
         wait_for(&b, &b_metrics, 2).await;
         let h = b
-            .place_home("m", Leg::Serve, 5, &order, 2, None)
+            .place_home("m", Leg::Serve, 5, &order, (2, 0), None)
             .await
             .unwrap();
         assert_eq!(&*h.replica, "r1", "{h:?}");
         // A decode leg's new home is not counted.
         let h = a
-            .place_home("m", Leg::Decode, 5, &order, 2, None)
+            .place_home("m", Leg::Decode, 5, &order, (2, 0), None)
             .await
             .unwrap();
         assert!(h.new && h.cold_on(&h.replica).is_none(), "{h:?}");
+    }
+
+    /// A replica left out only for its engine's queue at its last scrapes
+    /// (every gateway sees that queue until the next scrape) takes a new
+    /// home once every open replica has at least two cold prefills more
+    /// under way than it: new prompts do not all pile onto the open ones
+    /// for a whole scrape interval.
+    #[tokio::test]
+    async fn a_queued_replica_takes_a_new_home_once_the_open_ones_have_two_prefills_more() {
+        let redis = crate::limits::tests::redis_server().await;
+        let (a, _) = table(redis.port);
+        let (b, _) = table(redis.port);
+        let order = names(&["r1", "r2", "r3"]);
+        let mut under_way = Vec::new();
+        // r3 queued: the open r1 and r2 take the first four by their homes,
+        // while one of them has as few cold prefills under way as r3 + 1.
+        for (key, t, want) in [(1, &a, "r1"), (2, &b, "r2"), (3, &a, "r1"), (4, &b, "r2")] {
+            let h = t
+                .place_home("m", Leg::Serve, key, &order, (2, 1), None)
+                .await
+                .unwrap();
+            assert_eq!((&*h.replica, h.new), (want, true), "prefix {key}");
+            under_way.push(h);
+        }
+        // Two each under way on r1 and r2, none on r3: without r3 listed as
+        // queued the next goes to r1 still...
+        let h = a
+            .place_home("m", Leg::Serve, 5, &order, (2, 0), None)
+            .await
+            .unwrap();
+        assert_eq!(&*h.replica, "r1", "{h:?}");
+        under_way.push(h);
+        // ...with it, to r3, which any gateway then finds.
+        let h = b
+            .place_home("m", Leg::Serve, 6, &order, (2, 1), None)
+            .await
+            .unwrap();
+        assert_eq!((&*h.replica, h.new), ("r3", true), "{h:?}");
+        let found = a
+            .place_home("m", Leg::Serve, 6, &order, (2, 1), None)
+            .await
+            .unwrap();
+        assert_eq!((&*found.replica, found.new), ("r3", false));
+        drop(under_way);
     }
 
     /// A gateway that finds a home whose cold prefill another gateway has
@@ -1211,7 +1282,7 @@ mod tests {
         let far = tokio::time::Instant::now() + Duration::from_secs(30);
         let place = async |t: &Arc<SharedTable>, key: u64, watched: bool| {
             let reach = watched.then(|| reach(&prompt)).flatten();
-            t.place_home("m", Leg::Serve, key, &order, 2, reach)
+            t.place_home("m", Leg::Serve, key, &order, (2, 0), reach)
                 .await
                 .unwrap()
         };
@@ -1272,7 +1343,7 @@ mod tests {
         let (a, metrics) = table_with(redis.port, false);
         let order = names(&["r1", "r2"]);
         for k in 0..NOVEL_FROM + 2 * NOVEL_SAMPLE {
-            let h = a.place_home("m", Leg::Serve, k, &order, 2, None).await;
+            let h = a.place_home("m", Leg::Serve, k, &order, (2, 0), None).await;
             assert!(h.is_some(), "prompt {k} looked up");
         }
         assert!(!a.novel("m", Leg::Serve));
@@ -1312,7 +1383,11 @@ mod tests {
         let looked_up = async |t: &Arc<SharedTable>, leg: Leg, keys: std::ops::Range<u64>| {
             let mut n = 0;
             for k in keys {
-                n += usize::from(t.place_home("m", leg, k, &order, 2, None).await.is_some());
+                n += usize::from(
+                    t.place_home("m", leg, k, &order, (2, 0), None)
+                        .await
+                        .is_some(),
+                );
             }
             n
         };
@@ -1413,7 +1488,7 @@ mod tests {
         let (t, metrics) = table(port);
         for _ in 0..2 {
             assert!(
-                t.place_home("m", Leg::Serve, 1, &names(&["r1"]), 1, None)
+                t.place_home("m", Leg::Serve, 1, &names(&["r1"]), (1, 0), None)
                     .await
                     .is_none()
             );

@@ -124,7 +124,12 @@ fn seats_are_learned_from_a_queue_that_persists_and_probed_upward() {
     r.set_load(sample(0.0, 5.0));
     r.set_load(sample(3.0, 7.0));
     assert_eq!(r.seats(), None);
-    // Two scrapes in a row with requests waiting: what runs is what it holds.
+    // Two scrapes in a row with requests waiting, but the engine took some
+    // in between (it runs more than before): the queue waits for its token
+    // budget, not for seats.
+    r.set_load(sample(2.0, 12.0));
+    assert_eq!(r.seats(), None);
+    // Held there with requests waiting: what runs is what it holds.
     r.set_load(sample(2.0, 12.0));
     assert_eq!(r.seats(), Some(12));
     // Held exactly there with nothing waiting: probe one more at a time.
@@ -137,6 +142,25 @@ fn seats_are_learned_from_a_queue_that_persists_and_probed_upward() {
     r.set_load(sample(4.0, 9.0));
     r.set_load(sample(5.0, 9.0));
     assert_eq!(r.seats(), Some(9));
+    // Seen running more than that: it has at least as many, queue or not.
+    r.set_load(sample(3.0, 20.0));
+    assert_eq!(r.seats(), Some(20));
+    r.set_load(sample(0.0, 23.0));
+    assert_eq!(r.seats(), Some(23));
+}
+
+#[test]
+fn a_queue_the_engine_keeps_taking_in_teaches_no_seats() {
+    // A cold start of long prompts: a few wait at every look for the token
+    // budget the prefills take, while the engine admits more and more.
+    let r = replica(cfg());
+    for running in [6.0, 7.0, 8.0, 16.0, 17.0, 26.0] {
+        r.set_load(sample(2.0, running));
+        assert_eq!(r.seats(), None, "running {running}");
+    }
+    // Pinned at its seats with a queue: learned.
+    r.set_load(sample(5.0, 26.0));
+    assert_eq!(r.seats(), Some(26));
 }
 
 #[test]
