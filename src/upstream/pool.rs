@@ -391,9 +391,9 @@ impl Replica {
         let learned = self.learned_seats.load(Relaxed);
         let runs = running.round().max(0.0) as u32;
         let taking_in = running_before.is_some_and(|b| running > b);
-        if s.queued && runs >= 1 && !taking_in {
-            self.learned_seats.store(runs, Relaxed);
-        } else if learned > 0 && runs > learned {
+        let held = s.queued && runs >= 1 && !taking_in;
+        let proven = learned > 0 && runs > learned;
+        if held || proven {
             self.learned_seats.store(runs, Relaxed);
         } else if learned > 0 && queue < 1.0 && running + waiting >= f64::from(learned) {
             self.learned_seats
