@@ -2,7 +2,8 @@
 whole-run TTFT p99 of three Sluice gateways sharing homes before this change
 (seats learned from any queue that outlives a scrape), after it (not from a
 queue the engine keeps taking in from), and sglang-router's; the peer's over
-Sluice's, median and worst seed. Usage: python3 summary.py CELL [BEFORE AFTER]
+Sluice's (three gateways, or one: `run_one_gateway.sh`), median and worst seed.
+Usage: python3 summary.py CELL [BEFORE AFTER]
 (the runs' names: `before` and `after` by default; `after herd` compares the
 herd guard, run by run_herd.sh, with this change alone)."""
 import json
@@ -14,8 +15,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def row(cell, mode, seed, name):
+    """A run of `name`; "sluice": whichever Sluice variant ran (one gateway or
+    three sharing the table)."""
     with open(os.path.join(HERE, f"{cell}_{mode}_seed{seed}.json")) as f:
-        return json.load(f)["cells"][cell]["runs"][name][0]
+        runs = json.load(f)["cells"][cell]["runs"]
+    if name == "sluice":
+        name = next(k for k in runs if k.startswith("sluice"))
+    return runs[name][0]
 
 
 def main():
@@ -23,8 +29,8 @@ def main():
     b_name, a_name = sys.argv[2:4] if len(sys.argv) > 3 else ("before", "after")
     seeds = [s for s in range(1, 6)
              if os.path.exists(os.path.join(HERE, f"{cell}_{a_name}_seed{s}.json"))]
-    before = [row(cell, b_name, s, "sluice-shared") for s in seeds]
-    after = [row(cell, a_name, s, "sluice-shared") for s in seeds]
+    before = [row(cell, b_name, s, "sluice") for s in seeds]
+    after = [row(cell, a_name, s, "sluice") for s in seeds]
     peer = [row(cell, a_name, s, "sglang-cache_aware") for s in seeds]
     print(cell, "seeds", seeds)
     print("p99 before / after / peer:", ", ".join(
