@@ -1036,10 +1036,7 @@ impl SharedTable {
         pipe: redis::Pipeline,
         conn: &mut ConnectionManager,
     ) -> Result<T, String> {
-        match tokio::time::timeout(self.timeout * 4, pipe.query_async(conn)).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(_) => Err("timed out".into()),
-        }
+        self.bounded(pipe.query_async(conn)).await
     }
 
     async fn query<T: redis::FromRedisValue>(
@@ -1047,9 +1044,16 @@ impl SharedTable {
         cmd: Cmd,
         conn: &mut ConnectionManager,
     ) -> Result<T, String> {
+        self.bounded(cmd.query_async(conn)).await
+    }
+
+    /// A background call's answer, given up on after four `redis.timeout`s.
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, String> {
         let started = Instant::now();
-        let r = tokio::time::timeout(self.timeout * 4, cmd.query_async(conn)).await;
-        match r {
+        match tokio::time::timeout(self.timeout * 4, call).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!("timed out after {:?}", started.elapsed())),
         }
