@@ -202,6 +202,24 @@ impl RequestGuard {
         }
     }
 
+    /// The current attempt waited `waited` for its cold prefill's place in
+    /// its replica's gate (`slot`, held until its first token) and is sent
+    /// at `now`: its upstream timings start there.
+    pub(crate) fn gated(
+        &mut self,
+        slot: Option<crate::routing::cold_gate::ColdSlot>,
+        waited: Duration,
+        now: Instant,
+    ) {
+        if let Some(p) = self.placement.as_mut() {
+            p.gated(slot, waited);
+        }
+        self.record.upstream_sent = Some(now);
+        if self.record.attempts == 1 {
+            self.record.first_sent = Some(now);
+        }
+    }
+
     /// Keep `x` until the request ends.
     pub(crate) fn hold(&mut self, x: Box<dyn std::any::Any + Send + Sync>) {
         self.held = Some(x);

@@ -374,6 +374,13 @@ def run_one(name, cell, args, seed):
                     if 'prefill="shared"' in k:
                         o = "shared_" + o
                     row["prefill_holds"][o] = row["prefill_holds"].get(o, 0) + v
+            # Cold prefills that waited for room in their replica's gate
+            # (`routing.prefix_kv.cold_prefill_tokens`), by outcome.
+            row["cold_gate_waits"] = {}
+            for k, v in gateway_counts(ADMINS, ["sluice_routing_cold_gate_waits_total"]).items():
+                if v and 'outcome="' in k:
+                    o = k.split('outcome="')[1].split('"')[0]
+                    row["cold_gate_waits"][o] = row["cold_gate_waits"].get(o, 0) + v
         return row
     finally:
         procs.stop()
@@ -450,7 +457,8 @@ def main():
                       f"p99 {row['ttft_p99_ms']:8.1f} warm {row['warm_ttft_p99_ms'] or 0:7.1f} ms | busiest {row['busiest_over_mean']:.2f}x | "
                       f"hit {row['prefix_hit'] if row['prefix_hit'] is not None else '-'}{extra} | "
                       f"ok {row['ok']}/{row['requests']} | {row.get('decisions', '')}"
-                      f"{' held ' + str(row['prefill_holds']) if row.get('prefill_holds') else ''}", flush=True)
+                      f"{' held ' + str(row['prefill_holds']) if row.get('prefill_holds') else ''}"
+                      f"{' gated ' + str(row['cold_gate_waits']) if row.get('cold_gate_waits') else ''}", flush=True)
             out["cells"][cname] = {"cell": cell, "engine": args.engine,
                                    "cache_at": args.cache_at, "dialect": args.dialect,
                                    "runs": runs}

@@ -28,9 +28,9 @@ use crate::headers::Lookup;
 use crate::limits::Identity;
 use crate::request::RequestGuard;
 use crate::routing::placement::Placement;
-use crate::routing::prefilling;
-use crate::routing::shared_table::{Leg, TableHome};
+use crate::routing::shared_table::{ColdMark, Leg, TableHome, Turn};
 use crate::routing::{Decision, LoadView, ReplicaView, RouteCtx, SessionKey};
+use crate::routing::{cold_gate, prefilling};
 use crate::state::AppState;
 use crate::stream::body::{ReplicaConn, TimedBody};
 use crate::stream::event::chunk_info;
@@ -693,6 +693,90 @@ async fn hold_for_shared_prefill(
     outcome == prefilling::HoldOutcome::Prefilled
 }
 
+/// A cold prefill's wait for its place in its replica's gate.
+struct Pace<'a> {
+    /// Its uncached tokens, and the gate's budget.
+    uncached: u32,
+    budget: u32,
+    /// When it was to be sent, and how long it may wait.
+    sent: Instant,
+    by: Instant,
+    /// Its count in the shared table, where it is a new home's cold prefill
+    /// there: its turn among every gateway's.
+    mark: Option<&'a Arc<ColdMark>>,
+}
+
+/// Waits, at most until `by`, for a cold prefill's place in its replica's
+/// gate (`routing::cold_gate`): its uncached tokens beside those of the
+/// cold prefills under way there, within the budget. A new home's cold
+/// prefill counted in the shared table first waits for its turn among every
+/// gateway's cold prefills placed there before it (as many may run beside it
+/// as fit in the budget at its own size); then every one waits for this
+/// gateway's own. The place is held by the attempt's placement until its
+/// first token; a request that waited is counted
+/// (`sluice_routing_cold_gate_waits_total`), and its upstream timings start
+/// when it goes (returned; `sent` when it did not wait).
+async fn pace_cold_prefill(
+    state: &AppState,
+    guard: &mut RequestGuard,
+    replica: &Replica,
+    pace: Pace<'_>,
+) -> Instant {
+    let Pace {
+        uncached,
+        budget,
+        sent,
+        by,
+        mark,
+    } = pace;
+    let mut waited = false;
+    if let Some(mark) = mark {
+        let beside = u64::from(budget / uncached.max(1)).saturating_sub(1);
+        match mark.turn(beside, by).await {
+            Turn::Now => {}
+            Turn::Came => waited = true,
+            Turn::GaveUp => {
+                let now = turn::fresh();
+                let took = now.saturating_duration_since(sent);
+                count_cold_wait(state, guard, "deadline", took);
+                guard.gated(None, took, now);
+                return now;
+            }
+        }
+    }
+    let memory = state.affinity.of(&replica.name, turn::now_std());
+    let gate = &memory.cold_gate;
+    let slot = if gate.would_wait(uncached, budget) {
+        waited = true;
+        tokio::time::timeout_at(by, gate.enter(uncached, budget))
+            .await
+            .ok()
+            .flatten()
+    } else {
+        gate.enter(uncached, budget).await
+    };
+    if !waited {
+        guard.gated(slot, Duration::ZERO, sent);
+        return sent;
+    }
+    let now = turn::fresh();
+    let took = now.saturating_duration_since(sent);
+    let outcome = if slot.is_some() { "sent" } else { "deadline" };
+    count_cold_wait(state, guard, outcome, took);
+    guard.gated(slot, took, now);
+    now
+}
+
+/// Counts a cold prefill that waited `took` in its replica's gate.
+fn count_cold_wait(state: &AppState, guard: &RequestGuard, outcome: &'static str, took: Duration) {
+    let model = &guard.record.model;
+    let m = &state.metrics;
+    m.cold_gate_waits.get(&(model.clone(), outcome)).inc();
+    m.cold_gate_wait
+        .get(&(model.clone(),))
+        .observe(took.as_secs_f64());
+}
+
 /// Counts a hold for a prefill under way (`of`: `own`, this gateway's;
 /// `shared`, another gateway's) that began at `since`.
 fn count_hold(
@@ -965,6 +1049,31 @@ async fn forward(
         if holds && inbound.stream {
             guard.prefilling(retaken);
         }
+        // A cold prefill waits for its place in the replica's gate (boxed:
+        // only cold streams).
+        let budget = state.config.routing.prefix_kv.cold_prefill_tokens;
+        let uncached = input.prompt_tokens.saturating_sub(decision.cached_tokens);
+        // (A prompt another gateway homed there is cached there, or waited
+        // for above, whatever this gateway's index counted.)
+        let home = input.shared_home.as_ref();
+        let sent = if inbound.stream
+            && !decode_leg
+            && budget > 0
+            && uncached >= cold_gate::COLD_MIN_TOKENS
+            && state.config.routing.policy == crate::config::PolicyKind::PrefixKv
+            && !home.is_some_and(|h| h.found_on(&replica.name))
+        {
+            let pace = Pace {
+                uncached,
+                budget,
+                sent,
+                by: (sent + cfg.timeouts.first_token).min(deadline),
+                mark: home.and_then(|h| h.cold_here(&replica.name)),
+            };
+            Box::pin(pace_cold_prefill(state, guard, &replica, pace)).await
+        } else {
+            sent
+        };
         // Streams must show a first event within `first_token`; a non-streamed
         // answer only comes when generation is over, so only `total` bounds it.
         let headers_by = if inbound.stream {

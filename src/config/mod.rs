@@ -755,6 +755,14 @@ pub struct PrefixKvConfig {
     /// the forward pass computing it has ended), `on` for every engine,
     /// `off` never.
     pub hold_for_prefill: HoldForPrefill,
+    /// A streamed request whose prompt a replica would compute mostly
+    /// afresh (256 uncached tokens or more) waits at the gateway while the
+    /// cold prefills this gateway has under way there (sent, before their
+    /// first tokens) and its own exceed this many tokens, in the order they
+    /// came; one over it goes alone (`routing::cold_gate`). Set it to the
+    /// engines' prefill budget per step (vLLM's `max_num_batched_tokens`,
+    /// SGLang's `chunked_prefill_size`). 0: off.
+    pub cold_prefill_tokens: u32,
 }
 
 /// `routing.prefix_kv.hold_for_prefill`.
@@ -820,6 +828,7 @@ impl Default for PrefixKvConfig {
             shared_homes_sampled: true,
             shared_homes_sampled_from: SHARED_HOMES_SAMPLED_FROM,
             hold_for_prefill: HoldForPrefill::Auto,
+            cold_prefill_tokens: 2048,
         }
     }
 }

@@ -39,6 +39,9 @@ pub(crate) struct ReplicaMemory {
     /// Prompts this gateway has in their first prefill here
     /// (`routing.prefix_kv.hold_for_prefill`).
     pub(crate) prefilling: Arc<super::prefilling::Prefilling>,
+    /// This gateway's cold prefills under way here, paced
+    /// (`routing.prefix_kv.cold_prefill_tokens`).
+    pub(crate) cold_gate: super::cold_gate::ColdGate,
     /// Nanoseconds since `epoch()` of the last decision that looked here.
     used: AtomicU64,
 }
@@ -207,6 +210,7 @@ impl Affinity {
             sessions: Mutex::new(SessionsHere::default()),
             stalls: Mutex::new(StallLedger::default()),
             prefilling: Default::default(),
+            cold_gate: Default::default(),
             used: AtomicU64::new(0),
         });
         fresh.touch(now);

@@ -8,6 +8,7 @@
 //! What a policy remembers between decisions lives in [`Affinity`].
 
 pub(crate) mod affinity;
+pub(crate) mod cold_gate;
 pub(crate) mod index;
 mod least_loaded;
 pub(crate) mod load;

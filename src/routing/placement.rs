@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::affinity::ReplicaMemory;
+use super::cold_gate::ColdSlot;
 use super::prefilling::PrefillMark;
 use super::shared_table::ColdMark;
 
@@ -42,6 +43,12 @@ pub(crate) struct Placement {
     /// Its prompt's prefill marked under way here until the first token
     /// ([`Placement::mark_prefilling`]).
     prefilling: Option<PrefillMark>,
+    /// Its cold prefill's place in the replica's gate, given back at the
+    /// first token ([`Placement::gated`]).
+    gate: Option<ColdSlot>,
+    /// How long it waited in that gate before it was sent: part of the wait
+    /// its placement predicted, so counted in the rate's sample.
+    gate_wait: Duration,
 }
 
 impl Placement {
@@ -70,7 +77,17 @@ impl Placement {
             continuing: false,
             cold: None,
             prefilling: None,
+            gate: None,
+            gate_wait: Duration::ZERO,
         }
+    }
+
+    /// The request waited `waited` for its cold prefill's place in the
+    /// replica's gate (`routing::cold_gate`), which it holds until its first
+    /// token.
+    pub(crate) fn gated(&mut self, slot: Option<ColdSlot>, waited: Duration) {
+        self.gate = slot;
+        self.gate_wait = waited;
     }
 
     /// The shared table counts this prompt's cold prefill on the replica
@@ -97,9 +114,11 @@ impl Placement {
     /// prefill go (`ended`), before any retry is routed.
     pub(crate) fn end_prefilling(&mut self) {
         drop(self.prefilling.take());
+        drop(self.gate.take());
     }
 
     fn prefilled(&mut self) {
+        drop(self.gate.take());
         if let Some(mark) = self.cold.take() {
             mark.prefilled();
         }
@@ -147,6 +166,7 @@ impl Placement {
     /// once, as before, not a generation later.
     pub(crate) fn first_token(&mut self, ttft: Duration) {
         self.prefilled();
+        let ttft = ttft + self.gate_wait;
         if self.predicted_cached == 0 || !self.memory.load.reports_cached() {
             self.first_token_over(ttft, self.ahead);
         } else if !self.started {
@@ -172,6 +192,7 @@ impl Placement {
         engine_prompt: Option<u32>,
     ) {
         self.prefilled();
+        let ttft = ttft + self.gate_wait;
         let ahead = self.ahead_done(actual, engine_prompt);
         self.first_token_over(ttft, ahead);
     }

@@ -428,10 +428,68 @@ pub(crate) struct ColdMark {
     cleared: std::sync::atomic::AtomicBool,
 }
 
+/// How a cold prefill's wait for its turn ended ([`ColdMark::turn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// At the first asking: nothing to wait for.
+    Now,
+    /// After waiting.
+    Came,
+    /// Its deadline came first, or the table did not answer: it goes.
+    GaveUp,
+}
+
 /// A cold prefill's reach once its attempt ended without a first token.
 const ENDED: &str = "ended";
 
+/// The cold prefills counted on a replica (KEYS[1], its sorted set) that
+/// were placed before ARGV[1] (a member) and still count: scored between
+/// now and its score. -1 where it is no longer counted.
+const AHEAD: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not mine then return -1 end
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '(' .. mine)
+"#;
+
 impl ColdMark {
+    /// Waits until at most `beside` of the cold prefills placed on its
+    /// replica before this one, by any gateway, are still before their first
+    /// tokens (`routing::cold_gate`, through several gateways), asking the
+    /// table every [`WATCH_EVERY`], at most until `deadline`.
+    pub(crate) async fn turn(&self, beside: u64, deadline: tokio::time::Instant) -> Turn {
+        let mut every = tokio::time::interval(WATCH_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // (The first tick is at once.)
+        every.tick().await;
+        let mut conn = self.table.conn.clone();
+        let mut asked = 0u32;
+        loop {
+            let mut inv = self.table.ahead.prepare_invoke();
+            inv.key(&self.set).arg(&self.member);
+            let r: Result<i64, String> = self.table.bounded(inv.invoke_async(&mut conn)).await;
+            asked += 1;
+            match r {
+                Ok(n) if n <= i64::try_from(beside).unwrap_or(i64::MAX) => {
+                    return if asked == 1 { Turn::Now } else { Turn::Came };
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.table.count_home("watch", "error");
+                    tracing::debug!(error = %e, "asking for a cold prefill's turn failed");
+                    return Turn::GaveUp;
+                }
+            }
+            if tokio::time::timeout_at(deadline, every.tick())
+                .await
+                .is_err()
+            {
+                return Turn::GaveUp;
+            }
+        }
+    }
+
     /// The prefill's first token came: the prompt is cached there.
     pub(crate) fn prefilled(&self) {
         self.clear(true);
@@ -520,6 +578,19 @@ impl TableHome {
         }
     }
 
+    /// The new home's cold prefill count on `replica`, where that is the
+    /// home this lookup placed.
+    pub(crate) fn cold_here(&self, replica: &str) -> Option<&Arc<ColdMark>> {
+        self.cold.as_ref().filter(|_| *self.replica == *replica)
+    }
+
+    /// Whether another gateway homed this prefix on `replica`: its prompt
+    /// is cached there, or being prefilled (which a request waits for
+    /// apart: `prefill_on`).
+    pub(crate) fn found_on(&self, replica: &str) -> bool {
+        !self.new && *self.replica == *replica
+    }
+
     /// Another gateway's cold prefill of this prefix under way on
     /// `replica`, its home, for a request for `hashes` sent there, where the
     /// request shares enough of that prompt to wait for it.
@@ -571,6 +642,8 @@ pub struct SharedTable {
     /// and `shared_homes_sampled_from`; `None`: never).
     sampled: Option<u64>,
     script: Script,
+    /// [`AHEAD`].
+    ahead: Script,
     /// Prefixes (by key, pool and model) whose home this gateway pushed back
     /// lately.
     touched: Sessions,
@@ -641,6 +714,7 @@ impl SharedTable {
             homes: shared_homes,
             sampled,
             script: Script::new(HOMES),
+            ahead: Script::new(AHEAD),
             touched: Sessions::new(TOUCHED, HOME_TTL / 4),
             paused: parking_lot::Mutex::new(None),
             novelty: Default::default(),
@@ -1268,6 +1342,47 @@ mod tests {
             .unwrap();
         assert_eq!((&*found.replica, found.new), ("r3", false));
         drop(under_way);
+    }
+
+    /// A new home's cold prefill waits for its turn among the cold
+    /// prefills every gateway placed on its replica before it
+    /// (`routing::cold_gate`): with none beside it, until the earlier one's
+    /// first token; with one beside it, at once; a third waits for the
+    /// first of two.
+    #[tokio::test]
+    async fn a_cold_prefill_takes_its_turn_after_those_placed_before_it_by_any_gateway() {
+        let redis = crate::limits::tests::redis_server().await;
+        let (a, _) = table(redis.port);
+        let (b, _) = table(redis.port);
+        let order = names(&["r1"]);
+        let place = async |t: &Arc<SharedTable>, key: u64| {
+            let h = t
+                .place_home("m", Leg::Serve, key, &order, (1, 0), None)
+                .await
+                .unwrap();
+            assert!(h.new);
+            h.cold_here("r1").expect("counted on r1").clone()
+        };
+        let soon = || tokio::time::Instant::now() + Duration::from_millis(200);
+        let far = tokio::time::Instant::now() + Duration::from_secs(30);
+        let first = place(&a, 1).await;
+        assert_eq!(first.turn(0, soon()).await, Turn::Now);
+        let second = place(&b, 2).await;
+        // One before it: none may run beside it, so it waits (here until
+        // its deadline); one beside it may go at once.
+        assert_eq!(second.turn(0, soon()).await, Turn::GaveUp);
+        assert_eq!(second.turn(1, soon()).await, Turn::Now);
+        let third = place(&a, 3).await;
+        let waiting = tokio::spawn(async move { (third.turn(0, far).await, third) });
+        // The first's first token: the second's turn (the third still
+        // waits for the second).
+        // (Cleared in the background: at once or after a wait.)
+        first.prefilled();
+        assert_ne!(second.turn(0, far).await, Turn::GaveUp);
+        assert!(!waiting.is_finished());
+        second.ended();
+        let (turn, _third) = waiting.await.unwrap();
+        assert_eq!(turn, Turn::Came);
     }
 
     /// A gateway that finds a home whose cold prefill another gateway has

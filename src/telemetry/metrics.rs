@@ -296,6 +296,11 @@ pub struct Metrics {
     pub prefill_holds: Family<(Arc<str>, &'static str, &'static str), Counter>,
     /// model: how long they were held.
     pub prefill_hold: Family<(Arc<str>,), Histogram>,
+    /// model, outcome: cold prefills that waited for their place in their
+    /// replica's gate (`routing.prefix_kv.cold_prefill_tokens`).
+    pub cold_gate_waits: Family<(Arc<str>, &'static str), Counter>,
+    /// model: how long they waited.
+    pub cold_gate_wait: Family<(Arc<str>,), Histogram>,
     /// model: a remote prefill leg, sent to answered (TTFT's first part).
     pub pd_prefill: Family<(Arc<str>,), Histogram>,
     /// model: after a remote prefill, the decode leg sent to its first token
@@ -578,6 +583,11 @@ impl Metrics {
                 let b = prefill_buckets.clone();
                 move || Histogram::seconds(b.clone())
             }),
+            cold_gate_waits: Family::new(&["model", "outcome"], Counter::default),
+            cold_gate_wait: Family::new(&["model"], {
+                let b = prefill_buckets.clone();
+                move || Histogram::seconds(b.clone())
+            }),
             pd_prefill: Family::new(&["model"], {
                 let b = prefill_buckets.clone();
                 move || Histogram::seconds(b.clone())
@@ -699,6 +709,10 @@ impl Metrics {
             }
         }
         self.prefill_hold.get(&(model.clone(),));
+        for outcome in ["sent", "deadline"] {
+            self.cold_gate_waits.get(&(model.clone(), outcome));
+        }
+        self.cold_gate_wait.get(&(model.clone(),));
         self.pd_decode_first_token.get(&(model.clone(),));
         for kind in &known.retry_kinds {
             self.retries.get(&(model.clone(), *kind));
@@ -978,6 +992,18 @@ impl Metrics {
             "sluice_routing_prefill_hold_seconds",
             "How long requests were held for a prefill of their prompt under way on their replica (part of their queue time and TTFT).",
             &self.prefill_hold,
+            |h| h,
+        );
+        e.counters(
+            "sluice_routing_cold_gate_waits_total",
+            "Streamed requests whose prompt their replica computes mostly afresh (256 uncached tokens or more) that waited before sending until the cold prefills this gateway had under way there left room for theirs (`routing.prefix_kv.cold_prefill_tokens`), by outcome: `sent` (room came: an earlier one gave its first token or ended), `deadline` (the request's first-token bound: then it is sent).",
+            &self.cold_gate_waits,
+            |c| c,
+        );
+        e.histograms(
+            "sluice_routing_cold_gate_wait_seconds",
+            "How long cold prefills waited in their replica's gate (part of their queue time and TTFT).",
+            &self.cold_gate_wait,
             |h| h,
         );
         e.histograms(

@@ -1167,6 +1167,126 @@ async fn a_prefill_that_ends_without_a_first_token_is_computed_again_once() {
     );
 }
 
+/// Cold prefills are paced per replica (`cold_prefill_tokens`): a streamed
+/// request whose prompt the replica would compute afresh waits at the
+/// gateway while this gateway's cold prefills under way there (sent, before
+/// their first tokens) and its own exceed the budget; a short request goes
+/// straight on meanwhile, and the held one goes when the earlier one ends.
+/// With the budget at 0 nothing waits. (The first request's engine holds it
+/// a minute before starting it, so that it stays before its first token.)
+#[tokio::test]
+async fn a_cold_prefill_waits_at_the_gateway_for_the_one_before_it_and_a_short_request_passes() {
+    let docs = [
+        "Every replica reports its queue and its cache. ".repeat(52),
+        "Each gateway paces the prompts it sends afresh. ".repeat(52),
+    ];
+    for budget in [1000, 0] {
+        let sim = start_sim(SimConfig::engine("tiny", 0.01).unwrap()).await;
+        let mut c = routing_config(&[sim.url()]);
+        c.routing.prefix_kv.cold_prefill_tokens = budget;
+        let gw = start_routed(c, 1).await;
+        let base = api(&gw);
+        let first = {
+            let url = format!("{base}/v1/chat/completions");
+            let body = serde_json::json!({
+                "model": "sim-model",
+                "stream": true,
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": docs[0]}],
+            });
+            tokio::spawn(async move {
+                let sent = client()
+                    .post(&url)
+                    .header("x-sim-fault", "first_token=60s")
+                    .json(&body)
+                    .send()
+                    .await;
+                if let Ok(r) = sent {
+                    let _ = r.bytes().await;
+                }
+            })
+        };
+        wait_until(
+            "the first request sent",
+            Duration::from_secs(10),
+            || async { sim.state.metrics.received.get() >= 1 },
+        )
+        .await;
+        // Another prompt of ~600 tokens: 1,200 under way would exceed 1,000.
+        let second = {
+            let (base, doc) = (base.clone(), docs[1].clone());
+            tokio::spawn(async move { crate::sim::stream_chat(&base, &doc, 2).await })
+        };
+        let decided = || async {
+            let (_, text) = get_text(&format!("{}/metrics", admin(&gw))).await;
+            text.lines()
+                .filter(|l| l.starts_with("sluice_routing_decisions_total{model=\"sim-model\""))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        wait_until("the second routed", Duration::from_secs(10), || async {
+            decided().await >= 2.0
+        })
+        .await;
+        if budget == 0 {
+            wait_until(
+                "the second sent at once",
+                Duration::from_secs(10),
+                || async { sim.state.metrics.received.get() >= 2 },
+            )
+            .await;
+            let (_, _, usage) = second.await.unwrap();
+            assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256);
+            first.abort();
+            let _ = first.await;
+            let waits = gateway_metric(
+                &gw,
+                r#"sluice_routing_cold_gate_waits_total{model="sim-model",outcome="sent"}"#,
+            )
+            .await;
+            assert_eq!(waits, 0.0);
+            continue;
+        }
+        // A short request passes the held one: it is served while the
+        // second still waits for the first.
+        let (_, _, short) = crate::sim::stream_chat(&base, "How are you?", 2).await;
+        assert!(short["prompt_tokens"].as_u64().unwrap() < 256, "{short}");
+        assert_eq!(
+            sim.state.metrics.received.get(),
+            2,
+            "the first and the short one reached the engine, not the second"
+        );
+        assert!(!second.is_finished());
+        // The first ends without a first token: the second goes.
+        first.abort();
+        let _ = first.await;
+        let (_, _, usage) = tokio::time::timeout(Duration::from_secs(30), second)
+            .await
+            .expect("the second was sent when the first ended")
+            .unwrap();
+        assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256, "{usage}");
+        assert_eq!(sim.state.metrics.received.get(), 3);
+        let waits = |outcome: &'static str| {
+            let gw = &gw;
+            async move {
+                gateway_metric(
+                    gw,
+                    &format!(
+                        "sluice_routing_cold_gate_waits_total{{model=\"sim-model\",outcome=\"{outcome}\"}}"
+                    ),
+                )
+                .await
+            }
+        };
+        assert_eq!((waits("sent").await, waits("deadline").await), (1.0, 0.0));
+        let (_, text) = get_text(&format!("{}/metrics", admin(&gw))).await;
+        assert!(
+            text.contains(r#"sluice_routing_cold_gate_wait_seconds_count{model="sim-model"} 1"#),
+            "{text}"
+        );
+    }
+}
+
 /// Through gateways sharing prefix homes, a request for a prompt whose new
 /// home's cold prefill another gateway has under way (a stream) waits for
 /// that prefill's first token, as a gateway waits for its own, where the
