@@ -147,6 +147,8 @@ CACHE_AT = "compute"
 DIALECT = "vllm"
 # A config file for the Sluice gateways (experiments: `--sluice-config`).
 SLUICE_CONFIG = None
+# `--cold-prefill-tokens`.
+COLD_PREFILL_TOKENS = "engine"
 
 
 def start_fleet(procs, cell, n=4):
@@ -199,9 +201,14 @@ def start_redis(procs):
             time.sleep(0.05)
 
 
-def sluice_config(procs, name):
-    """The config file of a Sluice variant (`None`: defaults)."""
-    if name == "sluice":
+def sluice_config(procs, name, cell):
+    """The config file of a Sluice variant (`None`: defaults). As an operator
+    sets it, `routing.prefix_kv.cold_prefill_tokens` is the engines' prefill
+    tokens per step (`--cold-prefill-tokens engine`, the default; `none` for
+    builds before it)."""
+    if SLUICE_CONFIG:
+        if name != "sluice":
+            raise SystemExit("--sluice-config runs with plain `sluice` only (--only sluice)")
         return SLUICE_CONFIG
     parts = name.split("-")[1:]
     body = "routing:\n"
@@ -209,10 +216,17 @@ def sluice_config(procs, name):
         parts = parts[1:]
         body += ("  sessions:\n    store: redis\n"
                  f"    redis: {{url: \"{start_redis(procs)}\"}}\n")
+    prefix_kv = []
     if parts:
-        body += f"  prefix_kv:\n    session_placement: {parts[0]}\n"
-    if SLUICE_CONFIG:
-        raise SystemExit("--sluice-config runs with plain `sluice` only (--only sluice)")
+        prefix_kv.append(f"session_placement: {parts[0]}")
+    if COLD_PREFILL_TOKENS == "engine":
+        prefix_kv.append(f"cold_prefill_tokens: {cell['engine']['batched']}")
+    elif COLD_PREFILL_TOKENS != "none":
+        prefix_kv.append(f"cold_prefill_tokens: {int(COLD_PREFILL_TOKENS)}")
+    if prefix_kv:
+        body += "  prefix_kv:\n" + "".join(f"    {line}\n" for line in prefix_kv)
+    if body == "routing:\n":
+        return None
     f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     f.write(body)
     f.close()
@@ -222,7 +236,7 @@ def sluice_config(procs, name):
 def start(procs, name, sims, cell, venv):
     ADMINS.clear()
     if name.startswith("sluice"):
-        config = sluice_config(procs, name)
+        config = sluice_config(procs, name, cell)
         extra = ["--config", config] if config else []
         if cell.get("gateways", 1) > 1:
             return start_lb(procs, [start_sluice(procs, sims, extra) for _ in range(cell["gateways"])])
@@ -412,10 +426,15 @@ def main():
                     "/admin/backends every 100 ms")
     ap.add_argument("--bin", help="the sluice binary for replicas, gateways and load (default "
                     "target/release/sluice; a copy lets a long run outlive a rebuild)")
+    ap.add_argument("--cold-prefill-tokens", default="engine",
+                    help="Sluice's routing.prefix_kv.cold_prefill_tokens: `engine` (the default: the "
+                         "replicas' batched tokens a step, as an operator sets it), a number, or `none` "
+                         "(not set: builds before it)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    global ENGINE, SLUICE_CONFIG, BIN, CACHE_AT, DIALECT
+    global ENGINE, SLUICE_CONFIG, BIN, CACHE_AT, DIALECT, COLD_PREFILL_TOKENS
     ENGINE, SLUICE_CONFIG, CACHE_AT = args.engine, args.sluice_config, args.cache_at
+    COLD_PREFILL_TOKENS = args.cold_prefill_tokens
     DIALECT = args.dialect
     if DIALECT != "vllm" and ENGINE != "sim":
         raise SystemExit("--dialect is a `sluice sim` knob: engine b speaks vLLM's metrics")

@@ -1050,6 +1050,46 @@ async fn a_request_for_a_prompt_being_prefilled_waits_for_it_where_the_engine_ca
     }
 }
 
+/// Streams `doc` through the gateway at `base` to `sim`, whose engine holds
+/// it a minute before starting it (so it stays before its first token),
+/// once `sim` has it: the task ends when it is aborted.
+async fn send_stalled(base: &str, doc: &str, sim: &SimHandle) -> tokio::task::JoinHandle<()> {
+    let url = format!("{base}/v1/chat/completions");
+    let body = serde_json::json!({
+        "model": "sim-model",
+        "stream": true,
+        "max_tokens": 2,
+        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": doc}],
+    });
+    let first = tokio::spawn(async move {
+        let sent = client()
+            .post(&url)
+            .header("x-sim-fault", "first_token=60s")
+            .json(&body)
+            .send()
+            .await;
+        if let Ok(r) = sent {
+            let _ = r.bytes().await;
+        }
+    });
+    wait_until(
+        "the first request sent",
+        Duration::from_secs(10),
+        || async { sim.state.metrics.received.get() >= 1 },
+    )
+    .await;
+    first
+}
+
+/// The routing decisions the gateway counted for the test model.
+async fn decisions(gw: &Gateway) -> f64 {
+    let (_, text) = get_text(&format!("{}/metrics", admin(gw))).await;
+    text.lines()
+        .filter(|l| l.starts_with("sluice_routing_decisions_total{model=\"sim-model\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>()
+}
+
 /// A prefill whose attempt ends without a first token (here its client
 /// leaves while the engine has not begun it) releases the requests held for
 /// it; the first of them to go marks the prompt's prefill again and the
@@ -1066,32 +1106,7 @@ async fn a_prefill_that_ends_without_a_first_token_is_computed_again_once() {
     let base = api(&gw);
     // The first: the engine holds it a minute before starting it, so it
     // computes nothing; the gateway marks its prefill when it sends it.
-    let first = {
-        let url = format!("{base}/v1/chat/completions");
-        let body = serde_json::json!({
-            "model": "sim-model",
-            "stream": true,
-            "max_tokens": 2,
-            "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": doc}],
-        });
-        tokio::spawn(async move {
-            let sent = client()
-                .post(&url)
-                .header("x-sim-fault", "first_token=60s")
-                .json(&body)
-                .send()
-                .await;
-            if let Ok(r) = sent {
-                let _ = r.bytes().await;
-            }
-        })
-    };
-    wait_until(
-        "the first request sent",
-        Duration::from_secs(10),
-        || async { sim.state.metrics.received.get() >= 1 },
-    )
-    .await;
+    let first = send_stalled(&base, &doc, &sim).await;
     let held = |base: String, doc: String| {
         tokio::spawn(async move { crate::sim::stream_chat(&base, &doc, 2).await })
     };
@@ -1100,15 +1115,8 @@ async fn a_prefill_that_ends_without_a_first_token_is_computed_again_once() {
         held(base.clone(), doc.clone()),
     );
     // Both routed (the routing decision is counted just before the hold).
-    let decided = || async {
-        let (_, text) = get_text(&format!("{}/metrics", admin(&gw))).await;
-        text.lines()
-            .filter(|l| l.starts_with("sluice_routing_decisions_total{model=\"sim-model\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
     wait_until("all three routed", Duration::from_secs(10), || async {
-        decided().await >= 3.0
+        decisions(&gw).await >= 3.0
     })
     .await;
     assert_eq!(
@@ -1186,46 +1194,14 @@ async fn a_cold_prefill_waits_at_the_gateway_for_the_one_before_it_and_a_short_r
         c.routing.prefix_kv.cold_prefill_tokens = budget;
         let gw = start_routed(c, 1).await;
         let base = api(&gw);
-        let first = {
-            let url = format!("{base}/v1/chat/completions");
-            let body = serde_json::json!({
-                "model": "sim-model",
-                "stream": true,
-                "max_tokens": 2,
-                "messages": [{"role": "user", "content": docs[0]}],
-            });
-            tokio::spawn(async move {
-                let sent = client()
-                    .post(&url)
-                    .header("x-sim-fault", "first_token=60s")
-                    .json(&body)
-                    .send()
-                    .await;
-                if let Ok(r) = sent {
-                    let _ = r.bytes().await;
-                }
-            })
-        };
-        wait_until(
-            "the first request sent",
-            Duration::from_secs(10),
-            || async { sim.state.metrics.received.get() >= 1 },
-        )
-        .await;
+        let first = send_stalled(&base, &docs[0], &sim).await;
         // Another prompt of ~600 tokens: 1,200 under way would exceed 1,000.
         let second = {
             let (base, doc) = (base.clone(), docs[1].clone());
             tokio::spawn(async move { crate::sim::stream_chat(&base, &doc, 2).await })
         };
-        let decided = || async {
-            let (_, text) = get_text(&format!("{}/metrics", admin(&gw))).await;
-            text.lines()
-                .filter(|l| l.starts_with("sluice_routing_decisions_total{model=\"sim-model\""))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
-        };
         wait_until("the second routed", Duration::from_secs(10), || async {
-            decided().await >= 2.0
+            decisions(&gw).await >= 2.0
         })
         .await;
         if budget == 0 {

@@ -1,7 +1,8 @@
 """The table of BENCHMARKS.md from this directory's runs: per seed, the
 whole-run TTFT p99 of Sluice before the cold-prefill gate (a98249c), with it,
 and sglang-router's; the peer's over Sluice's, median and worst seed.
-Usage: python3 summary.py CELL"""
+Usage: python3 summary.py CELL (a cell run by run_peer.sh has no build before:
+its "before" lines repeat the build after)"""
 import json
 import os
 import statistics
@@ -25,6 +26,11 @@ def main():
     b_name, a_name = sys.argv[2:4] if len(sys.argv) > 3 else ("before", "after")
     seeds = [s for s in range(1, 6)
              if os.path.exists(os.path.join(HERE, f"{cell}_{a_name}_seed{s}.json"))]
+    after_only = not os.path.exists(os.path.join(HERE, f"{cell}_{b_name}_seed{seeds[0]}.json"))
+    if after_only:
+        # (run_peer.sh: no build before in these runs; the build after
+        # stands in for it, so the before/after lines say nothing.)
+        b_name = a_name
     before = [row(cell, b_name, s, "sluice") for s in seeds]
     after = [row(cell, a_name, s, "sluice") for s in seeds]
     peer = [row(cell, a_name, s, "sglang-cache_aware") for s in seeds]
