@@ -712,7 +712,9 @@ struct Pace<'a> {
 /// prefill counted in the shared table first waits for its turn among every
 /// gateway's cold prefills placed there before it (as many may run beside it
 /// as fit in the budget at its own size); then every one waits for this
-/// gateway's own. The place is held by the attempt's placement until its
+/// gateway's own. Where the replica's engine says it is full
+/// (`cold_gate::pressed`) nothing waits, and a request waiting goes when
+/// that is seen. The place is held by the attempt's placement until its
 /// first token; a request that waited is counted
 /// (`sluice_routing_cold_gate_waits_total`), and its upstream timings start
 /// when it goes (returned; `sent` when it did not wait).
@@ -729,29 +731,42 @@ async fn pace_cold_prefill(
         by,
         mark,
     } = pace;
+    // An engine that says it is full sets the first token's wait itself:
+    // the gate stands aside (`cold_gate::pressed`).
+    if cold_gate::pressed(replica) {
+        guard.gated(None, Duration::ZERO, sent);
+        return sent;
+    }
+    let went = |guard: &mut RequestGuard, outcome: &'static str| {
+        let now = turn::fresh();
+        let took = now.saturating_duration_since(sent);
+        count_cold_wait(state, guard, outcome, took);
+        guard.gated(None, took, now);
+        now
+    };
     let mut waited = false;
     if let Some(mark) = mark {
         let beside = u64::from(budget / uncached.max(1)).saturating_sub(1);
-        match mark.turn(beside, by).await {
-            Turn::Now => {}
-            Turn::Came => waited = true,
-            Turn::GaveUp => {
-                let now = turn::fresh();
-                let took = now.saturating_duration_since(sent);
-                count_cold_wait(state, guard, "deadline", took);
-                guard.gated(None, took, now);
-                return now;
-            }
+        let came = tokio::select! {
+            t = mark.turn(beside, by) => Some(t),
+            () = cold_gate::until_pressed(replica) => None,
+        };
+        match came {
+            Some(Turn::Now) => {}
+            Some(Turn::Came) => waited = true,
+            Some(Turn::GaveUp) => return went(guard, "deadline"),
+            None => return went(guard, "pressed"),
         }
     }
     let memory = state.affinity.of(&replica.name, turn::now_std());
     let gate = &memory.cold_gate;
     let slot = if gate.would_wait(uncached, budget) {
         waited = true;
-        tokio::time::timeout_at(by, gate.enter(uncached, budget))
-            .await
-            .ok()
-            .flatten()
+        // (The same `enter` throughout: it keeps its place in line.)
+        tokio::select! {
+            slot = tokio::time::timeout_at(by, gate.enter(uncached, budget)) => slot.ok().flatten(),
+            () = cold_gate::until_pressed(replica) => return went(guard, "pressed"),
+        }
     } else {
         gate.enter(uncached, budget).await
     };

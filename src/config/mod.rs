@@ -766,7 +766,9 @@ pub struct PrefixKvConfig {
     /// does less (cached requests wait behind more cold prefills, never
     /// more than without it); below it, the engine's steps would take less
     /// prefill than they could, which on all-cold traffic is throughput lost.
-    /// 0: off.
+    /// Not on a replica whose engine says it is full (its queue outlived a
+    /// scrape, or it preempts): there the first token waits for room in the
+    /// engine, and nothing waits at the gateway. 0: off.
     pub cold_prefill_tokens: u32,
 }
 

@@ -22,17 +22,56 @@
 //! a prompt takes its uncached tokens, at most the whole budget (a prompt
 //! over the budget runs alone), and gives them back at its first token or
 //! when its attempt ends ([`crate::routing::placement::Placement`]).
+//!
+//! The gate stands aside on a replica whose engine says it is full
+//! ([`pressed`]: its queue outlived a scrape, or it preempts), and a cold
+//! prefill waiting there goes when that is seen. There a first token waits
+//! for room in the engine (seats, KV blocks), not for the prefills ahead of
+//! it, so a place in the gate would be held for the engine's queue time and
+//! the gate would line cold prefills up behind it: on the matrix's
+//! `sessions` cell (agent sessions on an overloaded fleet, histories and
+//! tool results prefilled cold) cold prefills waited up to 40 s at the
+//! gateway and the TTFT p99 went from 9.7 to 20.9 s (docs/BENCHMARKS.md).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::upstream::pool::Replica;
 
 /// Uncached tokens from which a prompt is a cold prefill for the gate: 256,
 /// as a prefill worth waiting for (`prefilling::HOLD_MIN_BLOCKS` blocks of
 /// 16 tokens). A request with fewer (a cached prompt's own tail, a short
 /// chat) is never held.
 pub(crate) const COLD_MIN_TOKENS: u32 = 256;
+
+/// How often a cold prefill waiting in its replica's gate looks again at
+/// whether the engine is [`pressed`] (a scrape is seconds apart: a fifth of
+/// the tests' 100 ms interval, a few hundredths of the default's).
+const PRESSED_LOOK: Duration = Duration::from_millis(20);
+
+/// The replica's engine says it is full: requests waited at its last two
+/// scrapes, or it preempted since the one before (routing's `pressed`).
+/// The gate does not apply there.
+pub(crate) fn pressed(replica: &Replica) -> bool {
+    replica.load().is_some_and(|s| s.queued || s.preempting)
+}
+
+/// Returns once the replica's engine is [`pressed`], looking every
+/// [`PRESSED_LOOK`] (for a cold prefill waiting in its gate, which then
+/// goes).
+pub(crate) async fn until_pressed(replica: &Replica) {
+    let mut every = tokio::time::interval(PRESSED_LOOK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if pressed(replica) {
+            return;
+        }
+    }
+}
 
 /// One replica's cold prefills under way from this gateway, in tokens.
 pub(crate) struct ColdGate {

@@ -709,7 +709,7 @@ impl Metrics {
             }
         }
         self.prefill_hold.get(&(model.clone(),));
-        for outcome in ["sent", "deadline"] {
+        for outcome in ["sent", "deadline", "pressed"] {
             self.cold_gate_waits.get(&(model.clone(), outcome));
         }
         self.cold_gate_wait.get(&(model.clone(),));
@@ -996,7 +996,7 @@ impl Metrics {
         );
         e.counters(
             "sluice_routing_cold_gate_waits_total",
-            "Streamed requests whose prompt their replica computes mostly afresh (256 uncached tokens or more) that waited before sending until the cold prefills this gateway had under way there (and, for a new prefix home, every gateway's placed there before it, in the shared table) left room for theirs (`routing.prefix_kv.cold_prefill_tokens`), by outcome: `sent` (room came: an earlier one gave its first token or ended), `deadline` (the request's first-token bound, or a shared table that did not answer while it waited for its turn there: then it is sent).",
+            "Streamed requests whose prompt their replica computes mostly afresh (256 uncached tokens or more) that waited before sending until the cold prefills this gateway had under way there (and, for a new prefix home, every gateway's placed there before it, in the shared table) left room for theirs (`routing.prefix_kv.cold_prefill_tokens`), by outcome: `sent` (room came: an earlier one gave its first token or ended), `deadline` (the request's first-token bound, or a shared table that did not answer while it waited for its turn there: then it is sent), `pressed` (the replica's engine said it was full meanwhile: its queue outlived a scrape, or it preempted; the gate stands aside there).",
             &self.cold_gate_waits,
             |c| c,
         );

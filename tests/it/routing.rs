@@ -1190,6 +1190,7 @@ async fn a_cold_prefill_waits_at_the_gateway_for_the_one_before_it_and_a_short_r
     ];
     for budget in [1000, 0] {
         let sim = start_sim(SimConfig::engine("tiny", 0.01).unwrap()).await;
+        calm(&sim);
         let mut c = routing_config(&[sim.url()]);
         c.routing.prefix_kv.cold_prefill_tokens = budget;
         let gw = start_routed(c, 1).await;
@@ -1261,6 +1262,95 @@ async fn a_cold_prefill_waits_at_the_gateway_for_the_one_before_it_and_a_short_r
             "{text}"
         );
     }
+}
+
+/// The simulated engine reports no queue, whatever it holds: a request its
+/// fault holds before its first token (reported as waiting) looks like one
+/// in a long prefill, as an engine shows that.
+fn calm(sim: &SimHandle) {
+    let mut c = sim.state.control();
+    c.waiting = Some(0.0);
+    sim.state.set_control(c);
+}
+
+/// The gate stands aside on a replica whose engine says it is full (its
+/// queue outlived a scrape): a cold prefill held there behind one whose
+/// first token has not come goes once the engine reports a queue, and one
+/// routed then is not held at all. (There a first token waits for room in
+/// the engine, not for the prefills ahead of it.)
+#[tokio::test]
+async fn a_cold_prefill_is_not_held_where_the_engine_says_it_is_full() {
+    let docs = [
+        "Every replica reports its queue and its cache. ".repeat(52),
+        "Each gateway paces the prompts it sends afresh. ".repeat(52),
+        "An engine that queues sets the first token's wait. ".repeat(50),
+    ];
+    let sim = start_sim(SimConfig::engine("tiny", 0.01).unwrap()).await;
+    calm(&sim);
+    let mut c = routing_config(&[sim.url()]);
+    c.routing.prefix_kv.cold_prefill_tokens = 1000;
+    // (Flow control would hold the third at the gateway, the fleet being
+    // full: this is about the gate alone.)
+    c.flow_control.enabled = false;
+    let gw = start_routed(c, 1).await;
+    let base = api(&gw);
+    let first = send_stalled(&base, &docs[0], &sim).await;
+    let second = {
+        let (base, doc) = (base.clone(), docs[1].clone());
+        tokio::spawn(async move { crate::sim::stream_chat(&base, &doc, 2).await })
+    };
+    wait_until("the second routed", Duration::from_secs(10), || async {
+        decisions(&gw).await >= 2.0
+    })
+    .await;
+    // Held: a short request is served meanwhile, the second not sent.
+    let (_, _, short) = crate::sim::stream_chat(&base, "How are you?", 2).await;
+    assert!(short["prompt_tokens"].as_u64().unwrap() < 256, "{short}");
+    assert_eq!(sim.state.metrics.received.get(), 2);
+    assert!(!second.is_finished());
+    // The engine reports a queue: once two scrapes show it, the second goes,
+    // the first still before its first token.
+    let mut full = sim.state.control();
+    full.waiting = Some(2.0);
+    sim.state.set_control(full);
+    let (_, _, usage) = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the second went when the engine said it was full")
+        .unwrap();
+    assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256, "{usage}");
+    assert!(!first.is_finished());
+    // Routed while the engine says so, a third goes at once.
+    let (_, _, usage) = tokio::time::timeout(
+        Duration::from_secs(30),
+        crate::sim::stream_chat(&base, &docs[2], 2),
+    )
+    .await
+    .expect("the third was not held");
+    assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256, "{usage}");
+    assert!(!first.is_finished());
+    let waits = |outcome: &'static str| {
+        let gw = &gw;
+        async move {
+            gateway_metric(
+                gw,
+                &format!(
+                    "sluice_routing_cold_gate_waits_total{{model=\"sim-model\",outcome=\"{outcome}\"}}"
+                ),
+            )
+            .await
+        }
+    };
+    // The second is counted as gone for the engine's word, the third not at all.
+    assert_eq!(
+        (
+            waits("pressed").await,
+            waits("sent").await,
+            waits("deadline").await
+        ),
+        (1.0, 0.0, 0.0)
+    );
+    first.abort();
+    let _ = first.await;
 }
 
 /// Through gateways sharing prefix homes, a request for a prompt whose new
