@@ -1081,6 +1081,35 @@ async fn send_stalled(base: &str, doc: &str, sim: &SimHandle) -> tokio::task::Jo
     first
 }
 
+/// Streams `doc` through the gateway in the background, once the gateway
+/// has counted `decisions` routing decisions with it (it is past routing).
+async fn send_routed(
+    base: &str,
+    doc: &str,
+    gw: &Gateway,
+    decisions_then: f64,
+) -> tokio::task::JoinHandle<(Duration, Duration, serde_json::Value)> {
+    let (base, doc) = (base.to_string(), doc.to_string());
+    let sent = tokio::spawn(async move { crate::sim::stream_chat(&base, &doc, 2).await });
+    wait_until("the request routed", Duration::from_secs(10), || async {
+        decisions(gw).await >= decisions_then
+    })
+    .await;
+    sent
+}
+
+/// Cold prefills the gateway counted as having waited in a replica's gate,
+/// by how the wait ended.
+async fn gate_waits(gw: &Gateway, outcome: &str) -> f64 {
+    gateway_metric(
+        gw,
+        &format!(
+            "sluice_routing_cold_gate_waits_total{{model=\"sim-model\",outcome=\"{outcome}\"}}"
+        ),
+    )
+    .await
+}
+
 /// The routing decisions the gateway counted for the test model.
 async fn decisions(gw: &Gateway) -> f64 {
     let (_, text) = get_text(&format!("{}/metrics", admin(gw))).await;
@@ -1197,14 +1226,7 @@ async fn a_cold_prefill_waits_at_the_gateway_for_the_one_before_it_and_a_short_r
         let base = api(&gw);
         let first = send_stalled(&base, &docs[0], &sim).await;
         // Another prompt of ~600 tokens: 1,200 under way would exceed 1,000.
-        let second = {
-            let (base, doc) = (base.clone(), docs[1].clone());
-            tokio::spawn(async move { crate::sim::stream_chat(&base, &doc, 2).await })
-        };
-        wait_until("the second routed", Duration::from_secs(10), || async {
-            decisions(&gw).await >= 2.0
-        })
-        .await;
+        let second = send_routed(&base, &docs[1], &gw, 2.0).await;
         if budget == 0 {
             wait_until(
                 "the second sent at once",
@@ -1243,18 +1265,7 @@ async fn a_cold_prefill_waits_at_the_gateway_for_the_one_before_it_and_a_short_r
             .unwrap();
         assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256, "{usage}");
         assert_eq!(sim.state.metrics.received.get(), 3);
-        let waits = |outcome: &'static str| {
-            let gw = &gw;
-            async move {
-                gateway_metric(
-                    gw,
-                    &format!(
-                        "sluice_routing_cold_gate_waits_total{{model=\"sim-model\",outcome=\"{outcome}\"}}"
-                    ),
-                )
-                .await
-            }
-        };
+        let waits = |outcome| gate_waits(&gw, outcome);
         assert_eq!((waits("sent").await, waits("deadline").await), (1.0, 0.0));
         let (_, text) = get_text(&format!("{}/metrics", admin(&gw))).await;
         assert!(
@@ -1295,14 +1306,7 @@ async fn a_cold_prefill_is_not_held_where_the_engine_says_it_is_full() {
     let gw = start_routed(c, 1).await;
     let base = api(&gw);
     let first = send_stalled(&base, &docs[0], &sim).await;
-    let second = {
-        let (base, doc) = (base.clone(), docs[1].clone());
-        tokio::spawn(async move { crate::sim::stream_chat(&base, &doc, 2).await })
-    };
-    wait_until("the second routed", Duration::from_secs(10), || async {
-        decisions(&gw).await >= 2.0
-    })
-    .await;
+    let second = send_routed(&base, &docs[1], &gw, 2.0).await;
     // Held: a short request is served meanwhile, the second not sent.
     let (_, _, short) = crate::sim::stream_chat(&base, "How are you?", 2).await;
     assert!(short["prompt_tokens"].as_u64().unwrap() < 256, "{short}");
@@ -1328,18 +1332,7 @@ async fn a_cold_prefill_is_not_held_where_the_engine_says_it_is_full() {
     .expect("the third was not held");
     assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256, "{usage}");
     assert!(!first.is_finished());
-    let waits = |outcome: &'static str| {
-        let gw = &gw;
-        async move {
-            gateway_metric(
-                gw,
-                &format!(
-                    "sluice_routing_cold_gate_waits_total{{model=\"sim-model\",outcome=\"{outcome}\"}}"
-                ),
-            )
-            .await
-        }
-    };
+    let waits = |outcome| gate_waits(&gw, outcome);
     // The second is counted as gone for the engine's word, the third not at all.
     assert_eq!(
         (
