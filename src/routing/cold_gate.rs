@@ -48,13 +48,15 @@ use crate::upstream::pool::Replica;
 pub(crate) const COLD_MIN_TOKENS: u32 = 256;
 
 /// How often a cold prefill waiting in its replica's gate looks again at
-/// whether the engine is [`pressed`] (a scrape is seconds apart: a fifth of
-/// the tests' 100 ms interval, a few hundredths of the default's).
+/// whether the engine is [`pressed`]: a fiftieth of the default 1 s scrape
+/// interval, a fifth of the tests' 100 ms (only waiting requests look).
 const PRESSED_LOOK: Duration = Duration::from_millis(20);
 
 /// The replica's engine says it is full: requests waited at its last two
-/// scrapes, or it preempted since the one before (routing's `pressed`).
-/// The gate does not apply there.
+/// scrapes, or it preempted since the one before (routing's `pressed`,
+/// read from the last sample however old: a replica whose scrapes stopped
+/// while it was full is left as without the gate). The gate does not apply
+/// there.
 pub(crate) fn pressed(replica: &Replica) -> bool {
     replica.load().is_some_and(|s| s.queued || s.preempting)
 }

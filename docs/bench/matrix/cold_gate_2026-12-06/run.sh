@@ -9,6 +9,7 @@
 # for a prompt's own prefill), the runs named `b_before`, `b_after`.
 # (`matrix.py` sets `cold_prefill_tokens` to the engines' 2,048 batched tokens a
 # step for the build after, as an operator would; the build before has no such key.)
+# BEFORE_BIN `none`: no build before (`run_peer.sh`: the gate's build beside the peer).
 # Usage: [ENGINE=b] run.sh CELL BEFORE_BIN AFTER_BIN [ROUTERS_VENV]
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
@@ -21,7 +22,7 @@ else
   model=(--dialect sglang) tag= log=${cell}.log
 fi
 for seed in 1 2 3 4 5; do
-  python3 benches/e2e/matrix.py --bin "$before" "${model[@]}" --cells "$cell" --seeds $seed \
+  [ "$before" = none ] || python3 benches/e2e/matrix.py --bin "$before" "${model[@]}" --cells "$cell" --seeds $seed \
     --cold-prefill-tokens none --only $me --requests-dir /tmp/gate_rows/${tag}before \
     --json $d/${cell}_${tag}before_seed$seed.json >> $d/$log 2>&1
   python3 benches/e2e/matrix.py --bin "$after" "${model[@]}" --cells "$cell" --seeds $seed \
