@@ -220,6 +220,15 @@ impl RequestGuard {
         }
     }
 
+    /// The current attempt, held for another's prefill, keeps that
+    /// prefill's place in the replica's cold-prefill gate until its first
+    /// token ([`Placement::sharing_gate`]).
+    pub(crate) fn sharing_gate(&mut self, slot: crate::routing::cold_gate::ColdSlot) {
+        if let Some(p) = self.placement.as_mut() {
+            p.sharing_gate(slot);
+        }
+    }
+
     /// Keep `x` until the request ends.
     pub(crate) fn hold(&mut self, x: Box<dyn std::any::Any + Send + Sync>) {
         self.held = Some(x);

@@ -642,19 +642,26 @@ struct Held<'a> {
 /// one where it covers its prompt. Counted in
 /// `sluice_routing_prefill_holds_total{outcome}` by how its last wait ended
 /// (`ended` for the request that marks it again or goes without it) and the
-/// whole wait in `sluice_routing_prefill_hold_seconds`.
+/// whole wait in `sluice_routing_prefill_hold_seconds`. A stream that goes
+/// at the prefill's first token takes that prefill's place in the
+/// replica's cold-prefill gate with it, until its own first token
+/// (`routing::cold_gate`).
 async fn hold_for_prefill(
     state: &AppState,
     guard: &RequestGuard,
     held: Held<'_>,
     mut ahead: prefilling::Ahead,
     deadline: Instant,
-) -> Option<(prefilling::PrefillMark, usize)> {
+) -> HoldEnd {
     let now = turn::fresh();
     let by = (now + state.config.upstream.timeouts.first_token).min(deadline);
     let mut retaken = None;
+    let mut gate = None;
     let outcome = loop {
         let outcome = ahead.wait(by).await;
+        if outcome == prefilling::HoldOutcome::Prefilled && held.marks {
+            gate = ahead.gate();
+        }
         if outcome != prefilling::HoldOutcome::Ended {
             break outcome;
         }
@@ -671,7 +678,16 @@ async fn hold_for_prefill(
         }
     };
     count_hold(state, guard, "own", outcome, now);
-    retaken
+    HoldEnd { retaken, gate }
+}
+
+/// How a request's hold for a prefill under way ended ([`hold_for_prefill`]).
+struct HoldEnd {
+    /// The prefill it marks again, from the block it starts at.
+    retaken: Option<(prefilling::PrefillMark, usize)>,
+    /// The prefill's place in the cold-prefill gate, kept until this
+    /// request's first token.
+    gate: Option<cold_gate::ColdSlot>,
 }
 
 /// Waits for `under_way`, another gateway's cold prefill of the request's
@@ -931,6 +947,7 @@ async fn forward(
             && input.hashes.len() >= prefilling::HOLD_MIN_BLOCKS
             && holds_for_prefill(state, &replica);
         let mut retaken = None;
+        let mut gate_share = None;
         if holds && decision.matched_blocks >= prefilling::HOLD_MIN_BLOCKS {
             let memory = state.affinity.of(&replica.name, turn::now_std());
             if let Some(ahead) = memory
@@ -943,18 +960,18 @@ async fn forward(
                     cached: decision.matched_blocks,
                     marks: inbound.stream,
                 };
-                retaken = Box::pin(hold_for_prefill(state, guard, held, ahead, deadline))
-                    .await
-                    .map(|(mark, at)| {
-                        // Cached only up to where the prefill it takes up
-                        // starts: its placement predicts what it computes.
-                        let at_tokens = u32::try_from(at)
-                            .unwrap_or(u32::MAX)
-                            .saturating_mul(input.tokens_per_block);
-                        decision.matched_blocks = at;
-                        decision.cached_tokens = decision.cached_tokens.min(at_tokens);
-                        mark
-                    });
+                let end = Box::pin(hold_for_prefill(state, guard, held, ahead, deadline)).await;
+                gate_share = end.gate;
+                retaken = end.retaken.map(|(mark, at)| {
+                    // Cached only up to where the prefill it takes up
+                    // starts: its placement predicts what it computes.
+                    let at_tokens = u32::try_from(at)
+                        .unwrap_or(u32::MAX)
+                        .saturating_mul(input.tokens_per_block);
+                    decision.matched_blocks = at;
+                    decision.cached_tokens = decision.cached_tokens.min(at_tokens);
+                    mark
+                });
             }
         } else if holds
             && guard.record.attempts == 0
@@ -1063,6 +1080,9 @@ async fn forward(
         start_attempt(state, guard, &replica, &decision, reason, &input, sent);
         if holds && inbound.stream {
             guard.prefilling(retaken);
+        }
+        if let Some(share) = gate_share {
+            guard.sharing_gate(share);
         }
         // A cold prefill waits for its place in the replica's gate (boxed:
         // only cold streams).

@@ -23,6 +23,17 @@
 //! over the budget runs alone), and gives them back at its first token or
 //! when its attempt ends ([`crate::routing::placement::Placement`]).
 //!
+//! Where requests were held for that prompt's prefill
+//! (`routing::prefilling`), its place passes to them at its first token and
+//! comes back at their first tokens (or their attempts' ends): they go to
+//! the engine at the moment the next cold prefill would, and an engine
+//! takes both into one step, so that a request whose prompt is now cached,
+//! a few dozen tokens of work, paid a whole cold prefill's step. On the
+//! matrix's slow engine (`few_keys_slow`, steps of ~470 ms with a cold
+//! prefill in them) such requests took 1,000 ms, the peer's same requests
+//! 515 ms; with the place handed on, 543 ms (docs/benchmarks-log.md,
+//! 2026-12-07).
+//!
 //! The gate stands aside on a replica whose engine says it is full
 //! ([`pressed`]: its queue outlived a scrape, or it preempts), and a cold
 //! prefill waiting there goes when that is seen. There a first token waits
@@ -91,8 +102,11 @@ impl Default for ColdGate {
     }
 }
 
-/// A cold prefill's place in the gate, given back when dropped.
-pub(crate) type ColdSlot = OwnedSemaphorePermit;
+/// A cold prefill's place in the gate, given back when the last of its
+/// holders drops it: the cold prefill until its first token, then the
+/// requests held for that prefill until theirs
+/// ([`crate::routing::prefilling`]).
+pub(crate) type ColdSlot = Arc<OwnedSemaphorePermit>;
 
 impl ColdGate {
     /// Waits until `uncached` tokens fit in `budget` beside the cold
@@ -110,6 +124,7 @@ impl ColdGate {
             .acquire_many_owned(uncached.min(budget))
             .await
             .ok()
+            .map(Arc::new)
     }
 
     /// Whether `uncached` tokens would wait now (for the caller's count).

@@ -44,7 +44,9 @@ pub(crate) struct Placement {
     /// ([`Placement::mark_prefilling`]).
     prefilling: Option<PrefillMark>,
     /// Its cold prefill's place in the replica's gate, given back at the
-    /// first token ([`Placement::gated`]).
+    /// first token ([`Placement::gated`]), or passed on there to the
+    /// requests held for its prefill; or such a request's share of that
+    /// place ([`Placement::sharing_gate`]).
     gate: Option<ColdSlot>,
     /// How long it waited in that gate before it was sent: part of the wait
     /// its placement predicted, so counted in the rate's sample.
@@ -117,13 +119,22 @@ impl Placement {
         drop(self.gate.take());
     }
 
+    /// A request held for another's prefill (`routing::prefilling`) keeps
+    /// that prefill's place in the replica's cold-prefill gate until its own
+    /// first token (`routing::cold_gate`), or until its attempt ends.
+    pub(crate) fn sharing_gate(&mut self, slot: ColdSlot) {
+        self.gate.get_or_insert(slot);
+    }
+
     fn prefilled(&mut self) {
-        drop(self.gate.take());
+        let gate = self.gate.take();
         if let Some(mark) = self.cold.take() {
             mark.prefilled();
         }
-        if let Some(mark) = self.prefilling.take() {
-            mark.prefilled();
+        // Its place in the gate passes to the requests held for its prefill.
+        match self.prefilling.take() {
+            Some(mark) => mark.prefilled(gate),
+            None => drop(gate),
         }
     }
 

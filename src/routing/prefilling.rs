@@ -35,6 +35,8 @@ use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use super::cold_gate::ColdSlot;
+
 /// Blocks (16 tokens each by default) a request must be counted cached in
 /// a prefill still under way for it to wait for that prefill: 256 tokens,
 /// whose prefill takes several engine steps' worth of compute on a GPU and
@@ -74,6 +76,11 @@ pub(crate) struct Prefill {
     done: Notify,
     /// The blocks it prefills.
     span: usize,
+    /// Its place in the replica's cold-prefill gate, left here at its first
+    /// token for the requests held for it ([`Ahead::gate`]); given back
+    /// when the last of them has taken it or stopped waiting (this is
+    /// dropped with the last [`Ahead`]).
+    gate: Mutex<Option<ColdSlot>>,
 }
 
 const RUNNING: u8 = 0;
@@ -97,6 +104,14 @@ impl Ahead {
     /// `deadline`.
     pub(crate) async fn wait(&self, deadline: tokio::time::Instant) -> HoldOutcome {
         self.prefill.wait(deadline).await
+    }
+
+    /// The prefill's place in its replica's cold-prefill gate, for a held
+    /// request that goes at its first token to keep until its own: the
+    /// next cold prefill there waits for that, not for the same engine
+    /// step (`routing::cold_gate`).
+    pub(crate) fn gate(&self) -> Option<ColdSlot> {
+        self.prefill.gate.lock().clone()
     }
 }
 
@@ -225,8 +240,11 @@ impl Prefill {
 }
 
 impl PrefillMark {
-    /// The prefill's first token came.
-    pub(crate) fn prefilled(self) {
+    /// The prefill's first token came; `gate`, its place in the replica's
+    /// cold-prefill gate, passes to the requests held for it
+    /// ([`Ahead::gate`]).
+    pub(crate) fn prefilled(self, gate: Option<ColdSlot>) {
+        *self.prefill.gate.lock() = gate;
         self.clear(PREFILLED);
     }
 
@@ -326,7 +344,7 @@ mod tests {
         let first = m.begin(&p, 0).expect("marked");
         assert!(m.begin(&p, 0).is_none());
         assert_eq!(m.len(), 1);
-        first.prefilled();
+        first.prefilled(None);
         assert_eq!(m.len(), 0);
         assert!(m.begin(&p, 0).is_some());
     }
@@ -341,7 +359,7 @@ mod tests {
         let held = m.ahead_of(&p, 64).unwrap();
         let waiting = tokio::spawn(async move { held.wait(far).await });
         tokio::task::yield_now().await;
-        mark.prefilled();
+        mark.prefilled(None);
         assert_eq!(waiting.await.unwrap(), HoldOutcome::Prefilled);
 
         let mark = m.begin(&p, 0).unwrap();
@@ -354,6 +372,36 @@ mod tests {
         let held = m.ahead_of(&p, 64).unwrap();
         let soon = tokio::time::Instant::now() + Duration::from_millis(50);
         assert_eq!(held.wait(soon).await, HoldOutcome::Deadline);
+    }
+
+    /// A prefill's place in the cold-prefill gate comes back at its first
+    /// token where nothing was held for it; else the requests held for it
+    /// take it and it comes back when the last has dropped it, or stopped
+    /// waiting.
+    #[tokio::test]
+    async fn a_prefills_place_in_the_gate_passes_to_the_requests_held_for_it() {
+        use crate::routing::cold_gate::ColdGate;
+        let gate = ColdGate::default();
+        let m = memory();
+        let p = prompt(64);
+        let far = tokio::time::Instant::now() + Duration::from_secs(30);
+        let full = |gate: &ColdGate| gate.would_wait(1024, 1024);
+
+        let mark = m.begin(&p, 0).unwrap();
+        mark.prefilled(gate.enter(1024, 1024).await);
+        assert!(!full(&gate), "nothing held: given back");
+
+        let mark = m.begin(&p, 0).unwrap();
+        let (a, b) = (m.ahead_of(&p, 64).unwrap(), m.ahead_of(&p, 64).unwrap());
+        mark.prefilled(gate.enter(1024, 1024).await);
+        assert_eq!(a.wait(far).await, HoldOutcome::Prefilled);
+        let share = a.gate().expect("the held request's share");
+        drop(a);
+        assert!(full(&gate), "kept for the other held request");
+        drop(b);
+        assert!(full(&gate), "kept by the one that took it");
+        drop(share);
+        assert!(!full(&gate), "given back with the last share");
     }
 
     #[test]

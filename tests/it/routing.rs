@@ -1050,10 +1050,10 @@ async fn a_request_for_a_prompt_being_prefilled_waits_for_it_where_the_engine_ca
     }
 }
 
-/// Streams `doc` through the gateway at `base` to `sim`, whose engine holds
-/// it a minute before starting it (so it stays before its first token),
-/// once `sim` has it: the task ends when it is aborted.
-async fn send_stalled(base: &str, doc: &str, sim: &SimHandle) -> tokio::task::JoinHandle<()> {
+/// Streams `doc` through the gateway at `base` in the background, with the
+/// simulated engine's fault `fault` (`x-sim-fault`): the task ends with the
+/// answer, or when it is aborted.
+fn send_with_fault(base: &str, doc: &str, fault: &'static str) -> tokio::task::JoinHandle<()> {
     let url = format!("{base}/v1/chat/completions");
     let body = serde_json::json!({
         "model": "sim-model",
@@ -1061,17 +1061,24 @@ async fn send_stalled(base: &str, doc: &str, sim: &SimHandle) -> tokio::task::Jo
         "max_tokens": 2,
         "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": doc}],
     });
-    let first = tokio::spawn(async move {
+    tokio::spawn(async move {
         let sent = client()
             .post(&url)
-            .header("x-sim-fault", "first_token=60s")
+            .header("x-sim-fault", fault)
             .json(&body)
             .send()
             .await;
         if let Ok(r) = sent {
             let _ = r.bytes().await;
         }
-    });
+    })
+}
+
+/// Streams `doc` through the gateway at `base` to `sim`, whose engine holds
+/// it a minute before starting it (so it stays before its first token),
+/// once `sim` has it: the task ends when it is aborted.
+async fn send_stalled(base: &str, doc: &str, sim: &SimHandle) -> tokio::task::JoinHandle<()> {
+    let first = send_with_fault(base, doc, "first_token=60s");
     wait_until(
         "the first request sent",
         Duration::from_secs(10),
@@ -1344,6 +1351,77 @@ async fn a_cold_prefill_is_not_held_where_the_engine_says_it_is_full() {
     );
     first.abort();
     let _ = first.await;
+}
+
+/// Where requests were held for a cold prefill (`hold_for_prefill`), the
+/// next cold prefill waits for their first tokens too, not only for that
+/// prefill's: released at the same moment, the engine would take them into
+/// one step, and a request whose prompt is now cached would pay a whole cold
+/// prefill's step. (The first request's engine starts it 3 s after it came,
+/// a thousand times what routing the two after it takes; the held one's a
+/// minute after.)
+#[tokio::test]
+async fn a_cold_prefill_waits_for_the_requests_held_for_the_one_before_it() {
+    let docs = [
+        "Every replica reports its queue and its cache. ".repeat(52),
+        "Each gateway paces the prompts it sends afresh. ".repeat(52),
+    ];
+    let mut cfg = SimConfig::engine("tiny", 0.01).unwrap();
+    cfg.dialect = Dialect::Sglang;
+    let sim = start_sim(cfg).await;
+    calm(&sim);
+    let mut c = routing_config(&[sim.url()]);
+    c.routing.prefix_kv.cold_prefill_tokens = 1000;
+    let gw = start_routed(c, 1).await;
+    let base = api(&gw);
+    let first = send_with_fault(&base, &docs[0], "first_token=3s");
+    wait_until("the first sent", Duration::from_secs(10), || async {
+        sim.state.metrics.received.get() >= 1
+    })
+    .await;
+    // The same prompt: held for the first's prefill.
+    let held = send_with_fault(&base, &docs[0], "first_token=60s");
+    wait_until("the held one routed", Duration::from_secs(10), || async {
+        decisions(&gw).await >= 2.0
+    })
+    .await;
+    // Another prompt: waits in the gate for the first.
+    let second = send_routed(&base, &docs[1], &gw, 3.0).await;
+    assert_eq!(sim.state.metrics.received.get(), 1, "both at the gateway");
+    // The first's first token: the held one goes, the second does not.
+    tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .expect("the first answered")
+        .unwrap();
+    wait_until("the held one sent", Duration::from_secs(10), || async {
+        sim.state.metrics.received.get() >= 2
+    })
+    .await;
+    let (_, _, short) = crate::sim::stream_chat(&base, "How are you?", 2).await;
+    assert!(short["prompt_tokens"].as_u64().unwrap() < 256, "{short}");
+    assert_eq!(
+        sim.state.metrics.received.get(),
+        3,
+        "the first, the held one and the short one reached the engine, not the second"
+    );
+    assert!(!second.is_finished());
+    let holds = gateway_metric(
+        &gw,
+        r#"sluice_routing_prefill_holds_total{model="sim-model",prefill="own",outcome="prefilled"}"#,
+    )
+    .await;
+    assert_eq!(holds, 1.0);
+    // The held one's attempt ends before its first token (its client
+    // leaves): the second goes.
+    held.abort();
+    let _ = held.await;
+    let (_, _, usage) = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the second went when the held one ended")
+        .unwrap();
+    assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256, "{usage}");
+    let waits = |outcome| gate_waits(&gw, outcome);
+    assert_eq!((waits("sent").await, waits("pressed").await), (1.0, 0.0));
 }
 
 /// Through gateways sharing prefix homes, a request for a prompt whose new

@@ -2,13 +2,14 @@
 whole-run TTFT p99 of Sluice before the cold-prefill gate (a98249c), with it,
 and sglang-router's; the peer's over Sluice's, median and worst seed.
 Usage: python3 summary.py CELL (a cell run by run_peer.sh has no build before:
-its "before" lines repeat the build after)"""
+its "before" lines repeat the build after). RUNS=DIR reads another
+directory's runs named the same way (`../held_share_2026-12-07`)."""
 import json
 import os
 import statistics
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.environ.get("RUNS") or os.path.dirname(os.path.abspath(__file__))
 
 
 def row(cell, mode, seed, name):
@@ -24,7 +25,7 @@ def row(cell, mode, seed, name):
 def main():
     cell = sys.argv[1]
     b_name, a_name = sys.argv[2:4] if len(sys.argv) > 3 else ("before", "after")
-    seeds = [s for s in range(1, 6)
+    seeds = [s for s in range(1, 16)
              if os.path.exists(os.path.join(HERE, f"{cell}_{a_name}_seed{s}.json"))]
     after_only = not os.path.exists(os.path.join(HERE, f"{cell}_{b_name}_seed{seeds[0]}.json"))
     if after_only:
