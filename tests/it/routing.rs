@@ -1105,6 +1105,42 @@ async fn send_routed(
     sent
 }
 
+/// A short request streamed through the gateway at `base` is served while
+/// `held`, a cold prefill waiting in the gate, is not sent: once it is
+/// served the engine has received `received` requests, and `held` waits on.
+async fn short_passes<T>(
+    base: &str,
+    sim: &SimHandle,
+    received: u64,
+    held: &tokio::task::JoinHandle<T>,
+) {
+    let (_, _, short) = crate::sim::stream_chat(base, "How are you?", 2).await;
+    assert!(short["prompt_tokens"].as_u64().unwrap() < 256, "{short}");
+    assert_eq!(
+        sim.state.metrics.received.get(),
+        received,
+        "the short one reached the engine, the one waiting in the gate not"
+    );
+    assert!(!held.is_finished());
+}
+
+/// Ends `blocker` (its client leaves, before its first token) and returns
+/// once `waiting`, a cold prefill waiting in the gate behind it, has been
+/// sent and answered (`why` is the message if it is not within 30 s).
+async fn goes_once_ended(
+    blocker: tokio::task::JoinHandle<()>,
+    waiting: tokio::task::JoinHandle<(Duration, Duration, serde_json::Value)>,
+    why: &str,
+) {
+    blocker.abort();
+    let _ = blocker.await;
+    let (_, _, usage) = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect(why)
+        .unwrap();
+    assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256, "{usage}");
+}
+
 /// Cold prefills the gateway counted as having waited in a replica's gate,
 /// by how the wait ended.
 async fn gate_waits(gw: &Gateway, outcome: &str) -> f64 {
@@ -1255,22 +1291,9 @@ async fn a_cold_prefill_waits_at_the_gateway_for_the_one_before_it_and_a_short_r
         }
         // A short request passes the held one: it is served while the
         // second still waits for the first.
-        let (_, _, short) = crate::sim::stream_chat(&base, "How are you?", 2).await;
-        assert!(short["prompt_tokens"].as_u64().unwrap() < 256, "{short}");
-        assert_eq!(
-            sim.state.metrics.received.get(),
-            2,
-            "the first and the short one reached the engine, not the second"
-        );
-        assert!(!second.is_finished());
+        short_passes(&base, &sim, 2, &second).await;
         // The first ends without a first token: the second goes.
-        first.abort();
-        let _ = first.await;
-        let (_, _, usage) = tokio::time::timeout(Duration::from_secs(30), second)
-            .await
-            .expect("the second was sent when the first ended")
-            .unwrap();
-        assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256, "{usage}");
+        goes_once_ended(first, second, "the second was sent when the first ended").await;
         assert_eq!(sim.state.metrics.received.get(), 3);
         let waits = |outcome| gate_waits(&gw, outcome);
         assert_eq!((waits("sent").await, waits("deadline").await), (1.0, 0.0));
@@ -1315,10 +1338,7 @@ async fn a_cold_prefill_is_not_held_where_the_engine_says_it_is_full() {
     let first = send_stalled(&base, &docs[0], &sim).await;
     let second = send_routed(&base, &docs[1], &gw, 2.0).await;
     // Held: a short request is served meanwhile, the second not sent.
-    let (_, _, short) = crate::sim::stream_chat(&base, "How are you?", 2).await;
-    assert!(short["prompt_tokens"].as_u64().unwrap() < 256, "{short}");
-    assert_eq!(sim.state.metrics.received.get(), 2);
-    assert!(!second.is_finished());
+    short_passes(&base, &sim, 2, &second).await;
     // The engine reports a queue: once two scrapes show it, the second goes,
     // the first still before its first token.
     let mut full = sim.state.control();
@@ -1397,14 +1417,8 @@ async fn a_cold_prefill_waits_for_the_requests_held_for_the_one_before_it() {
         sim.state.metrics.received.get() >= 2
     })
     .await;
-    let (_, _, short) = crate::sim::stream_chat(&base, "How are you?", 2).await;
-    assert!(short["prompt_tokens"].as_u64().unwrap() < 256, "{short}");
-    assert_eq!(
-        sim.state.metrics.received.get(),
-        3,
-        "the first, the held one and the short one reached the engine, not the second"
-    );
-    assert!(!second.is_finished());
+    // (The first, the held one and the short one reached the engine.)
+    short_passes(&base, &sim, 3, &second).await;
     let holds = gateway_metric(
         &gw,
         r#"sluice_routing_prefill_holds_total{model="sim-model",prefill="own",outcome="prefilled"}"#,
@@ -1413,13 +1427,7 @@ async fn a_cold_prefill_waits_for_the_requests_held_for_the_one_before_it() {
     assert_eq!(holds, 1.0);
     // The held one's attempt ends before its first token (its client
     // leaves): the second goes.
-    held.abort();
-    let _ = held.await;
-    let (_, _, usage) = tokio::time::timeout(Duration::from_secs(30), second)
-        .await
-        .expect("the second went when the held one ended")
-        .unwrap();
-    assert!(usage["prompt_tokens"].as_u64().unwrap() >= 256, "{usage}");
+    goes_once_ended(held, second, "the second went when the held one ended").await;
     let waits = |outcome| gate_waits(&gw, outcome);
     assert_eq!((waits("sent").await, waits("pressed").await), (1.0, 0.0));
 }
