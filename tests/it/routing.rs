@@ -1377,7 +1377,7 @@ async fn a_cold_prefill_is_not_held_where_the_engine_says_it_is_full() {
 /// next cold prefill waits for their first tokens too, not only for that
 /// prefill's: released at the same moment, the engine would take them into
 /// one step, and a request whose prompt is now cached would pay a whole cold
-/// prefill's step. (The first request's engine starts it 3 s after it came,
+/// prefill's step. (The first request's engine starts it 5 s after it came,
 /// a thousand times what routing the two after it takes; the held one's a
 /// minute after.)
 #[tokio::test]
@@ -1394,7 +1394,7 @@ async fn a_cold_prefill_waits_for_the_requests_held_for_the_one_before_it() {
     c.routing.prefix_kv.cold_prefill_tokens = 1000;
     let gw = start_routed(c, 1).await;
     let base = api(&gw);
-    let first = send_with_fault(&base, &docs[0], "first_token=3s");
+    let first = send_with_fault(&base, &docs[0], "first_token=5s");
     wait_until("the first sent", Duration::from_secs(10), || async {
         sim.state.metrics.received.get() >= 1
     })
