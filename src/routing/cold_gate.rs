@@ -30,8 +30,8 @@
 //! takes both into one step, so that a request whose prompt is now cached,
 //! a few dozen tokens of work, paid a whole cold prefill's step. On the
 //! matrix's slow engine (`few_keys_slow`, steps of ~470 ms with a cold
-//! prefill in them) such requests took 1,000 ms, the peer's same requests
-//! 515 ms; with the place handed on, 543 ms (docs/benchmarks-log.md,
+//! prefill in them) such requests took 1,004 ms, the peer's same requests
+//! 515 ms; with the place handed on, 542 ms (docs/benchmarks-log.md,
 //! 2026-12-07).
 //!
 //! The gate stands aside on a replica whose engine says it is full
