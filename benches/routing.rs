@@ -114,6 +114,7 @@ fn decision(c: &mut Criterion) {
             tail_tokens: 0,
             decode_leg: false,
             session_placement: None,
+            alone: false,
             shared_home: None,
             now: Instant::now(),
         };
@@ -153,6 +154,7 @@ fn decision(c: &mut Criterion) {
                         tail_tokens: 0,
                         decode_leg: false,
                         session_placement: None,
+                        alone: false,
                         shared_home: None,
                         now: Instant::now(),
                     };
@@ -173,6 +175,7 @@ fn decision(c: &mut Criterion) {
                         tail_tokens: 0,
                         decode_leg: false,
                         session_placement: None,
+                        alone: false,
                         shared_home: None,
                         now: Instant::now(),
                     };

@@ -213,7 +213,9 @@ pub enum RouteReason {
     /// disaggregated prefill leg's prefill replica queued and kept evicting
     /// (its session's history there probably gone) while another was open
     /// with fewer prompt tokens ahead: the session was placed anew by load
-    /// among such replicas.
+    /// among such replicas. Or, with `session_placement: auto` once another
+    /// sender shows at the engines, a session this gateway placed by
+    /// pressure while alone went back to its key's first replica.
     Rehome,
     /// Every candidate was filtered out (pressure, stale metrics, ejection):
     /// the least loaded of them was used rather than failing.

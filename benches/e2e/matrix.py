@@ -395,6 +395,17 @@ def run_one(name, cell, args, seed):
                 if v and 'outcome="' in k:
                     o = k.split('outcome="')[1].split('"')[0]
                     row["cold_gate_waits"][o] = row["cold_gate_waits"].get(o, 0) + v
+            # Whether each gateway saw only its own requests at the engines
+            # at the run's end (`sluice_routing_alone`: `session_placement:
+            # auto` then places new sessions by pressure), where the build
+            # exports it.
+            alone = []
+            for admin in ADMINS:
+                with urllib.request.urlopen(admin + "/metrics", timeout=5) as resp:
+                    alone += [int(float(line.split()[1])) for line in resp.read().decode().splitlines()
+                              if line.startswith("sluice_routing_alone ")]
+            if alone:
+                row["alone"] = alone
         return row
     finally:
         procs.stop()
@@ -477,7 +488,8 @@ def main():
                       f"hit {row['prefix_hit'] if row['prefix_hit'] is not None else '-'}{extra} | "
                       f"ok {row['ok']}/{row['requests']} | {row.get('decisions', '')}"
                       f"{' held ' + str(row['prefill_holds']) if row.get('prefill_holds') else ''}"
-                      f"{' gated ' + str(row['cold_gate_waits']) if row.get('cold_gate_waits') else ''}", flush=True)
+                      f"{' gated ' + str(row['cold_gate_waits']) if row.get('cold_gate_waits') else ''}"
+                      f"{' alone ' + str(row['alone']) if 'alone' in row else ''}", flush=True)
             out["cells"][cname] = {"cell": cell, "engine": args.engine,
                                    "cache_at": args.cache_at, "dialect": args.dialect,
                                    "runs": runs}

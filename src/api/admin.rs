@@ -76,6 +76,7 @@ pub(crate) async fn metrics(Current(state): Current, headers: http::HeaderMap) -
         .metrics
         .sessions
         .set(i64::try_from(sessions).unwrap_or(i64::MAX));
+    state.metrics.alone.set(i64::from(state.pool.alone()));
     let body = state.metrics.render(om);
     let ct = if om {
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -219,8 +220,11 @@ struct SessionsView {
     enabled: bool,
     /// `memory` (this gateway's table only) or `redis` (shared).
     store: &'static str,
-    /// Where new sessions start (`auto` resolved).
+    /// Where new sessions start (`auto` resolved, now).
     placement: crate::config::SessionPlacement,
+    /// No other sender's requests show at the replicas' engines
+    /// (`upstream::company`): what `auto` places by without a shared table.
+    alone: bool,
     /// Sessions remembered (live and not yet evicted).
     remembered: usize,
     /// Live sessions per replica.
@@ -252,6 +256,7 @@ struct ReplicaRouting {
 pub(crate) async fn routing(Current(state): Current) -> Json<RoutingView> {
     let now = std::time::Instant::now();
     let table = &state.affinity.sessions;
+    let alone = state.pool.alone();
     let per_replica = table
         .per_replica(now)
         .into_iter()
@@ -297,7 +302,9 @@ pub(crate) async fn routing(Current(state): Current) -> Json<RoutingView> {
                 .routing
                 .prefix_kv
                 .session_placement
-                .resolved(&state.config.routing.sessions),
+                .resolved(&state.config.routing.sessions)
+                .now(alone),
+            alone,
             remembered: table.len(),
             per_replica,
             recent,

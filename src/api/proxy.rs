@@ -421,6 +421,8 @@ pub(crate) struct RouteInput {
     /// The shared table's home of a prompt whose prefix this gateway holds
     /// nowhere ([`table_home`]).
     pub(crate) shared_home: Option<TableHome>,
+    /// No other sender shows at the replicas' engines (`RouteCtx::alone`).
+    alone: bool,
 }
 
 impl RouteInput {
@@ -460,6 +462,7 @@ impl RouteInput {
             .unwrap_or(16)
             .max(1),
             shared_home: None,
+            alone: state.pool.alone(),
         }
     }
 
@@ -510,6 +513,7 @@ impl RouteInput {
             tail_tokens: self.tail_tokens,
             decode_leg: false,
             session_placement: None,
+            alone: self.alone,
             shared_home: self.shared_home.as_ref().map(TableHome::shared),
             now: turn::now_std(),
         }

@@ -729,7 +729,10 @@ pub struct PrefixKvConfig {
     /// its last turn's end). The last three need one
     /// gateway or a shared session table, where the others find the
     /// session. `auto` (the default): `first_open` with
-    /// `routing.sessions.store: redis`, else `rendezvous`.
+    /// `routing.sessions.store: redis`; else `first_open` while no other
+    /// sender's requests show at the replicas' engines (their running and
+    /// waiting counts beyond this gateway's in flight: `upstream::company`),
+    /// `rendezvous` while they do or before it knows.
     pub session_placement: SessionPlacement,
     /// With `routing.sessions.store: redis`: a prompt whose prefix this
     /// gateway has not sent anywhere is looked up in the shared table, and a
@@ -805,13 +808,30 @@ pub enum SessionPlacement {
 }
 
 impl SessionPlacement {
-    /// What `auto` means for `sessions` (`first_open` where a shared table
-    /// lets every gateway find a session placed by pressure).
+    /// What `auto` means for `sessions`: `first_open` where a shared table
+    /// lets every gateway find a session placed by pressure; else `auto`
+    /// still, decided per request ([`SessionPlacement::now`]).
     pub fn resolved(self, sessions: &SessionsConfig) -> Self {
         match self {
             SessionPlacement::Auto if sessions.store == StoreKind::Redis => {
                 SessionPlacement::FirstOpen
             }
+            other => other,
+        }
+    }
+
+    /// What `auto` means now, without a shared table: `first_open` while
+    /// the gateway is `alone` (no other sender shows at the replicas'
+    /// engines: `upstream::company`), where nobody else looks for a session
+    /// by its key; else `rendezvous`, which every gateway computes alike.
+    /// (With one gateway and `rendezvous`, a replica given a few sessions
+    /// too many queues, its sessions last longer and pile up there: on
+    /// heavy-tailed sessions one replica held 47-90% of the requests in
+    /// flight, TTFT p99 10-15 s; `first_open` 4.8-7.4 s in the same seeds;
+    /// docs/BENCHMARKS.md, routing.)
+    pub fn now(self, alone: bool) -> Self {
+        match self {
+            SessionPlacement::Auto if alone => SessionPlacement::FirstOpen,
             SessionPlacement::Auto => SessionPlacement::Rendezvous,
             other => other,
         }

@@ -167,6 +167,12 @@ pub struct Affinity {
     /// the policy: the doctor's evidence that routing scatters prompts that
     /// share a prefix (`sluice_backend_prefix_elsewhere_total`).
     pub(crate) home_prefixes: Sessions,
+    /// Sessions this gateway placed by pressure off their key's first
+    /// replica while it was the engines' only sender (`session_placement:
+    /// auto`, `upstream::company`) -> that replica: once another sender
+    /// shows, each goes back to its key's first, where other gateways send
+    /// it. A quarter of `sessions`' capacity (only such sessions are kept).
+    pub(crate) placed_by_pressure: Sessions,
 }
 
 impl Affinity {
@@ -184,6 +190,7 @@ impl Affinity {
             responses: Sessions::new(responses.0, responses.1),
             limits: [sessions, responses],
             home_prefixes: Sessions::new(4096, Duration::from_secs(600)),
+            placed_by_pressure: Sessions::new((sessions.0 / 4).max(1024), sessions.1),
         })
     }
 

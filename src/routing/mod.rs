@@ -111,6 +111,11 @@ pub struct RouteCtx<'a> {
     /// says (`routing.prefix_kv.session_placement`): a disaggregated
     /// prefill leg's (`routing.disaggregation.session_placement`).
     pub session_placement: Option<crate::config::SessionPlacement>,
+    /// No other sender shows at the replicas' engines
+    /// (`upstream::company`): `session_placement: auto` places a new
+    /// session by pressure, as `first_open`, where no other gateway would
+    /// look for it by its key.
+    pub alone: bool,
     /// What the shared table says of a prompt whose prefix no candidate
     /// holds in this gateway's index (`RoutingPolicy::new_home`): its home.
     pub shared_home: Option<SharedHome<'a>>,

@@ -25,7 +25,10 @@
 //!      where another gateway put it. Its history counts as cached there.
 //!      With `session_placement: least_loaded` (one gateway), a new session
 //!      (or one unknown here) goes instead to the open replica that served
-//!      the fewest sessions lately (`affinity::SessionsHere`);
+//!      the fewest sessions lately (`affinity::SessionsHere`); with
+//!      `first_open`, and with `auto` while this gateway is the engines'
+//!      only sender (`RouteCtx::alone`), to the first open one in its
+//!      key's order;
 //!    - without: the prompt's home by its first `home_blocks` block hashes
 //!      with bounded loads (the first in that order whose in-flight count is
 //!      within `load_factor` x the mean), so requests that share a prefix
@@ -592,7 +595,9 @@ impl PrefixKv {
     /// Where a new session starts: the request's own placement (a
     /// disaggregated prefill leg's) or the policy's.
     fn placement(&self, ctx: &RouteCtx<'_>) -> SessionPlacement {
-        ctx.session_placement.unwrap_or(self.cfg.session_placement)
+        ctx.session_placement
+            .unwrap_or(self.cfg.session_placement)
+            .now(ctx.alone)
     }
 
     fn tokens_per_block(&self) -> u32 {
@@ -696,10 +701,7 @@ impl PrefixKv {
         // sessions, 31 moves, 8 sessions moved twice or more).
         // (A prefill leg is the one request that brings its own placement.)
         let prefill_leg = ctx.session_placement.is_some();
-        let by_load = !matches!(
-            placement,
-            SessionPlacement::Rendezvous | SessionPlacement::Auto
-        );
+        let by_load = placement != SessionPlacement::Rendezvous;
         let lost = |i: usize| {
             prefill_leg
                 && by_load
@@ -710,9 +712,24 @@ impl PrefixKv {
                     v.blocked == Blocked::No && v.pressed == Blocked::No && v.ahead < views[i].ahead
                 })
         };
+        // `auto` (its own, not a prefill leg's): placed by pressure while
+        // this gateway is the engines' only sender (`RouteCtx::alone`).
+        // Once another sender shows, a session it placed so off its key's
+        // first replica, still there, goes back to the key's first alive,
+        // where the other gateways send it (its next turn re-prefills its
+        // history once); left where it is, the gateways would alternate it
+        // between two replicas for the rest of its life.
+        let auto =
+            ctx.session_placement.is_none() && self.cfg.session_placement == SessionPlacement::Auto;
+        let by_pressure = &self.affinity.placed_by_pressure;
+        let regather = |i: usize| {
+            auto && !ctx.alone
+                && by_pressure.get(s.key, ctx.now).as_ref() == Some(&candidates[i].name)
+        };
         if let Some(i) = here
             && views[i].blocked != Blocked::Stale
             && !lost(i)
+            && !regather(i)
         {
             return Some(Home {
                 index: i,
@@ -810,17 +827,27 @@ impl PrefixKv {
                 });
             }
             Some(i) if lost(i) => RouteReason::Rehome,
+            Some(i) if views[i].blocked != Blocked::Stale && regather(i) => {
+                by_pressure.forget(s.key);
+                RouteReason::Rehome
+            }
             Some(i) if views[i].blocked != Blocked::No => views[i].blocked.spill(),
             _ => RouteReason::SessionNew,
         };
+        if auto && ctx.alone {
+            // Placed off its key's first replica alive by pressure: noted,
+            // to go back there once another sender shows (above).
+            if order.iter().copied().find(alive) != Some(first) {
+                by_pressure.place(s.key, &candidates[first].name, ctx.now);
+            } else {
+                by_pressure.forget(s.key);
+            }
+        }
         let moved = known.is_some();
         // A session that continues and is unknown here was placed there by
         // another gateway: its history is there too (not so when placed by
         // load: nothing says where its history is).
-        let by_key = matches!(
-            placement,
-            SessionPlacement::Rendezvous | SessionPlacement::Auto
-        );
+        let by_key = placement == SessionPlacement::Rendezvous;
         let history = if known.is_none() && by_key {
             history
         } else {
@@ -1111,6 +1138,7 @@ mod tests {
             tail_tokens: 0,
             decode_leg,
             session_placement: None,
+            alone: false,
             shared_home: None,
             now: Instant::now(),
         };
@@ -1152,6 +1180,7 @@ mod tests {
             tail_tokens: 10,
             decode_leg: false,
             session_placement: None,
+            alone: false,
             shared_home: None,
             now,
         }
@@ -1273,6 +1302,7 @@ mod tests {
         // A disaggregated prefill leg: it brings its own placement.
         let leg = |key: u64, continuing: bool, now: Instant| RouteCtx {
             session_placement: Some(SessionPlacement::LeastLoaded),
+            alone: false,
             ..session_turn(key, continuing, now)
         };
         let evicting = |p: &PrefixKv, r: &ReplicaView, now: Instant| {
@@ -1370,6 +1400,7 @@ mod tests {
             let r = placing(placement);
             let turn = |continuing: bool| RouteCtx {
                 session_placement: own,
+                alone: false,
                 ..session_turn(7, continuing, now)
             };
             let mut reps = replicas(2);
@@ -1394,6 +1425,7 @@ mod tests {
         let now = Instant::now();
         let leg = |key: u64| RouteCtx {
             session_placement: Some(SessionPlacement::LeastLoaded),
+            alone: false,
             ..session_turn(key, false, now)
         };
         // Keys whose rendezvous order starts on one replica: by key, all there.
@@ -1442,6 +1474,48 @@ mod tests {
         }
         let o = order(99, &reps);
         assert_eq!(p.pick(&ctx(99, false), &reps).unwrap().index, o[0]);
+    }
+
+    #[test]
+    fn auto_placement_starts_sessions_past_pressed_replicas_only_while_alone() {
+        let mut reps = replicas(4);
+        let p = placing(SessionPlacement::Auto);
+        let now = Instant::now();
+        for key in 0..16u64 {
+            let o = order(key, &reps);
+            for (i, r) in reps.iter_mut().enumerate() {
+                r.load = Some(sample(0.1, if i == o[0] { 20.0 } else { 0.0 }));
+            }
+            // In company: the key's first, whatever its pressure.
+            let d = p.pick(&session_turn(key, false, now), &reps).unwrap();
+            assert_eq!(d.index, o[0], "key {key}");
+            // Alone: past it (a new key: the first is remembered).
+            let alone = RouteCtx {
+                alone: true,
+                ..session_turn(key + 1000, false, now)
+            };
+            let o = order(key + 1000, &reps);
+            for (i, r) in reps.iter_mut().enumerate() {
+                r.load = Some(sample(0.1, if i == o[0] { 20.0 } else { 0.0 }));
+            }
+            assert_eq!(p.pick(&alone, &reps).unwrap().index, o[1], "key {key}");
+            // Its next turn stays there while the gateway is alone...
+            let next = RouteCtx {
+                alone: true,
+                ..session_turn(key + 1000, true, now)
+            };
+            assert_eq!(p.pick(&next, &reps).unwrap().index, o[1]);
+            // ...and goes back to the key's first once another sender shows
+            // (where the other gateways send it), then stays.
+            let next = session_turn(key + 1000, true, now);
+            let d = p.pick(&next, &reps).unwrap();
+            assert_eq!(
+                (d.index, d.reason),
+                (o[0], RouteReason::Rehome),
+                "key {key}"
+            );
+            assert_eq!(p.pick(&next, &reps).unwrap().index, o[0]);
+        }
     }
 
     #[test]
@@ -1690,6 +1764,7 @@ mod tests {
             tail_tokens: 0,
             decode_leg: false,
             session_placement: None,
+            alone: false,
             shared_home: None,
             now: Instant::now(),
         };

@@ -104,6 +104,8 @@ pub struct BackendSeries {
     pub gpu_memory: FloatGauge,
     /// The engine's own preemption counter (vLLM `num_preemptions_total`).
     pub preemptions: FloatGauge,
+    /// Requests the engine held at the last scrape beyond this gateway's.
+    pub elsewhere: Gauge,
     /// Nanoseconds since [`epoch`] of the last successful scrape (0: none yet).
     scraped_at: AtomicU64,
 }
@@ -136,6 +138,7 @@ impl BackendSeries {
             // A counter reads 0 until the engine reports one (and stays 0
             // for engines that report none), never absent.
             preemptions: FloatGauge::new(0.0),
+            elsewhere: Gauge::default(),
             scraped_at: AtomicU64::new(0),
         }
     }
@@ -350,6 +353,9 @@ pub struct Metrics {
     /// Whether replicas' metrics are scraped (`routing.metrics.enabled`);
     /// without scraping their metrics age is NaN, not +Inf (nothing is stale).
     pub scraping: AtomicBool,
+    /// 1 while no other sender's requests show at the replicas' engines
+    /// (the pool's `Company`; set when `/metrics` is rendered).
+    pub alone: Gauge,
     pub started: Instant,
     /// What series exist at zero from the start (see [`KnownLabels`]), and
     /// the models they were made for. Read and written at setup and when the
@@ -627,6 +633,7 @@ impl Metrics {
             backends_healthy: Gauge::default(),
             model_replicas_healthy: Family::new(&["model"], Gauge::default),
             scraping: AtomicBool::new(true),
+            alone: Gauge::default(),
             started: Instant::now(),
             known: parking_lot::Mutex::new((KnownLabels::default(), Vec::new())),
         }
@@ -941,6 +948,12 @@ impl Metrics {
             |c| c,
         );
         e.single(
+            "sluice_routing_alone",
+            "1 while no other sender's requests show at the replicas' engines (their running and waiting counts beyond this gateway's in flight, over 30 scrapes with its own requests there and 5 minutes since the last sighting), else 0: routing.prefix_kv.session_placement auto then places new sessions by pressure (first_open) without a shared table.",
+            Kind::Gauge,
+            self.alone.get() as f64,
+        );
+        e.single(
             "sluice_routing_sessions",
             "Sessions this gateway remembers (each maps a conversation to its replica).",
             Kind::Gauge,
@@ -1125,6 +1138,12 @@ impl Metrics {
             "Requests running in the replica's batch, from its own /metrics.",
             &self.backends,
             |s| s.running.get(),
+        );
+        e.gauges(
+            "sluice_backend_requests_elsewhere",
+            "Requests the replica's engine ran or held at the last scrape beyond this gateway's in flight there: other gateways' or clients' (0 where the engine does not report both counts).",
+            &self.backends,
+            |s| s.elsewhere.get() as f64,
         );
         e.gauges(
             "sluice_backend_prefix_cache_hit_ratio",

@@ -2,6 +2,7 @@
 //! and the health checks that keep the pool's view current.
 
 pub(crate) mod client;
+pub mod company;
 pub(crate) mod conn;
 pub(crate) mod discovery;
 pub(crate) mod health;

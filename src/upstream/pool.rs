@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use http::HeaderValue;
 
+use super::company::Company;
 use super::conn::{ConnPool, UpstreamTls};
 use super::signals::{Ewma, LoadSample};
 use crate::config::{BackendConfig, Config, EnginePriority, OutlierConfig, Role, UpstreamConfig};
@@ -105,6 +106,8 @@ pub struct Replica {
     /// Requests other gateways had running or waiting here at the last
     /// scrape: the engine's count beyond this gateway's in-flight then.
     others: AtomicU32,
+    /// The gateway's view of other senders, told at each scrape.
+    company: Arc<Company>,
     /// Of this gateway's requests in flight here, those picked for it as
     /// their decode replica whose remote prefill has not answered yet (the
     /// endpoint picker's: the decode replica's sidecar sends them to its
@@ -219,6 +222,7 @@ impl Replica {
             learned_seats: AtomicU32::new(0),
             leaving: AtomicU32::new(0),
             others: AtomicU32::new(0),
+            company: Arc::default(),
             awaiting_prefill: AtomicU32::new(0),
             engine_priority: b.engine_priority,
             dcgm: b.dcgm_url.as_ref().map(|u| u.to_string()),
@@ -226,6 +230,13 @@ impl Replica {
             bootstrap_port: b.bootstrap_port,
             glance: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// The gateway's view of other senders this replica's scrapes tell
+    /// (the pool's, shared by its replicas).
+    fn with_company(mut self, company: &Arc<Company>) -> Self {
+        self.company = company.clone();
+        self
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -279,8 +290,14 @@ impl Replica {
         s.prefix_elsewhere = Some(self.series.prefix_elsewhere.get() as f64);
         if let (Some(r), Some(w)) = (s.running, s.waiting) {
             let seen = (r + w).round().max(0.0) as u32;
-            self.others
-                .store(seen.saturating_sub(self.in_flight_at_engine()), Relaxed);
+            let ours = self.in_flight_at_engine();
+            if !again {
+                self.company.note(seen, ours, s.at);
+            }
+            self.others.store(seen.saturating_sub(ours), Relaxed);
+            self.series
+                .elsewhere
+                .set(i64::from(seen.saturating_sub(ours)));
         }
         let exported = ScrapedLoad {
             kv_usage: s.kv_usage,
@@ -564,6 +581,9 @@ pub struct Pool {
     /// their replicas is there, not 404).
     declared: Vec<Arc<str>>,
     metrics: Arc<Metrics>,
+    /// Whether other senders' requests show at the replicas' engines,
+    /// told by every replica's scrapes (`upstream::company`).
+    company: Arc<Company>,
 }
 
 /// How the connections to an `https://` replica at `host` are made: the
@@ -618,13 +638,16 @@ impl Pool {
             .scraping
             .store(config.routing.metrics.enabled, Relaxed);
         let old = previous.map(|p| p.replicas()).unwrap_or_default();
+        // (What the engines said of other senders outlives a reload.)
+        let company = previous.map(|p| p.company.clone()).unwrap_or_default();
         // Replicas can be carried over whole only if they would be built alike.
         let reusable = previous.is_some_and(|p| p.upstream == config.upstream);
         // The replica for `b` from `source`: the old one if nothing about it
         // changed; else a new one that starts from the old one's health and
         // models (a reload must not make a healthy replica look unknown).
         let place = |b: &BackendConfig, source: Option<usize>| {
-            let fresh = Replica::from_config(b, source, &config.upstream, &metrics);
+            let fresh =
+                Replica::from_config(b, source, &config.upstream, &metrics).with_company(&company);
             match old
                 .iter()
                 .find(|r| r.source == source && r.name == fresh.name)
@@ -690,9 +713,16 @@ impl Pool {
                     .collect()
             },
             metrics,
+            company,
         };
         pool.rebuild_index();
         pool
+    }
+
+    /// This gateway is the only sender its replicas' engines show
+    /// (`upstream::company`).
+    pub fn alone(&self) -> bool {
+        self.company.alone(Instant::now())
     }
 
     /// The current replicas (a snapshot; discovery may change the list).
@@ -724,12 +754,10 @@ impl Pool {
         for b in wanted {
             match mine.iter().find(|r| *r.name == *b.label()) {
                 Some(r) => next.push((*r).clone()),
-                None => next.push(Arc::new(Replica::from_config(
-                    b,
-                    Some(source),
-                    &self.upstream,
-                    &self.metrics,
-                ))),
+                None => next.push(Arc::new(
+                    Replica::from_config(b, Some(source), &self.upstream, &self.metrics)
+                        .with_company(&self.company),
+                )),
             }
         }
         let names: Vec<Arc<str>> = next.iter().map(|r| r.name.clone()).collect();

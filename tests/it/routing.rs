@@ -1053,7 +1053,7 @@ async fn a_request_for_a_prompt_being_prefilled_waits_for_it_where_the_engine_ca
 /// Streams `doc` through the gateway at `base` in the background, with the
 /// simulated engine's fault `fault` (`x-sim-fault`): the task ends with the
 /// answer, or when it is aborted.
-fn send_with_fault(base: &str, doc: &str, fault: &'static str) -> tokio::task::JoinHandle<()> {
+pub fn send_with_fault(base: &str, doc: &str, fault: &'static str) -> tokio::task::JoinHandle<()> {
     let url = format!("{base}/v1/chat/completions");
     let body = serde_json::json!({
         "model": "sim-model",

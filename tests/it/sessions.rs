@@ -11,8 +11,8 @@ use sluice::sim::SimHandle;
 
 use crate::common::*;
 use crate::routing::{
-    backend, reasons, routing_config, served_by, shared_table, sims, start_routed, until_backend,
-    urls,
+    backend, reasons, routing_config, send_with_fault, served_by, shared_table, sims, start_routed,
+    until_backend, urls,
 };
 
 /// Turn `turn` of conversation `s`: no shared prefix to lean on (the
@@ -150,6 +150,18 @@ async fn three_gateways_agree_on_every_sessions_replica() {
     }
 }
 
+/// `sim`'s engine runs out of KV blocks (it preempts, scrape after
+/// scrape); returns once the gateway `gw` has seen it.
+async fn preempting(gw: &Gateway, sim: &SimHandle) {
+    let mut c = sim.state.control();
+    c.preempting = true;
+    sim.state.set_control(c);
+    until_backend(gw, "pressure seen", |v| {
+        backend(v, sim)["preempting"] == true
+    })
+    .await;
+}
+
 /// With one gateway (`session_placement: least_loaded`): new sessions avoid
 /// a pressed replica. (The default, `rendezvous`, places by the key alone,
 /// so that every gateway finds a session where another placed it.)
@@ -167,14 +179,7 @@ async fn a_saturated_replica_keeps_its_sessions_and_sheds_new_ones() {
         placed.push((id.clone(), with_id(&url, &sims, &turn(s, 0), &id).await));
     }
     let full = placed[0].1;
-    // Its engine runs out of KV blocks (it preempts, scrape after scrape).
-    let mut c = sims[full].state.control();
-    c.preempting = true;
-    sims[full].state.set_control(c);
-    until_backend(&gw, "pressure seen", |v| {
-        backend(v, &sims[full])["preempting"] == true
-    })
-    .await;
+    preempting(&gw, &sims[full]).await;
     // Its own sessions stay (their history is there)...
     for (s, (id, home)) in placed.iter().enumerate().filter(|(_, (_, h))| *h == full) {
         assert_eq!(
@@ -191,6 +196,121 @@ async fn a_saturated_replica_keeps_its_sessions_and_sheds_new_ones() {
             full,
             "new session {id} on the full replica"
         );
+    }
+}
+
+/// `session_placement: auto` without a shared table: by the key's order
+/// (`rendezvous`, what every gateway computes alike) until the replicas'
+/// engines have shown this gateway's requests and nobody else's; then new
+/// sessions skip a pressed replica (`first_open`). Requests of another
+/// sender at an engine make it place by the key again.
+#[tokio::test]
+async fn auto_places_by_pressure_only_while_the_engines_show_no_other_sender() {
+    let sims = sims(3).await;
+    let gw = start_routed(routing_config(&urls(&sims)), 3).await;
+    let url = api(&gw);
+    let routing = || async {
+        let (_, text) = get_text(&format!("{}/admin/routing", admin(&gw))).await;
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["sessions"].clone()
+    };
+    let alone = |want: bool| {
+        let url = format!("{}/admin/routing", admin(&gw));
+        wait_until(
+            if want { "alone" } else { "in company" },
+            Duration::from_secs(20),
+            move || {
+                let url = url.clone();
+                async move {
+                    let (_, text) = get_text(&url).await;
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    v["sessions"]["alone"] == want
+                }
+            },
+        )
+    };
+    let v = routing().await;
+    assert_eq!(
+        (&v["alone"], &v["placement"]),
+        (&serde_json::json!(false), &serde_json::json!("rendezvous")),
+        "{v}"
+    );
+    // Requests of its own at the engines while they are scraped, 10 a
+    // replica (each held 5 s before its first token): engines that busy
+    // would show another gateway's share.
+    let ours: Vec<_> = (0..30)
+        .map(|i| send_with_fault(&url, &format!("Our question {i}."), "first_token=5s"))
+        .collect();
+    alone(true).await;
+    assert_eq!(routing().await["placement"], "first_open");
+    assert_eq!(gateway_metric(&gw, "sluice_routing_alone").await, 1.0);
+    // One engine runs out of KV blocks: no new session starts there.
+    let p = 0;
+    preempting(&gw, &sims[p]).await;
+    for s in 0..40 {
+        let id = format!("alone-{s}");
+        assert_ne!(with_id(&url, &sims, &turn(s, 0), &id).await, p, "{id}");
+    }
+    // Another sender's requests at the other replicas' engines.
+    let theirs: Vec<_> = (1..3)
+        .flat_map(|i| (0..4).map(move |j| (i, j)))
+        .map(|(i, j)| {
+            send_with_fault(
+                &sims[i].url(),
+                &format!("Their question {j}."),
+                "first_token=5s",
+            )
+        })
+        .collect();
+    // Seen at the next scrapes (and counted: the engine's count beyond
+    // this gateway's in flight there).
+    let metrics = format!("{}/metrics", admin(&gw));
+    let series: Vec<String> = sims[1..]
+        .iter()
+        .map(|s| {
+            format!(
+                "sluice_backend_requests_elsewhere{{backend=\"{}\"}}",
+                s.addr
+            )
+        })
+        .collect();
+    wait_until("their requests seen", Duration::from_secs(20), || {
+        let (metrics, series) = (metrics.clone(), series.clone());
+        async move {
+            let (_, text) = get_text(&metrics).await;
+            series
+                .iter()
+                .any(|s| metric(&text, s).unwrap_or(0.0) >= 2.0)
+        }
+    })
+    .await;
+    let v = routing().await;
+    assert_eq!(
+        (&v["alone"], &v["placement"]),
+        (&serde_json::json!(false), &serde_json::json!("rendezvous")),
+        "{v}"
+    );
+    assert_eq!(gateway_metric(&gw, "sluice_routing_alone").await, 0.0);
+    // By the key again: some of forty new sessions start on the pressed
+    // replica (each has one chance in three).
+    let mut there = 0;
+    for s in 100..140 {
+        let id = format!("company-{s}");
+        there += usize::from(with_id(&url, &sims, &turn(s, 0), &id).await == p);
+    }
+    assert!(there > 0);
+    // The sessions it placed by pressure while alone go back to their key's
+    // first replica (the pressed one, for some), where another gateway
+    // would send them: counted as `rehome`; the others stay.
+    let mut back = 0;
+    for s in 0..40 {
+        let id = format!("alone-{s}");
+        back += usize::from(with_id(&url, &sims, &turn(s, 1), &id).await == p);
+    }
+    assert!(back > 0);
+    assert_eq!(reasons(&gw, "rehome").await, back as f64);
+    for t in ours.into_iter().chain(theirs) {
+        t.abort();
     }
 }
 

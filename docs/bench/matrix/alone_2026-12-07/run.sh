@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# `session_placement: auto` with one gateway and no shared table places new
+# sessions by pressure (`first_open`) while the replicas' engines show no
+# other sender (`upstream::company`). Measured per seed on `sessions` with
+# vllm-router `consistent_hash` in the same runs, and on `sessions_3gw`
+# (three gateways behind nginx: `auto` must stay `rendezvous` there, every
+# turn on its session's replica).
+# Usage: run.sh CELL BIN "SEEDS" [ROUTERS...]   (ROUTERS default: sluice)
+# The runs in BENCHMARKS.md: `run.sh sessions_3gw BIN "1"`, then
+# `run.sh sessions BIN "1 2 3 4 5" sluice vllm-consistent_hash`.
+set -u
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
+d=docs/bench/matrix/alone_2026-12-07
+cell=$1 bin=$2 seeds=$3
+shift 3
+only=${*:-sluice}
+for seed in $seeds; do
+  echo "# $cell seed $seed $(date -u +%FT%TZ) $(git rev-parse --short HEAD)" >> $d/$cell.log
+  python3 benches/e2e/matrix.py --bin "$bin" --routers-venv /tmp/routers --cells "$cell" \
+    --seeds $seed --only $only --requests-dir /tmp/alone_rows/$cell \
+    --json $d/${cell}_seed$seed.json >> $d/$cell.log 2>&1
+done
+echo "ALONE_RUN_DONE $cell $seeds" >> $d/$cell.log
