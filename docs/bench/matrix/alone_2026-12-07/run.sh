@@ -5,19 +5,22 @@
 # vllm-router `consistent_hash` in the same runs, and on `sessions_3gw`
 # (three gateways behind nginx: `auto` must stay `rendezvous` there, every
 # turn on its session's replica).
-# Usage: run.sh CELL BIN "SEEDS" [ROUTERS...]   (ROUTERS default: sluice)
+# Usage: [TAG=name] run.sh CELL BIN "SEEDS" [ROUTERS...]   (ROUTERS default:
+# sluice; TAG names the runs' files apart: CELL_TAG_seedN.json, CELL_TAG.log)
 # The runs in BENCHMARKS.md: `run.sh sessions_3gw BIN "1"`, then
-# `run.sh sessions BIN "1 2 3 4 5" sluice vllm-consistent_hash`.
+# `run.sh sessions BIN "1 2 3 4 5" sluice vllm-consistent_hash`; with the
+# build after the review (13e9b76): `TAG=final run.sh sessions_3gw BIN "1"` and
+# `TAG=final run.sh sessions BIN "5" sluice vllm-consistent_hash`.
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 d=docs/bench/matrix/alone_2026-12-07
-cell=$1 bin=$2 seeds=$3
+cell=$1 bin=$2 seeds=$3 tag=${TAG:+_$TAG}
 shift 3
 only=${*:-sluice}
 for seed in $seeds; do
-  echo "# $cell seed $seed $(date -u +%FT%TZ) $(git rev-parse --short HEAD)" >> $d/$cell.log
+  echo "# $cell seed $seed $(date -u +%FT%TZ) $(git rev-parse --short HEAD)" >> $d/$cell$tag.log
   python3 benches/e2e/matrix.py --bin "$bin" --routers-venv /tmp/routers --cells "$cell" \
-    --seeds $seed --only $only --requests-dir /tmp/alone_rows/$cell \
-    --json $d/${cell}_seed$seed.json >> $d/$cell.log 2>&1
+    --seeds $seed --only $only --requests-dir /tmp/alone_rows/$cell$tag \
+    --json $d/${cell}${tag}_seed$seed.json >> $d/$cell$tag.log 2>&1
 done
-echo "ALONE_RUN_DONE $cell $seeds" >> $d/$cell.log
+echo "ALONE_RUN_DONE $cell $seeds" >> $d/$cell$tag.log
