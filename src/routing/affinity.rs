@@ -173,6 +173,10 @@ pub struct Affinity {
     /// shows, each goes back to its key's first, where other gateways send
     /// it. A quarter of `sessions`' capacity (only such sessions are kept).
     pub(crate) placed_by_pressure: Sessions,
+    /// A session has been placed by pressure since start: until then
+    /// `placed_by_pressure` is not read (a gateway never alone takes none
+    /// of its locks on a session's turns).
+    pub(crate) any_by_pressure: std::sync::atomic::AtomicBool,
 }
 
 impl Affinity {
@@ -191,6 +195,7 @@ impl Affinity {
             limits: [sessions, responses],
             home_prefixes: Sessions::new(4096, Duration::from_secs(600)),
             placed_by_pressure: Sessions::new((sessions.0 / 4).max(1024), sessions.1),
+            any_by_pressure: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -722,8 +722,10 @@ impl PrefixKv {
         let auto =
             ctx.session_placement.is_none() && self.cfg.session_placement == SessionPlacement::Auto;
         let by_pressure = &self.affinity.placed_by_pressure;
+        let any_by_pressure = &self.affinity.any_by_pressure;
         let regather = |i: usize| {
             auto && !ctx.alone
+                && any_by_pressure.load(std::sync::atomic::Ordering::Relaxed)
                 && by_pressure.get(s.key, ctx.now).as_ref() == Some(&candidates[i].name)
         };
         if let Some(i) = here
@@ -838,8 +840,9 @@ impl PrefixKv {
             // Placed off its key's first replica alive by pressure: noted,
             // to go back there once another sender shows (above).
             if order.iter().copied().find(alive) != Some(first) {
+                any_by_pressure.store(true, std::sync::atomic::Ordering::Relaxed);
                 by_pressure.place(s.key, &candidates[first].name, ctx.now);
-            } else {
+            } else if any_by_pressure.load(std::sync::atomic::Ordering::Relaxed) {
                 by_pressure.forget(s.key);
             }
         }
