@@ -10,7 +10,11 @@
 # The runs in BENCHMARKS.md: `run.sh sessions_3gw BIN "1"`, then
 # `run.sh sessions BIN "1 2 3 4 5" sluice vllm-consistent_hash`; with the
 # build after the review (13e9b76): `TAG=final run.sh sessions_3gw BIN "1"` and
-# `TAG=final run.sh sessions BIN "5" sluice vllm-consistent_hash`.
+# `TAG=final run.sh sessions BIN "5" sluice vllm-consistent_hash`; heavy-tailed
+# sessions at 3026bcf: `TAG=final run.sh sessions_heavy BIN "1 2 3 5" sluice
+# vllm-consistent_hash` (seed 5 stopped unfinished); with a build of
+# leave_lost_history.patch (not landed): `TAG=half run.sh sessions_heavy BIN "3"`
+# (`TAG=lost`: the patch without its in-flight bound).
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 d=docs/bench/matrix/alone_2026-12-07
