@@ -689,10 +689,10 @@ impl PrefixKv {
         // replicas: one replica's cache lost its sessions' histories and took
         // 36,000 uncached tokens in 2 s, turns waiting 3-5 s, while the other
         // took 1,300: TTFT p99 0.45x vllm-router's in that seed, 1.26x with
-        // this.) Not on a mixed fleet, where the session's decode and KV
-        // move with it: on heavy-tailed sessions through three gateways every
-        // replica queued and evicted by turns, and 700 of 2,477 turns moved
-        // (58.7% sticky); docs/benchmarks-log.md.
+        // this.) Not on a mixed fleet through several gateways, where the
+        // session's decode and KV move with it: on heavy-tailed sessions
+        // through three gateways every replica queued and evicted by turns,
+        // and 700 of 2,477 turns moved (58.7% sticky); docs/benchmarks-log.md.
         // It leaves only for a replica with fewer prompt tokens ahead (its
         // engine's queue, or this gateway's prefills pending there): there
         // the turn's whole prompt waits less than here. Without it, four
@@ -700,16 +700,38 @@ impl PrefixKv {
         // histories that evicted two sessions there (seed 5 of 12 agentic
         // sessions, 31 moves, 8 sessions moved twice or more).
         // (A prefill leg is the one request that brings its own placement.)
+        //
+        // So does a session of a mixed fleet under `auto` while this gateway
+        // is the engines' only sender (`RouteCtx::alone`): no other gateway
+        // looks for it, and its history, evicted, is prefilled whole at its
+        // next turn wherever it goes. (Heavy-tailed sessions, one gateway:
+        // the last long sessions stayed on one replica whose engine queued
+        // and evicted their histories by turns for 15 minutes while two
+        // replicas ran nothing; busiest's share of in flight 0.58, TTFT p99
+        // 16.6 s. Leaving: 8.9 s, and the p99 lower in all ten seeds of two
+        // session cells, 94.2-98.6% of turns staying; docs/BENCHMARKS.md,
+        // routing.)
         let prefill_leg = ctx.session_placement.is_some();
         let by_load = placement != SessionPlacement::Rendezvous;
+        let auto =
+            ctx.session_placement.is_none() && self.cfg.session_placement == SessionPlacement::Auto;
+        // Where it may go from `home`: fewer prompt tokens ahead; for a
+        // mixed fleet's session also at most half this gateway's requests
+        // in flight there (moving whenever another replica was open for a
+        // moment, 302 of 2,477 turns of heavy-tailed sessions moved, 86.7%
+        // sticky, TTFT p50 349 -> 1,006 ms: each move re-prefills a history;
+        // the trap above is replicas running nothing beside one that
+        // queues).
+        let roomier = |v: &View, home: &View| {
+            v.ahead < home.ahead && (prefill_leg || v.in_flight * 2.0 <= home.in_flight)
+        };
         let lost = |i: usize| {
-            prefill_leg
-                && by_load
+            (prefill_leg && by_load || auto && ctx.alone)
                 && s.continuing
                 && views[i].blocked == Blocked::Queue
                 && views[i].memory.load.evicting.get(ctx.now) > 0
                 && views.iter().any(|v| {
-                    v.blocked == Blocked::No && v.pressed == Blocked::No && v.ahead < views[i].ahead
+                    v.blocked == Blocked::No && v.pressed == Blocked::No && roomier(v, &views[i])
                 })
         };
         // `auto` (its own, not a prefill leg's): placed by pressure while
@@ -719,8 +741,6 @@ impl PrefixKv {
         // where the other gateways send it (its next turn re-prefills its
         // history once); left where it is, the gateways would alternate it
         // between two replicas for the rest of its life.
-        let auto =
-            ctx.session_placement.is_none() && self.cfg.session_placement == SessionPlacement::Auto;
         let by_pressure = &self.affinity.placed_by_pressure;
         let any_by_pressure = &self.affinity.any_by_pressure;
         let regather = |i: usize| {
@@ -746,7 +766,7 @@ impl PrefixKv {
         // replica with as many prompt tokens ahead as shut: it goes where
         // less waits (one exists, or it would not leave).
         let leaving = here.filter(|&i| lost(i));
-        let behind = |i: usize| leaving.is_some_and(|h| views[i].ahead >= views[h].ahead);
+        let behind = |i: usize| leaving.is_some_and(|h| !roomier(&views[i], &views[h]));
         let first = if placement == SessionPlacement::TwoChoices {
             // New, moving, or unknown here (with a shared table, one that
             // nobody placed yet): of the first two replicas alive in the
@@ -1301,7 +1321,7 @@ mod tests {
     }
 
     #[test]
-    fn a_prefill_legs_session_leaves_a_replica_that_queues_and_keeps_evicting_for_an_open_one() {
+    fn a_session_leaves_a_replica_that_queues_and_keeps_evicting_where_nobody_else_looks() {
         // A disaggregated prefill leg: it brings its own placement.
         let leg = |key: u64, continuing: bool, now: Instant| RouteCtx {
             session_placement: Some(SessionPlacement::LeastLoaded),
@@ -1390,33 +1410,61 @@ mod tests {
         let d = q.pick(&leg(7, true, now), &reps).unwrap();
         assert_eq!((d.index, d.reason), (home, RouteReason::Session));
         // A request of a mixed fleet stays, whatever its placement (its
-        // decode and KV would move with it); so does a leg placed by its
-        // key's order, which would put it back.
-        for (placement, own) in [
-            (SessionPlacement::LeastLoaded, None),
-            (SessionPlacement::FirstOpen, None),
+        // decode and KV would move with it, and another gateway may look
+        // for it there); so does a leg placed by its key's order, which
+        // would put it back. Under `auto` while this gateway is the
+        // engines' only sender, a mixed fleet's session leaves too.
+        for (placement, own, alone, leaves) in [
+            (SessionPlacement::LeastLoaded, None, false, false),
+            (SessionPlacement::FirstOpen, None, false, false),
+            (SessionPlacement::FirstOpen, None, true, false),
+            (SessionPlacement::Auto, None, false, false),
+            (SessionPlacement::Auto, None, true, true),
             (
                 SessionPlacement::Rendezvous,
                 Some(SessionPlacement::Rendezvous),
+                false,
+                false,
             ),
         ] {
             let r = placing(placement);
             let turn = |continuing: bool| RouteCtx {
                 session_placement: own,
-                alone: false,
+                alone,
                 ..session_turn(7, continuing, now)
             };
             let mut reps = replicas(2);
             let home = r.pick(&turn(false), &reps).unwrap().index;
             evicting(&r, &reps[home], now);
+            ahead(&r, &reps[home], 20_000);
             reps[home].load = Some(sample(0.5, 4.0));
             let d = r.pick(&turn(true), &reps).unwrap();
-            assert_eq!(
-                (d.index, d.reason),
-                (home, RouteReason::Session),
-                "{placement:?}"
-            );
+            let want = if leaves {
+                (1 - home, RouteReason::Rehome)
+            } else {
+                (home, RouteReason::Session)
+            };
+            assert_eq!((d.index, d.reason), want, "{placement:?} alone {alone}");
         }
+        // Alone, a mixed fleet's session leaves only for a replica with at
+        // most half this gateway's requests in flight at its home.
+        let r = placing(SessionPlacement::Auto);
+        let turn = |continuing: bool| RouteCtx {
+            alone: true,
+            ..session_turn(7, continuing, now)
+        };
+        let mut reps = replicas(2);
+        let home = r.pick(&turn(false), &reps).unwrap().index;
+        evicting(&r, &reps[home], now);
+        ahead(&r, &reps[home], 20_000);
+        reps[home].load = Some(sample(0.5, 4.0));
+        reps[home].in_flight = 4;
+        reps[1 - home].in_flight = 3;
+        let d = r.pick(&turn(true), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (home, RouteReason::Session));
+        reps[1 - home].in_flight = 2;
+        let d = r.pick(&turn(true), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (1 - home, RouteReason::Rehome));
     }
 
     #[test]

@@ -162,6 +162,27 @@ async fn preempting(gw: &Gateway, sim: &SimHandle) {
     .await;
 }
 
+/// Requests of the gateway's own at the engines while they are scraped, 10
+/// a replica of three (each held 5 s before its first token: engines that
+/// busy would show another gateway's share), until it counts itself alone;
+/// the requests' tasks.
+async fn made_alone(gw: &Gateway) -> Vec<tokio::task::JoinHandle<()>> {
+    let ours: Vec<_> = (0..30)
+        .map(|i| send_with_fault(&api(gw), &format!("Our question {i}."), "first_token=5s"))
+        .collect();
+    let url = format!("{}/admin/routing", admin(gw));
+    wait_until("alone", Duration::from_secs(20), move || {
+        let url = url.clone();
+        async move {
+            let (_, text) = get_text(&url).await;
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            v["sessions"]["alone"] == true
+        }
+    })
+    .await;
+    ours
+}
+
 /// With one gateway (`session_placement: least_loaded`): new sessions avoid
 /// a pressed replica. (The default, `rendezvous`, places by the key alone,
 /// so that every gateway finds a session where another placed it.)
@@ -214,34 +235,13 @@ async fn auto_places_by_pressure_only_while_the_engines_show_no_other_sender() {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         v["sessions"].clone()
     };
-    let alone = |want: bool| {
-        let url = format!("{}/admin/routing", admin(&gw));
-        wait_until(
-            if want { "alone" } else { "in company" },
-            Duration::from_secs(20),
-            move || {
-                let url = url.clone();
-                async move {
-                    let (_, text) = get_text(&url).await;
-                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-                    v["sessions"]["alone"] == want
-                }
-            },
-        )
-    };
     let v = routing().await;
     assert_eq!(
         (&v["alone"], &v["placement"]),
         (&serde_json::json!(false), &serde_json::json!("rendezvous")),
         "{v}"
     );
-    // Requests of its own at the engines while they are scraped, 10 a
-    // replica (each held 5 s before its first token): engines that busy
-    // would show another gateway's share.
-    let ours: Vec<_> = (0..30)
-        .map(|i| send_with_fault(&url, &format!("Our question {i}."), "first_token=5s"))
-        .collect();
-    alone(true).await;
+    let ours = made_alone(&gw).await;
     assert_eq!(routing().await["placement"], "first_open");
     assert_eq!(gateway_metric(&gw, "sluice_routing_alone").await, 1.0);
     // One engine runs out of KV blocks: no new session starts there.
@@ -310,6 +310,98 @@ async fn auto_places_by_pressure_only_while_the_engines_show_no_other_sender() {
     assert!(back > 0);
     assert_eq!(reasons(&gw, "rehome").await, back as f64);
     for t in ours.into_iter().chain(theirs) {
+        t.abort();
+    }
+}
+
+/// Alone (the default `auto`, no shared table), a session whose replica's
+/// engine queues and has evicted its history leaves for an open replica:
+/// its next turn prefills the history whole wherever it goes, and there
+/// without the queue. Its turns then stay where it went.
+#[tokio::test]
+async fn alone_a_session_leaves_an_engine_that_queues_and_lost_its_history() {
+    // Engines with a prefix cache (their cached tokens are what they hold)
+    // of 1,536 tokens: one long prompt evicts a session's history.
+    let mut sims = Vec::new();
+    for _ in 0..3 {
+        let mut cfg = sluice::sim::SimConfig::engine("tiny", 10.0).unwrap();
+        cfg.profile.as_mut().unwrap().num_blocks = 96;
+        sims.push(start_sim(cfg).await);
+    }
+    let gw = start_routed(routing_config(&urls(&sims)), 3).await;
+    let url = api(&gw);
+    for t in made_alone(&gw).await {
+        t.await.unwrap();
+    }
+    let id = "mover";
+    let home = with_id(&url, &sims, &turn(7, 0), id).await;
+    assert_eq!(with_id(&url, &sims, &turn(7, 1), id).await, home);
+    // Other sessions of this gateway's that started there (each with a
+    // prompt of its own: nothing the gateway's index expects cached)...
+    let own = |s: usize, t: usize| {
+        let mut body = turn(s, t);
+        body["messages"][0]["content"] = format!("You review change {s}. ").repeat(4).into();
+        body
+    };
+    let mut neighbours = Vec::new();
+    for s in 100..160 {
+        let other = format!("neighbour-{s}");
+        if with_id(&url, &sims, &own(s, 0), &other).await == home {
+            neighbours.push((s, other));
+        }
+        if neighbours.len() == 4 {
+            break;
+        }
+    }
+    assert_eq!(neighbours.len(), 4, "sessions placed at {home}");
+    // ...whose next turns its engine holds before their first token: a
+    // queue of this gateway's own requests (no other sender's).
+    let held: Vec<_> = neighbours
+        .into_iter()
+        .map(|(s, other)| {
+            let url = format!("{url}/v1/chat/completions");
+            let body = own(s, 1);
+            tokio::spawn(async move {
+                post_with(
+                    &url,
+                    &body,
+                    &[("x-session-id", &other), ("x-sim-fault", "first_token=60s")],
+                )
+                .await
+            })
+        })
+        .collect();
+    until_backend(&gw, "the queue seen", |v| {
+        backend(v, &sims[home])["engine_queued"] == true
+    })
+    .await;
+    let alone = async || {
+        let (_, text) = get_text(&format!("{}/admin/routing", admin(&gw))).await;
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["sessions"]["alone"] == true
+    };
+    assert!(alone().await, "its own queue is no other sender's");
+    // Queued, with its history there: the session stays.
+    assert_eq!(with_id(&url, &sims, &turn(7, 2), id).await, home);
+    // Another prompt, sent straight to its engine, evicts the session's
+    // history there. Nothing tells the gateway until the next turn there,
+    // whose cached tokens fall short.
+    let long: String = (0..1_100).map(|w| format!("w{w} ")).collect();
+    let (status, _, text) = post_with(
+        &format!("{}/v1/chat/completions", sims[home].url()),
+        &serde_json::json!({"model": "sim-model", "max_tokens": 1, "messages": [{"role": "user", "content": long}]}),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(with_id(&url, &sims, &turn(7, 3), id).await, home);
+    assert_eq!(reasons(&gw, "rehome").await, 0.0);
+    // Queued and evicting: it leaves for an open replica, and stays there.
+    let moved = with_id(&url, &sims, &turn(7, 4), id).await;
+    assert_ne!(moved, home);
+    assert_eq!(reasons(&gw, "rehome").await, 1.0);
+    assert_eq!(with_id(&url, &sims, &turn(7, 5), id).await, moved);
+    assert!(alone().await);
+    for t in held {
         t.abort();
     }
 }

@@ -14,7 +14,11 @@
 # sessions at 3026bcf: `TAG=final run.sh sessions_heavy BIN "1 2 3 5" sluice
 # vllm-consistent_hash` (seed 5 stopped unfinished); with a build of
 # leave_lost_history.patch (not landed): `TAG=half run.sh sessions_heavy BIN "3"`
-# (`TAG=lost`: the patch without its in-flight bound).
+# (`TAG=lost`: the patch without its in-flight bound). The patch landed (a
+# session leaving a replica that lost its history while alone); with its build:
+# `TAG=leave run.sh sessions_heavy BIN "1 2 4 5" sluice`, `TAG=leave run.sh
+# sessions BIN "1 2 3 4 5" sluice`, `TAG=peer run.sh sessions_heavy BIN "5"
+# vllm-consistent_hash`.
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 d=docs/bench/matrix/alone_2026-12-07
