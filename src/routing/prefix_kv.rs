@@ -704,13 +704,15 @@ impl PrefixKv {
         // So does a session of a mixed fleet under `auto` while this gateway
         // is the engines' only sender (`RouteCtx::alone`): no other gateway
         // looks for it, and its history, evicted, is prefilled whole at its
-        // next turn wherever it goes. (Heavy-tailed sessions, one gateway:
-        // the last long sessions stayed on one replica whose engine queued
-        // and evicted their histories by turns for 15 minutes while two
-        // replicas ran nothing; busiest's share of in flight 0.58, TTFT p99
-        // 16.6 s. Leaving: 8.9 s, and the p99 lower in all ten seeds of two
-        // session cells, 94.2-98.6% of turns staying; docs/BENCHMARKS.md,
-        // routing.)
+        // next turn wherever it goes. (Not a disaggregated decode leg: one
+        // leaves a replica for another generating two streams fewer,
+        // `spill_load`.) (Heavy-tailed sessions, one gateway: the last long
+        // sessions stayed on one replica whose engine queued and evicted
+        // their histories by turns for 15 minutes while two replicas ran
+        // nothing; busiest's share of in flight 0.58, TTFT p99 16.6 s.
+        // Leaving: 8.9 s, and the p99 lower in all nine seeds of two session
+        // cells measured both ways, 94.2-98.6% of turns staying;
+        // docs/BENCHMARKS.md, routing.)
         let prefill_leg = ctx.session_placement.is_some();
         let by_load = placement != SessionPlacement::Rendezvous;
         let auto =
@@ -726,7 +728,7 @@ impl PrefixKv {
             v.ahead < home.ahead && (prefill_leg || v.in_flight * 2.0 <= home.in_flight)
         };
         let lost = |i: usize| {
-            (prefill_leg && by_load || auto && ctx.alone)
+            (prefill_leg && by_load || auto && ctx.alone && !ctx.decode_leg)
                 && s.continuing
                 && views[i].blocked == Blocked::Queue
                 && views[i].memory.load.evicting.get(ctx.now) > 0
@@ -1463,6 +1465,12 @@ mod tests {
         let d = r.pick(&turn(true), &reps).unwrap();
         assert_eq!((d.index, d.reason), (home, RouteReason::Session));
         reps[1 - home].in_flight = 2;
+        // (A disaggregated decode leg is not this rule's.)
+        let leg = RouteCtx {
+            decode_leg: true,
+            ..turn(true)
+        };
+        assert_ne!(r.pick(&leg, &reps).unwrap().reason, RouteReason::Rehome);
         let d = r.pick(&turn(true), &reps).unwrap();
         assert_eq!((d.index, d.reason), (1 - home, RouteReason::Rehome));
     }

@@ -315,9 +315,11 @@ async fn auto_places_by_pressure_only_while_the_engines_show_no_other_sender() {
 }
 
 /// Alone (the default `auto`, no shared table), a session whose replica's
-/// engine queues and has evicted its history leaves for an open replica:
-/// its next turn prefills the history whole wherever it goes, and there
-/// without the queue. Its turns then stay where it went.
+/// engine queues and lately evicted what it was sent (a turn's cached tokens
+/// fell short of its history) leaves at its next turn for an open replica:
+/// an engine that keeps evicting loses the history again, and a turn that
+/// prefills it whole does so without the queue elsewhere. Its turns then stay
+/// where it went.
 #[tokio::test]
 async fn alone_a_session_leaves_an_engine_that_queues_and_lost_its_history() {
     // Engines with a prefix cache (their cached tokens are what they hold)
@@ -361,13 +363,15 @@ async fn alone_a_session_leaves_an_engine_that_queues_and_lost_its_history() {
         .map(|(s, other)| {
             let url = format!("{url}/v1/chat/completions");
             let body = own(s, 1);
+            // (Without the test client's 30 s timeout: held until aborted.)
             tokio::spawn(async move {
-                post_with(
-                    &url,
-                    &body,
-                    &[("x-session-id", &other), ("x-sim-fault", "first_token=60s")],
-                )
-                .await
+                reqwest::Client::new()
+                    .post(&url)
+                    .header("x-session-id", other)
+                    .header("x-sim-fault", "first_token=120s")
+                    .json(&body)
+                    .send()
+                    .await
             })
         })
         .collect();

@@ -18,6 +18,7 @@
 # session leaving a replica that lost its history while alone); with its build:
 # `TAG=leave run.sh sessions_heavy BIN "1 2 4 5" sluice`, `TAG=leave run.sh
 # sessions BIN "1 2 3 4 5" sluice`, `TAG=peer run.sh sessions_heavy BIN "5"
+# vllm-consistent_hash`; `TAG=same run.sh sessions BIN "1 2 3 4 5" sluice
 # vllm-consistent_hash`.
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
