@@ -1341,6 +1341,15 @@ mod tests {
                 .backlog
                 .fetch_add(tokens, Relaxed);
         };
+        // A session placed by `first`, whose replica then queues, evicts and
+        // has 20,000 prompt tokens pending; that replica.
+        let lost_home = |p: &PrefixKv, first: &RouteCtx<'_>, reps: &mut [ReplicaView]| {
+            let home = p.pick(first, reps).unwrap().index;
+            evicting(p, &reps[home], first.now);
+            ahead(p, &reps[home], 20_000);
+            reps[home].load = Some(sample(0.5, 4.0));
+            home
+        };
         let p = placing(SessionPlacement::Rendezvous);
         let now = Instant::now();
         let mut reps = replicas(2);
@@ -1436,10 +1445,7 @@ mod tests {
                 ..session_turn(7, continuing, now)
             };
             let mut reps = replicas(2);
-            let home = r.pick(&turn(false), &reps).unwrap().index;
-            evicting(&r, &reps[home], now);
-            ahead(&r, &reps[home], 20_000);
-            reps[home].load = Some(sample(0.5, 4.0));
+            let home = lost_home(&r, &turn(false), &mut reps);
             let d = r.pick(&turn(true), &reps).unwrap();
             let want = if leaves {
                 (1 - home, RouteReason::Rehome)
@@ -1456,10 +1462,7 @@ mod tests {
             ..session_turn(7, continuing, now)
         };
         let mut reps = replicas(2);
-        let home = r.pick(&turn(false), &reps).unwrap().index;
-        evicting(&r, &reps[home], now);
-        ahead(&r, &reps[home], 20_000);
-        reps[home].load = Some(sample(0.5, 4.0));
+        let home = lost_home(&r, &turn(false), &mut reps);
         reps[home].in_flight = 4;
         reps[1 - home].in_flight = 3;
         let d = r.pick(&turn(true), &reps).unwrap();

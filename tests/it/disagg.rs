@@ -515,14 +515,7 @@ async fn a_sessions_prefill_leaves_a_replica_that_queues_and_lost_its_history() 
     let other = 1 - home;
     // Another prompt, sent straight to the session's replica, evicts its
     // history there.
-    let long: String = (0..1_100).map(|w| format!("w{w} ")).collect();
-    let (status, _, text) = post_with(
-        &format!("{}/v1/chat/completions", sims[home].url()),
-        &serde_json::json!({"model": "sim-model", "max_tokens": 1, "messages": [{"role": "user", "content": long}]}),
-        &[],
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
+    evict_with_a_long_prompt(sims[home]).await;
     // Evicted but not queueing: the session stays (and the engine's answer
     // tells the gateway its history is gone).
     assert_eq!(turn(1).await, home, "stays while its replica only evicted");

@@ -93,6 +93,19 @@ where
     }
 }
 
+/// A prompt of about 1,500 tokens sent straight to `sim`'s engine (not
+/// through a gateway): on a cache of 96 blocks it evicts what was there.
+pub async fn evict_with_a_long_prompt(sim: &sluice::sim::SimHandle) {
+    let long: String = (0..1_100).map(|w| format!("w{w} ")).collect();
+    let (status, _, text) = post_with(
+        &format!("{}/v1/chat/completions", sim.url()),
+        &serde_json::json!({"model": "sim-model", "max_tokens": 1, "messages": [{"role": "user", "content": long}]}),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
