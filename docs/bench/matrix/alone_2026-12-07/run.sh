@@ -19,7 +19,8 @@
 # `TAG=leave run.sh sessions_heavy BIN "1 2 4 5" sluice`, `TAG=leave run.sh
 # sessions BIN "1 2 3 4 5" sluice`, `TAG=peer run.sh sessions_heavy BIN "5"
 # vllm-consistent_hash`; `TAG=same run.sh sessions BIN "1 2 3 4 5" sluice
-# vllm-consistent_hash`.
+# vllm-consistent_hash`; `TAG=same run.sh sessions_heavy BIN "4 1" sluice
+# vllm-consistent_hash` (the build of 5ef3896).
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 d=docs/bench/matrix/alone_2026-12-07
