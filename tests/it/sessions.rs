@@ -170,17 +170,14 @@ async fn made_alone(gw: &Gateway) -> Vec<tokio::task::JoinHandle<()>> {
     let ours: Vec<_> = (0..30)
         .map(|i| send_with_fault(&api(gw), &format!("Our question {i}."), "first_token=5s"))
         .collect();
-    let url = format!("{}/admin/routing", admin(gw));
-    wait_until("alone", Duration::from_secs(20), move || {
-        let url = url.clone();
-        async move {
-            let (_, text) = get_text(&url).await;
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-            v["sessions"]["alone"] == true
-        }
-    })
-    .await;
+    wait_until("alone", Duration::from_secs(20), || is_alone(gw)).await;
     ours
+}
+
+/// The gateway counts itself the engines' only sender (`/admin/routing`).
+async fn is_alone(gw: &Gateway) -> bool {
+    let (_, text) = get_text(&format!("{}/admin/routing", admin(gw))).await;
+    serde_json::from_str::<serde_json::Value>(&text).unwrap()["sessions"]["alone"] == true
 }
 
 /// With one gateway (`session_placement: least_loaded`): new sessions avoid
@@ -386,11 +383,7 @@ async fn alone_a_session_leaves_an_engine_that_queues_and_lost_its_history() {
         backend(v, &sims[home])["engine_queued"] == true
     })
     .await;
-    let alone = async || {
-        let (_, text) = get_text(&format!("{}/admin/routing", admin(&gw))).await;
-        serde_json::from_str::<serde_json::Value>(&text).unwrap()["sessions"]["alone"] == true
-    };
-    assert!(alone().await, "its own queue is no other sender's");
+    assert!(is_alone(&gw).await, "its own queue is no other sender's");
     // Queued, with its history there: the session stays.
     assert_eq!(with_id(&url, &sims, &turn(7, 2), id).await, home);
     // Another prompt, sent straight to its engine, evicts the session's
@@ -404,7 +397,7 @@ async fn alone_a_session_leaves_an_engine_that_queues_and_lost_its_history() {
     assert_ne!(moved, home);
     assert_eq!(reasons(&gw, "rehome").await, 1.0);
     assert_eq!(with_id(&url, &sims, &turn(7, 5), id).await, moved);
-    assert!(alone().await);
+    assert!(is_alone(&gw).await);
     for t in held {
         t.abort();
     }
