@@ -267,6 +267,12 @@ def bench(url, cell, args, seed):
                 "--think-time", "1s"]
         if cell.get("heavy"):
             cmd.append("--heavy-sessions")
+        if args.requests_dir:
+            # Every turn (its session, number, replica, timing) with
+            # `--requests-dir`: where sessions moved and what it cost.
+            os.makedirs(args.requests_dir, exist_ok=True)
+            cmd += ["--requests-json", os.path.join(
+                args.requests_dir, f"{args.current}_{ENGINE}_seed{seed}.jsonl")]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         r = json.load(f)

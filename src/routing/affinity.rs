@@ -152,6 +152,14 @@ impl ReplicaMemory {
     }
 }
 
+/// How long a session that left a replica that lost its history stays
+/// where it went before it may leave again (`Affinity::left_lately`). A
+/// turn every few seconds: several turns. (Sessions leaving by turns: of
+/// 87 moves in a run of 200 agentic sessions on four replicas, 24 were a
+/// session's second or later, 3-44 s after its one before, 8 of them back
+/// to the replica it had left; docs/BENCHMARKS.md, routing.)
+pub(crate) const SETTLE: Duration = Duration::from_secs(60);
+
 pub struct Affinity {
     replicas: ArcSwap<HashMap<Arc<str>, Arc<ReplicaMemory>>>,
     capacity: usize,
@@ -173,6 +181,12 @@ pub struct Affinity {
     /// shows, each goes back to its key's first, where other gateways send
     /// it. A quarter of `sessions`' capacity (only such sessions are kept).
     pub(crate) placed_by_pressure: Sessions,
+    /// Sessions of a mixed fleet that left a replica that had lost their
+    /// history while this gateway was the engines' only sender
+    /// (`PrefixKv::session_home`, `lost`) -> where they went: each stays
+    /// there for `SETTLE` (its history is prefilled there now). Only such
+    /// sessions are kept.
+    pub(crate) left_lately: Sessions,
     /// A session has been placed by pressure since start: until then
     /// `placed_by_pressure` is not read (a gateway never alone takes none
     /// of its locks on a session's turns).
@@ -195,6 +209,7 @@ impl Affinity {
             limits: [sessions, responses],
             home_prefixes: Sessions::new(4096, Duration::from_secs(600)),
             placed_by_pressure: Sessions::new((sessions.0 / 4).max(1024), sessions.1),
+            left_lately: Sessions::new((sessions.0 / 4).max(1024), SETTLE),
             any_by_pressure: std::sync::atomic::AtomicBool::new(false),
         })
     }

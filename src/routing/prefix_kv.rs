@@ -711,7 +711,8 @@ impl PrefixKv {
         // their histories by turns for 15 minutes while two replicas ran
         // nothing; busiest's share of in flight 0.58, TTFT p99 16.6 s.
         // Leaving: 8.9 s, and the p99 lower in all nine seeds of two session
-        // cells measured both ways, 94.2-98.6% of turns staying;
+        // cells measured both ways, 94.2-98.6% of turns staying; 96.1-98.5%
+        // with a session that left staying where it went for `SETTLE`;
         // docs/BENCHMARKS.md, routing.)
         let prefill_leg = ctx.session_placement.is_some();
         let by_load = placement != SessionPlacement::Rendezvous;
@@ -727,6 +728,10 @@ impl PrefixKv {
         let roomier = |v: &View, home: &View| {
             v.ahead < home.ahead && (prefill_leg || v.in_flight * 2.0 <= home.in_flight)
         };
+        // (A mixed fleet's session that left lately stays where it went for
+        // a while, `affinity::SETTLE`: its history is there now, and
+        // leaving by turns as the pressure moves re-prefills it each time.)
+        let left_lately = &self.affinity.left_lately;
         let lost = |i: usize| {
             (prefill_leg && by_load || auto && ctx.alone && !ctx.decode_leg)
                 && s.continuing
@@ -735,6 +740,7 @@ impl PrefixKv {
                 && views.iter().any(|v| {
                     v.blocked == Blocked::No && v.pressed == Blocked::No && roomier(v, &views[i])
                 })
+                && (prefill_leg || !left_lately.contains(s.key, ctx.now))
         };
         // `auto` (its own, not a prefill leg's): placed by pressure while
         // this gateway is the engines' only sender (`RouteCtx::alone`).
@@ -850,7 +856,12 @@ impl PrefixKv {
                     moved: false,
                 });
             }
-            Some(i) if lost(i) => RouteReason::Rehome,
+            Some(i) if lost(i) => {
+                if !prefill_leg {
+                    left_lately.place(s.key, &candidates[first].name, ctx.now);
+                }
+                RouteReason::Rehome
+            }
             Some(i) if views[i].blocked != Blocked::Stale && regather(i) => {
                 by_pressure.forget(s.key);
                 RouteReason::Rehome
@@ -1111,6 +1122,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::routing::affinity::SETTLE;
     use crate::routing::least_loaded::LeastLoaded;
     use crate::routing::{LoadView, SessionKey};
 
@@ -1476,6 +1488,60 @@ mod tests {
         assert_ne!(r.pick(&leg, &reps).unwrap().reason, RouteReason::Rehome);
         let d = r.pick(&turn(true), &reps).unwrap();
         assert_eq!((d.index, d.reason), (1 - home, RouteReason::Rehome));
+    }
+
+    #[test]
+    fn a_session_that_left_a_replica_that_lost_its_history_stays_where_it_went_for_a_while() {
+        // Alone under `auto`, with sessions remembered longer than `SETTLE`.
+        let cfg = PrefixKvConfig {
+            session_placement: SessionPlacement::Auto,
+            ..PrefixKvConfig::default()
+        };
+        let t = (64, Duration::from_secs(600));
+        let p = PrefixKv::new(cfg, Some(Duration::from_secs(5)), Affinity::new(1024, t, t));
+        let turn = |continuing: bool, now: Instant| RouteCtx {
+            alone: true,
+            ..session_turn(7, continuing, now)
+        };
+        // At `now` replica `i`'s engine queues, it evicted lately, and
+        // `tokens` more prompt tokens are pending there; or it is open.
+        let lose = |reps: &mut [ReplicaView], i: usize, tokens: u64, now: Instant| {
+            let m = p.affinity.of(&reps[i].name, now);
+            m.load.evicting.add(now);
+            m.load.backlog.fetch_add(tokens, Relaxed);
+            reps[i].load = Some(LoadView {
+                at: now,
+                ..sample(0.5, 4.0)
+            });
+            reps[i].in_flight = 4;
+        };
+        let open = |reps: &mut [ReplicaView], i: usize, now: Instant| {
+            reps[i].load = Some(LoadView {
+                at: now,
+                ..sample(0.1, 0.0)
+            });
+            reps[i].in_flight = 0;
+        };
+        let now = Instant::now();
+        let mut reps = replicas(2);
+        let home = p.pick(&turn(false, now), &reps).unwrap().index;
+        let other = 1 - home;
+        lose(&mut reps, home, 20_000, now);
+        let d = p.pick(&turn(true, now), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (other, RouteReason::Rehome));
+        // Where it went loses its history in turn a moment later, while the
+        // replica it left is open again with less ahead: it stays.
+        let soon = now + Duration::from_secs(5);
+        lose(&mut reps, other, 40_000, soon);
+        open(&mut reps, home, soon);
+        let d = p.pick(&turn(true, soon), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (other, RouteReason::Session));
+        // Once it has stayed there for `SETTLE`, it may leave again.
+        let later = now + SETTLE + Duration::from_secs(1);
+        lose(&mut reps, other, 0, later);
+        open(&mut reps, home, later);
+        let d = p.pick(&turn(true, later), &reps).unwrap();
+        assert_eq!((d.index, d.reason), (home, RouteReason::Rehome));
     }
 
     #[test]

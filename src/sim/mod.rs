@@ -727,6 +727,23 @@ async fn generate(s: Arc<SimState>, api: Api, req: Request) -> Response {
             ),
         );
     }
+    // A prompt longer than the whole KV cache can hold could never be
+    // scheduled: refused here, in the protocol's shape, where the engine
+    // would otherwise drop it with an empty answer. (vLLM refuses to start
+    // with a `max_model_len` its KV cache cannot hold, so there the same
+    // prompt meets the context-length refusal above.)
+    let cache = s.cache_info();
+    let cache_tokens = cache.num_blocks.saturating_mul(cache.block_size);
+    if s.engine.is_some() && prompt_tokens.saturating_add(1) > cache_tokens {
+        return api_error(
+            api,
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "The prompt ({prompt_tokens} tokens) is longer than this replica's KV cache \
+                 can hold ({cache_tokens} tokens). Please reduce the length of the messages."
+            ),
+        );
+    }
     // Prefill/decode disaggregation: which leg this is, and for a decode
     // leg its prompt's KV, pulled before it starts.
     let leg = match disagg::leg(&body, s.config.role) {

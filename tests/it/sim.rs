@@ -137,6 +137,47 @@ async fn requests_for_a_prompt_being_prefilled_share_it_when_blocks_are_cached_a
 }
 
 #[tokio::test]
+async fn a_prompt_longer_than_the_whole_kv_cache_is_refused_in_the_protocols_shape() {
+    // 32 blocks of 16 tokens: 512 tokens the cache can ever hold.
+    let mut cfg = SimConfig::engine("tiny", 10.0).unwrap();
+    if let Some(p) = cfg.profile.as_mut() {
+        p.num_blocks = 32;
+    }
+    let sim = start_sim(cfg).await;
+    let base = sim.url();
+    let ask = |content: String, stream: bool| {
+        let url = format!("{base}/v1/chat/completions");
+        async move {
+            let body = serde_json::json!({
+                "model": "sim-model", "max_tokens": 4, "stream": stream,
+                "messages": [{"role": "user", "content": content}],
+            });
+            let resp = client().post(url).json(&body).send().await.unwrap();
+            (resp.status(), resp.text().await.unwrap())
+        }
+    };
+    for stream in [false, true] {
+        let (status, body) = ask("word ".repeat(800), stream).await;
+        assert_eq!(status, 400, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        // vLLM's flat error body.
+        assert_eq!(
+            (&v["object"], &v["code"]),
+            (&"error".into(), &400.into()),
+            "{body}"
+        );
+        let message = v["message"].as_str().unwrap();
+        assert!(message.contains("(512 tokens)"), "{message}");
+    }
+    // One that fits is served (before: the engine dropped the long one
+    // with an empty answer, counted nowhere but in its own metrics).
+    let (status, body) = ask("word ".repeat(100), false).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{body}");
+}
+
+#[tokio::test]
 async fn a_full_kv_cache_queues_requests_and_preempts() {
     // tiny: 256 blocks of 16 tokens, 16 sequences. 16 requests of ~400 prompt
     // tokens that each grow by 300 tokens need ~700 blocks.

@@ -20,7 +20,14 @@
 # sessions BIN "1 2 3 4 5" sluice`, `TAG=peer run.sh sessions_heavy BIN "5"
 # vllm-consistent_hash`; `TAG=same run.sh sessions BIN "1 2 3 4 5" sluice
 # vllm-consistent_hash`; `TAG=same run.sh sessions_heavy BIN "4 1" sluice
-# vllm-consistent_hash` (the build of 5ef3896).
+# vllm-consistent_hash` (the build of 5ef3896). A session that left stays a
+# minute where it went (the build of a693ab8 with it): `TAG=moves run.sh
+# sessions BIN "5"` (a693ab8 itself, every turn kept for `moves.py`), `TAG=settle
+# run.sh sessions BIN "5 1 2 3 4"`, `TAG=settle run.sh sessions_heavy BIN
+# "3 5 2 1 4"`, `TAG=settle_same run.sh sessions_heavy BIN "4" sluice
+# vllm-consistent_hash`, `TAG=settle_same run.sh sessions BIN "3" sluice
+# vllm-consistent_hash`. Every turn of a run: /tmp/alone_rows/CELL_TAG/*.jsonl
+# (those runs' gzipped in rows/).
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 d=docs/bench/matrix/alone_2026-12-07
