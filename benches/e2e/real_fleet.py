@@ -83,7 +83,7 @@ def prompts(args, seed):
     return systems, out
 
 
-def one(url, system, question, max_tokens, result):
+def one(url, system, question, max_tokens, result, number):
     host, port = url.split("//")[1].split(":")
     body = json.dumps({
         "model": "sim-model", "stream": True, "max_tokens": max_tokens, "temperature": 0,
@@ -93,7 +93,8 @@ def one(url, system, question, max_tokens, result):
     t0 = time.monotonic()
     try:
         c = http.client.HTTPConnection(host, int(port), timeout=300)
-        c.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+        c.request("POST", "/v1/chat/completions", body,
+                  {"content-type": "application/json", "x-request-id": str(number)})
         r = c.getresponse()
         if r.status != 200:
             result["error"] = f"http_{r.status}"
@@ -129,7 +130,8 @@ def run(name, args, seed):
         engines = start_engines(procs, args.llama_venv, args.replicas, args.slots, args.ctx,
                                 args.cache_ram)
         if name == "sluice":
-            url = start_sluice(procs, engines)
+            url = start_sluice(procs, engines,
+                               ["--config", args.sluice_config] if args.sluice_config else [])
         else:
             kind, policy = name.split("-", 1)
             url = start_router(procs, args.routers_venv, kind, policy, engines)
@@ -137,12 +139,12 @@ def run(name, args, seed):
         systems, plan = prompts(args, seed)
         results = [dict() for _ in plan]
         threads, start = [], time.monotonic()
-        for (at, p, q), res in zip(plan, results):
+        for number, ((at, p, q), res) in enumerate(zip(plan, results)):
             res.update(sent_s=round(at, 3), prefix=p)
             delay = start + at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            th = threading.Thread(target=one, args=(url, systems[p], q, args.max_tokens, res))
+            th = threading.Thread(target=one, args=(url, systems[p], q, args.max_tokens, res, number))
             th.start()
             threads.append(th)
         for th in threads:
@@ -203,6 +205,9 @@ def main():
     ap.add_argument("--requests", type=int, default=120)
     ap.add_argument("--warm-after", type=float, default=20.0,
                     help="the warm p99 counts requests sent this many seconds after the first")
+    ap.add_argument("--sluice-config",
+                    help="a config file for Sluice (its replicas still from the run), e.g. to "
+                         "write its access log to a file")
     ap.add_argument("--json")
     args = ap.parse_args()
     names = ["sluice"] + (["sglang-cache_aware", "vllm-cache_aware"] if args.routers_venv else [])
