@@ -11,8 +11,12 @@
 //!
 //! A request's predicted TTFT on a replica is then
 //! `rate x (backlog + its own uncached tokens)`, where the uncached tokens
-//! count the prefix cache it would hit there. The same numbers say when a
-//! replica is full (its predicted wait) for flow control.
+//! count the prefix cache it would hit there, as much of it as the engine
+//! has lately kept of what routing predicted ([`Load::kept`]: an engine
+//! whose cache holds fewer prompts than were sent there, llama.cpp's slots,
+//! keeps half of a home's prompts and costs a whole prefill for the rest).
+//! The same numbers say when a replica is full (its predicted wait) for flow
+//! control.
 //! (`routing::placement` does the accounting per request.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -82,6 +86,10 @@ pub(crate) struct Load {
     /// reported for the same requests.
     pub(crate) predicted_cached: AtomicU64,
     pub(crate) actual_cached: AtomicU64,
+    /// The same, lately: the share of the cached tokens predicted that the
+    /// engine reported, per request, a moving average (stored plus one: an
+    /// average of 0, everything evicted, is a value, not "none").
+    kept: Ewma,
     /// The engine has said what it had cached for a request (vLLM does with
     /// `--enable-prompt-tokens-details`, SGLang and llama.cpp always): its
     /// answers' rate samples wait for that word ([`super::placement`]).
@@ -105,6 +113,18 @@ impl Load {
     /// The calibrated rate (seconds per token), once learned.
     pub(crate) fn rate(&self) -> Option<f64> {
         self.rate.get()
+    }
+
+    /// The share of the cached tokens routing predicts here that the engine
+    /// has lately had (1 until it says): what a prediction's cache is worth
+    /// on this replica.
+    pub(crate) fn kept(&self) -> f64 {
+        self.kept.get().map_or(1.0, |k| (k - 1.0).clamp(0.0, 1.0))
+    }
+
+    /// The engine had `share` of the cached tokens predicted for a request.
+    pub(crate) fn observe_kept(&self, share: f64) {
+        self.kept.observe(1.0 + share.clamp(0.0, 1.0));
     }
 
     pub(crate) fn reports_cached(&self) -> bool {

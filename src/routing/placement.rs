@@ -17,8 +17,13 @@ use super::shared_table::ColdMark;
 /// One request's accounting on the replica it was sent to.
 pub(crate) struct Placement {
     memory: Arc<ReplicaMemory>,
-    /// Uncached prompt tokens it adds to the backlog until its first token.
+    /// Uncached prompt tokens, as routing predicted.
     uncached: u64,
+    /// The prompt tokens it adds to the backlog until its first token: the
+    /// uncached ones, and of those predicted cached the share the engine has
+    /// lately not kept ([`super::load::Load::kept`]): a replica whose engine
+    /// keeps half of what routing predicts prefills the other half.
+    expected: u64,
     /// The backlog when it was sent, its own tokens included.
     ahead: u64,
     /// Cached tokens routing expected the engine to have.
@@ -63,11 +68,14 @@ impl Placement {
         tokens_per_block: u32,
     ) -> Self {
         let uncached = u64::from(uncached.max(1));
-        let ahead = memory.load.backlog.fetch_add(uncached, Relaxed) + uncached;
-        memory.load.per_request.observe(uncached as f64);
+        let lost = (1.0 - memory.load.kept()) * f64::from(predicted_cached);
+        let expected = uncached + lost.round() as u64;
+        let ahead = memory.load.backlog.fetch_add(expected, Relaxed) + expected;
+        memory.load.per_request.observe(expected as f64);
         Self {
             memory,
             uncached,
+            expected,
             ahead,
             predicted_cached,
             hashes,
@@ -182,7 +190,7 @@ impl Placement {
             self.first_token_over(ttft, self.ahead);
         } else if !self.started {
             self.started = true;
-            self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
+            self.memory.load.backlog.fetch_sub(self.expected, Relaxed);
             self.waited = Some(ttft);
         }
     }
@@ -216,7 +224,7 @@ impl Placement {
             Some(a) => {
                 let prompt = self.uncached + u64::from(self.predicted_cached);
                 let done = prompt.saturating_sub(u64::from(self.in_ours(a, engine_prompt)));
-                (self.ahead - self.uncached) + done.max(1)
+                (self.ahead - self.expected) + done.max(1)
             }
             None => self.ahead,
         }
@@ -227,7 +235,7 @@ impl Placement {
             return;
         }
         self.started = true;
-        self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
+        self.memory.load.backlog.fetch_sub(self.expected, Relaxed);
         self.calibrate(ttft, ahead);
     }
 
@@ -279,7 +287,8 @@ impl Placement {
     pub(crate) fn finished(&mut self, actual: u32, engine_prompt: Option<u32>) {
         if let Some(ttft) = self.waited.take() {
             let done = self.ahead_done(Some(actual), engine_prompt);
-            self.calibrate(ttft, done.max(self.ahead));
+            let predicted = self.ahead - self.expected + self.uncached;
+            self.calibrate(ttft, done.max(predicted));
         }
         let actual = self.in_ours(actual, engine_prompt);
         let l = &self.memory.load;
@@ -296,7 +305,7 @@ impl Placement {
         // have ended. (Waiting for a moment with nothing pending, a replica
         // whose queue of re-prefilled histories never emptied was never
         // found evicting: 12 agentic sessions, docs/benchmarks-log.md.)
-        let pending = self.ahead > self.uncached && !self.continuing;
+        let pending = self.ahead > self.expected && !self.continuing;
         // A turn's prediction is its history, whose last blocks the engine
         // does not hold: the earlier prompt's partial last block, and the
         // block where the chat template joins the turns (which it renders
@@ -307,6 +316,12 @@ impl Placement {
         // more (evicted); with one block of slack most turns counted, and
         // every session's replica read as evicting (docs/benchmarks-log.md).
         let slack = if self.continuing { tpb.max(48) } else { tpb };
+        // What the engine kept of the prediction, within the same slack
+        // (a prediction under a block's worth says nothing).
+        if self.predicted_cached >= tpb {
+            let had = actual.saturating_add(slack).min(self.predicted_cached);
+            l.observe_kept(f64::from(had) / f64::from(self.predicted_cached));
+        }
         if actual + slack < self.predicted_cached && !pending {
             l.shortfalls.fetch_add(1, Relaxed);
             l.evicting.add(std::time::Instant::now());
@@ -329,7 +344,7 @@ impl Drop for Placement {
         }
         if !self.started {
             // Failed, or cut before its first token: no longer ahead of anyone.
-            self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
+            self.memory.load.backlog.fetch_sub(self.expected, Relaxed);
         }
         if let Some(ttft) = self.waited.take() {
             // The engine never said what it had cached: the prediction.
