@@ -249,6 +249,10 @@ struct ReplicaRouting {
     in_flight: u32,
     /// Prefix blocks this gateway remembers sending there.
     prefix_index_blocks: usize,
+    /// Of the cached tokens routing predicted there, the share the engine
+    /// reported lately (a moving average; 1 until the engine says:
+    /// `routing::load`).
+    cache_kept: f64,
 }
 
 /// What routing knows and decides by: sessions and their replicas, and per
@@ -281,6 +285,7 @@ pub(crate) async fn routing(Current(state): Current) -> Json<RoutingView> {
             role: r.role.as_str(),
             in_flight: r.in_flight(),
             prefix_index_blocks: state.affinity.blocks(&r.name),
+            cache_kept: state.affinity.kept(&r.name),
         })
         .collect();
     Json(RoutingView {

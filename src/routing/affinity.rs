@@ -265,6 +265,15 @@ impl Affinity {
             .get(name)
             .map_or(0, |m| m.prefixes.len())
     }
+
+    /// The share of predicted cached tokens the replica's engine has lately
+    /// had (`routing::load::Load::kept`; 1 for one not known here).
+    pub(crate) fn kept(&self, name: &str) -> f64 {
+        self.replicas
+            .load()
+            .get(name)
+            .map_or(1.0, |m| m.load.kept())
+    }
 }
 
 #[cfg(test)]

@@ -11,12 +11,17 @@
 //!
 //! A request's predicted TTFT on a replica is then
 //! `rate x (backlog + its own uncached tokens)`, where the uncached tokens
-//! count the prefix cache it would hit there, as much of it as the engine
-//! has lately kept of what routing predicted ([`Load::kept`]: an engine
-//! whose cache holds fewer prompts than were sent there, llama.cpp's slots,
-//! keeps half of a home's prompts and costs a whole prefill for the rest).
-//! The same numbers say when a replica is full (its predicted wait) for flow
-//! control.
+//! count the prefix cache it would hit there. The same numbers say when a
+//! replica is full (its predicted wait) for flow control.
+//!
+//! How much of the cache routing predicts an engine actually had is kept as
+//! a moving average ([`Load::kept`], shown in `/admin/routing`), not weighed
+//! into the predictions: weighed so (a home's predicted hits, and the
+//! backlog a request adds, counted at that share), it neither lowered the
+//! TTFT p99 on two llama.cpp servers that keep half of what they are sent
+//! (median of five seeds 3.75 s against 3.66 s) nor held on the simulated
+//! matrix's tight-cache cell (three seeds of five 1.2-1.9x higher;
+//! docs/bench/matrix/real_kept_2026-12-08).
 //! (`routing::placement` does the accounting per request.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -88,7 +93,10 @@ pub(crate) struct Load {
     pub(crate) actual_cached: AtomicU64,
     /// The same, lately: the share of the cached tokens predicted that the
     /// engine reported, per request, a moving average (stored plus one: an
-    /// average of 0, everything evicted, is a value, not "none").
+    /// average of 0, everything evicted, is a value, not "none"). For the
+    /// operator: an engine that keeps little of what it is sent (too small
+    /// a cache for its prompts, or one prompt a slot) makes affinity worth
+    /// little there.
     kept: Ewma,
     /// The engine has said what it had cached for a request (vLLM does with
     /// `--enable-prompt-tokens-details`, SGLang and llama.cpp always): its
@@ -116,8 +124,7 @@ impl Load {
     }
 
     /// The share of the cached tokens routing predicts here that the engine
-    /// has lately had (1 until it says): what a prediction's cache is worth
-    /// on this replica.
+    /// has lately had (1 until it says).
     pub(crate) fn kept(&self) -> f64 {
         self.kept.get().map_or(1.0, |k| (k - 1.0).clamp(0.0, 1.0))
     }
@@ -143,6 +150,22 @@ impl Load {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_is_one_until_told_and_follows_the_engine() {
+        let l = Load::default();
+        assert_eq!(l.kept(), 1.0, "nothing reported: the index is trusted");
+        l.observe_kept(0.0);
+        assert_eq!(l.kept(), 0.0, "everything evicted is a value, not none");
+        for _ in 0..20 {
+            l.observe_kept(1.0);
+        }
+        assert!(l.kept() > 0.95, "{}", l.kept());
+        for _ in 0..3 {
+            l.observe_kept(0.0);
+        }
+        assert!((0.4..0.6).contains(&l.kept()), "{}", l.kept());
+    }
 
     #[test]
     fn recent_counts_two_windows_and_forgets_older_ones() {

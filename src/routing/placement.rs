@@ -17,13 +17,8 @@ use super::shared_table::ColdMark;
 /// One request's accounting on the replica it was sent to.
 pub(crate) struct Placement {
     memory: Arc<ReplicaMemory>,
-    /// Uncached prompt tokens, as routing predicted.
+    /// Uncached prompt tokens it adds to the backlog until its first token.
     uncached: u64,
-    /// The prompt tokens it adds to the backlog until its first token: the
-    /// uncached ones, and of those predicted cached the share the engine has
-    /// lately not kept ([`super::load::Load::kept`]): a replica whose engine
-    /// keeps half of what routing predicts prefills the other half.
-    expected: u64,
     /// The backlog when it was sent, its own tokens included.
     ahead: u64,
     /// Cached tokens routing expected the engine to have.
@@ -68,14 +63,11 @@ impl Placement {
         tokens_per_block: u32,
     ) -> Self {
         let uncached = u64::from(uncached.max(1));
-        let lost = (1.0 - memory.load.kept()) * f64::from(predicted_cached);
-        let expected = uncached + lost.round() as u64;
-        let ahead = memory.load.backlog.fetch_add(expected, Relaxed) + expected;
-        memory.load.per_request.observe(expected as f64);
+        let ahead = memory.load.backlog.fetch_add(uncached, Relaxed) + uncached;
+        memory.load.per_request.observe(uncached as f64);
         Self {
             memory,
             uncached,
-            expected,
             ahead,
             predicted_cached,
             hashes,
@@ -190,7 +182,7 @@ impl Placement {
             self.first_token_over(ttft, self.ahead);
         } else if !self.started {
             self.started = true;
-            self.memory.load.backlog.fetch_sub(self.expected, Relaxed);
+            self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
             self.waited = Some(ttft);
         }
     }
@@ -224,7 +216,7 @@ impl Placement {
             Some(a) => {
                 let prompt = self.uncached + u64::from(self.predicted_cached);
                 let done = prompt.saturating_sub(u64::from(self.in_ours(a, engine_prompt)));
-                (self.ahead - self.expected) + done.max(1)
+                (self.ahead - self.uncached) + done.max(1)
             }
             None => self.ahead,
         }
@@ -235,7 +227,7 @@ impl Placement {
             return;
         }
         self.started = true;
-        self.memory.load.backlog.fetch_sub(self.expected, Relaxed);
+        self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
         self.calibrate(ttft, ahead);
     }
 
@@ -287,8 +279,7 @@ impl Placement {
     pub(crate) fn finished(&mut self, actual: u32, engine_prompt: Option<u32>) {
         if let Some(ttft) = self.waited.take() {
             let done = self.ahead_done(Some(actual), engine_prompt);
-            let predicted = self.ahead - self.expected + self.uncached;
-            self.calibrate(ttft, done.max(predicted));
+            self.calibrate(ttft, done.max(self.ahead));
         }
         let actual = self.in_ours(actual, engine_prompt);
         let l = &self.memory.load;
@@ -305,7 +296,7 @@ impl Placement {
         // have ended. (Waiting for a moment with nothing pending, a replica
         // whose queue of re-prefilled histories never emptied was never
         // found evicting: 12 agentic sessions, docs/benchmarks-log.md.)
-        let pending = self.ahead > self.expected && !self.continuing;
+        let pending = self.ahead > self.uncached && !self.continuing;
         // A turn's prediction is its history, whose last blocks the engine
         // does not hold: the earlier prompt's partial last block, and the
         // block where the chat template joins the turns (which it renders
@@ -344,7 +335,7 @@ impl Drop for Placement {
         }
         if !self.started {
             // Failed, or cut before its first token: no longer ahead of anyone.
-            self.memory.load.backlog.fetch_sub(self.expected, Relaxed);
+            self.memory.load.backlog.fetch_sub(self.uncached, Relaxed);
         }
         if let Some(ttft) = self.waited.take() {
             // The engine never said what it had cached: the prediction.
@@ -446,6 +437,23 @@ mod tests {
         assert_eq!(m.load.shortfalls.load(Relaxed), 1);
         assert!(m.load.evicting.get(std::time::Instant::now()) > 0);
         drop((leader, follower, joined, turn));
+    }
+
+    #[test]
+    fn what_the_engine_kept_of_the_prediction_is_averaged_per_replica() {
+        let m = memory();
+        let h: Vec<u64> = (1..=50).collect();
+        assert_eq!(m.load.kept(), 1.0, "nothing reported: the index is trusted");
+        // The engine reports half of 800 predicted (within a block), then
+        // all but a block.
+        placed(&m, &h, 800).finished(400 - 16, Some(1000));
+        assert!((m.load.kept() - 0.5).abs() < 1e-9, "{}", m.load.kept());
+        placed(&m, &h, 800).finished(800 - 16, Some(1000));
+        assert!((m.load.kept() - 0.6).abs() < 1e-9, "{}", m.load.kept());
+        // A prediction under a block says nothing; nor does none.
+        placed(&m, &h, 8).finished(0, Some(1000));
+        placed(&m, &h, 0).finished(0, Some(1000));
+        assert!((m.load.kept() - 0.6).abs() < 1e-9, "{}", m.load.kept());
     }
 
     #[test]

@@ -133,9 +133,6 @@ struct View {
     /// Tokens ahead of a new request there.
     ahead: f64,
     rate: Option<f64>,
-    /// The share of predicted cached tokens its engine has lately had
-    /// (`routing::load`).
-    kept: f64,
     memory: Arc<ReplicaMemory>,
 }
 
@@ -264,13 +261,11 @@ fn mean_rate(views: &[View], among: impl Iterator<Item = usize>) -> f64 {
 
 /// Predicted seconds to first token on a replica: its rate (else
 /// `fleet_rate`) times the tokens ahead there and the prompt's tokens it
-/// does not hold (its indexed blocks, as much of them as its engine has
-/// lately kept of such predictions, or `history` known held beyond them).
+/// does not hold (its indexed blocks, or `history` known held beyond them).
 fn predicted_ttft(v: &View, tpb: u32, prompt_tokens: u32, history: u32, fleet_rate: f64) -> f64 {
     let blocks = u32::try_from(v.matched).unwrap_or(u32::MAX);
-    let indexed = f64::from(blocks.saturating_mul(tpb).min(prompt_tokens)) * v.kept;
-    let cached = indexed.max(f64::from(history.min(prompt_tokens)));
-    v.rate.unwrap_or(fleet_rate) * (v.ahead + f64::from(prompt_tokens) - cached)
+    let cached = blocks.saturating_mul(tpb).max(history).min(prompt_tokens);
+    v.rate.unwrap_or(fleet_rate) * (v.ahead + f64::from(prompt_tokens - cached))
 }
 
 /// The prefix blocks this gateway's index lists for each replica.
@@ -653,7 +648,6 @@ impl PrefixKv {
             // waiting for its KV has nothing to prefill).
             ahead: memory.load.ahead(queue),
             rate: memory.load.rate(),
-            kept: memory.load.kept(),
             memory,
         }
     }

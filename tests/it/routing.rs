@@ -1247,6 +1247,50 @@ async fn a_prefill_that_ends_without_a_first_token_is_computed_again_once() {
     );
 }
 
+/// The closed loop's precision (`cache_kept` in `/admin/routing`): the share
+/// of the cached tokens routing predicted on a replica that its engine
+/// reported lately. It reads 1 while the engine had what routing expected,
+/// and falls once the engine evicted a prompt routing still counted there.
+#[tokio::test]
+async fn a_replica_whose_engine_evicted_what_it_was_sent_reads_as_keeping_less() {
+    // An engine with a prefix cache of 1,408 tokens: one long prompt (1,376
+    // of its tokens) sent straight to it evicts all but the first blocks of
+    // the document (207).
+    let mut cfg = SimConfig::engine("tiny", 10.0).unwrap();
+    cfg.profile.as_mut().unwrap().num_blocks = 88;
+    let sim = start_sim(cfg).await;
+    let gw = start_routed(routing_config(&[sim.url()]), 1).await;
+    let predicted = format!(
+        "sluice_backend_cached_tokens_predicted_total{{backend=\"{}\"}}",
+        sim.addr
+    );
+    let kept = || async {
+        let (status, text) = get_text(&format!("{}/admin/routing", admin(&gw))).await;
+        assert_eq!(status, 200, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["replicas"][0]["cache_kept"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no cache_kept in {v}"))
+    };
+    let one = std::slice::from_ref(&sim);
+    served_by(&gw, one, &prefixed(1, 1)).await;
+    assert_eq!(kept().await, 1.0, "nothing predicted yet");
+    // Predicted cached, and cached.
+    served_by(&gw, one, &prefixed(1, 2)).await;
+    wait_until("the prediction counted", Duration::from_secs(5), || async {
+        gateway_metric(&gw, &predicted).await >= 16.0
+    })
+    .await;
+    assert_eq!(kept().await, 1.0);
+    // Evicted behind the gateway's back: predicted cached, none there.
+    evict_with_a_long_prompt(&sim).await;
+    served_by(&gw, one, &prefixed(1, 3)).await;
+    wait_until("cache_kept below 0.9", Duration::from_secs(5), || async {
+        kept().await < 0.9
+    })
+    .await;
+}
+
 /// Cold prefills are paced per replica (`cold_prefill_tokens`): a streamed
 /// request whose prompt the replica would compute afresh waits at the
 /// gateway while this gateway's cold prefills under way there (sent, before
