@@ -711,7 +711,7 @@ impl PrefixKv {
         // their histories by turns for 15 minutes while two replicas ran
         // nothing; busiest's share of in flight 0.58, TTFT p99 16.6 s.
         // Leaving: 8.9 s, and the p99 lower in all nine seeds of two session
-        // cells measured both ways, 94.2-98.6% of turns staying; 96.1-98.6%
+        // cells measured both ways, 94.2-98.6% of turns staying; 95.8-98.6%
         // with a session that left staying where it went for `SETTLE`;
         // docs/BENCHMARKS.md, routing.)
         let prefill_leg = ctx.session_placement.is_some();

@@ -27,7 +27,10 @@
 # "3 5 2 1 4"`, `TAG=settle_same run.sh sessions_heavy BIN "4" sluice
 # vllm-consistent_hash`, `TAG=settle_same run.sh sessions BIN "3" sluice
 # vllm-consistent_hash`; with the build of 023cc77: `TAG=settle_same run.sh
-# sessions_heavy BIN "2 5" sluice vllm-consistent_hash`, then the same with "1". Every turn of a run: /tmp/alone_rows/CELL_TAG/*.jsonl
+# sessions_heavy BIN "2 5" sluice vllm-consistent_hash`, then the same with "1"; on
+# 2026-12-08 the same build: `TAG=settle_same run.sh sessions_heavy BIN "3" sluice
+# vllm-consistent_hash`, then `TAG=settle_same run.sh sessions BIN "1 2 4 5" sluice
+# vllm-consistent_hash`. Every turn of a run: /tmp/alone_rows/CELL_TAG/*.jsonl
 # (those runs' gzipped in rows/).
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
