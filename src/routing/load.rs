@@ -13,6 +13,7 @@
 //! `rate x (backlog + its own uncached tokens)`, where the uncached tokens
 //! count the prefix cache it would hit there. The same numbers say when a
 //! replica is full (its predicted wait) for flow control.
+//! (`routing::placement` does the accounting per request.)
 //!
 //! How much of the cache routing predicts an engine actually had is kept as
 //! a moving average ([`Load::kept`], shown in `/admin/routing`), not weighed
@@ -22,7 +23,6 @@
 //! (median of five seeds 3.75 s against 3.66 s) nor held on the simulated
 //! matrix's tight-cache cell (three seeds of five 1.2-1.9x higher;
 //! docs/bench/matrix/real_kept_2026-12-08).
-//! (`routing::placement` does the accounting per request.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
